@@ -1,0 +1,34 @@
+# The interface a newcomer uses: make demo, make test, make bench, make lint.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint bench proto clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[agent,test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check webhook tests bench examples
+
+bench: $(STAMP)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I webhook/agent/proto --python_out=webhook/agent/proto \
+		--grpc_python_out=webhook/agent/proto webhook/agent/proto/deviceplugin.proto
+	sed -i 's/^import deviceplugin_pb2/from webhook.agent.proto import deviceplugin_pb2/' \
+		webhook/agent/proto/deviceplugin_pb2_grpc.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .demo build *.egg-info

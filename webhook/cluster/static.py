@@ -1,0 +1,120 @@
+"""A cluster view read from a YAML file, for local runs, demos and tests."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from webhook.core import placement
+
+
+class ViewFileError(ValueError):
+    """A cluster file gpushard cannot read; the message names the field."""
+
+
+def _int(where: str, value: Any, default: int | None = None, minimum: int = 0) -> int:
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ViewFileError(f"{where}: must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _str_map(where: str, value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ViewFileError(f"{where}: must be a mapping, got {value!r}")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.View:
+    """The view described by a parsed cluster file (SPEC.md's format)."""
+    if not isinstance(data, dict) or not isinstance(data.get("nodes", []), list):
+        raise ViewFileError(f"{source}: expected a mapping with a list under 'nodes'")
+    nodes = []
+    for i, raw in enumerate(data.get("nodes") or []):
+        where = f"nodes[{i}]"
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
+            raise ViewFileError(f"{where}.name: every node needs a name")
+        taints = []
+        for j, t in enumerate(raw.get("taints") or []):
+            if not isinstance(t, dict) or not t.get("key"):
+                raise ViewFileError(f"{where}.taints[{j}]: a taint needs a key, got {t!r}")
+            taints.append(placement.Taint(str(t["key"]), str(t.get("value") or ""),
+                                          str(t.get("effect") or "NoSchedule")))
+        cards = []
+        for j, c in enumerate(raw.get("cards") or []):
+            cw = f"{where}.cards[{j}]"
+            if not isinstance(c, dict):
+                raise ViewFileError(f"{cw}: must be a mapping, got {c!r}")
+            capacity = _int(f"{cw}.capacity", c.get("capacity"), shares_per_card)
+            if c.get("healthy", True) is False:
+                capacity = 0
+            cards.append(placement.Card(
+                index=_int(f"{cw}.index", c.get("index")),
+                capacity=capacity,
+                used=_int(f"{cw}.usedShares", c.get("usedShares"), 0),
+                uuid=str(c.get("uuid") or ""),
+                model=str(c.get("model") or ""),
+                memory_mib=_int(f"{cw}.memoryMiB", c.get("memoryMiB"), 0),
+            ))
+        indexes = [c.index for c in cards]
+        if len(set(indexes)) != len(indexes):
+            raise ViewFileError(f"{where}.cards: card indexes repeat: {indexes}")
+        nodes.append(placement.Node(
+            name=raw["name"],
+            labels=_str_map(f"{where}.labels", raw.get("labels")),
+            taints=tuple(taints),
+            ready=raw.get("ready", True) is not False,
+            unschedulable=bool(raw.get("unschedulable", False)),
+            cards=tuple(cards),
+        ))
+    return placement.View(nodes=tuple(nodes))
+
+
+def load(path: str | Path, shares_per_card: int) -> placement.View:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ViewFileError(f"{path}: cannot read the cluster file: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ViewFileError(f"{path}: not valid YAML: {exc}") from None
+    return parse(data, shares_per_card, str(path))
+
+
+class StaticView:
+    """A file's view plus the shares this process has since placed on it."""
+
+    def __init__(self, view: placement.View):
+        self._base = view
+        self._lock = threading.Lock()
+        self._placed: dict[tuple[str, int], int] = {}
+
+    def synced(self) -> bool:
+        return True
+
+    def snapshot(self) -> placement.View:
+        with self._lock:
+            placed = dict(self._placed)
+        if not placed:
+            return self._base
+        return placement.View(nodes=tuple(
+            placement.Node(n.name, n.labels, n.taints, n.ready, n.unschedulable, tuple(
+                placement.Card(c.index, c.capacity, c.used + placed.get((n.name, c.index), 0), c.uuid,
+                               c.model, c.memory_mib) for c in n.cards))
+            for n in self._base.nodes))
+
+    def remember(self, node: str | None, card: int, shares: int) -> None:
+        """Count a placement that the file cannot know of yet (never called for dry runs)."""
+        if node is None:
+            return
+        with self._lock:
+            self._placed[(node, card)] = self._placed.get((node, card), 0) + shares
+
+    def close(self) -> None:
+        pass

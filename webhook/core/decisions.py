@@ -1,0 +1,203 @@
+"""One admission decision for one object: read, check, place, rewrite; shared by every front door."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from webhook.core import findings as f
+from webhook.core import names, placement, rewrite
+from webhook.core import requests as req
+from webhook.core.policy import Policy
+
+# The API server's limits on what a webhook sends back (see DESIGN.md).
+WARNING_MAX = 120
+WARNINGS_TOTAL_MAX = 4000
+AUDIT_KEY_MAX = 63
+
+
+@dataclass(frozen=True)
+class Request:
+    obj: dict
+    kind: str
+    operation: str = "CREATE"
+    mode: str = names.MODE_ENFORCE
+    dry_run: bool = False
+
+
+@dataclass
+class Decision:
+    allowed: bool
+    obj: dict | None = None  # the object as gpushard would admit it (enforce), else None
+    code: int = 200
+    message: str = ""
+    findings: list[f.Finding] = field(default_factory=list)
+    card: int | None = None
+    node: str | None = None  # the node whose card placement chose, when one fitted
+    shares: int = 0
+
+    @property
+    def warnings(self) -> list[str]:
+        return warnings_for(self.findings)
+
+    @property
+    def audit_annotations(self) -> dict[str, str]:
+        return audit_annotations_for(self.findings)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def warnings_for(found: list[f.Finding]) -> list[str]:
+    """Warnings short enough that the API server passes every one on intact."""
+    out, total = [], 0
+    for finding in found:
+        text = _clip(finding.message, WARNING_MAX)
+        if total + len(text) > WARNINGS_TOTAL_MAX:
+            out.append("gpushard: more findings were left out; run gpushard review for all")
+            break
+        out.append(text)
+        total += len(text)
+    return out
+
+
+def audit_annotations_for(found: list[f.Finding]) -> dict[str, str]:
+    """One audit annotation per rule (the key is a qualified-name part; the API server prefixes it)."""
+    out: dict[str, list[str]] = {}
+    for finding in found:
+        out.setdefault(finding.rule[:AUDIT_KEY_MAX], []).append(finding.message)
+    return {key: "; ".join(values) for key, values in out.items()}
+
+
+def deny_message(found: list[f.Finding]) -> str:
+    parts = [x.message.removeprefix("gpushard: ") for x in found if x.severity == f.DENY]
+    return "gpushard: " + "; ".join(parts)
+
+
+def spec_of(obj: dict, kind: str) -> dict | None:
+    """The pod spec inside a Pod or a workload's template, or None for kinds gpushard ignores."""
+    if kind == names.POD_KIND:
+        spec = obj.get("spec")
+    elif kind in names.TEMPLATE_PATHS:
+        spec = rewrite.pod_template(obj, names.TEMPLATE_PATHS[kind]).get("spec")
+    else:
+        return None
+    if spec is None:
+        return {}
+    if not isinstance(spec, dict):
+        raise f.ObjectError("spec", f"expected a mapping, got {type(spec).__name__}")
+    return spec
+
+
+def pod_rules(asks: list[req.ContainerAsk], policy: Policy) -> tuple[list[f.Finding], int, int | None]:
+    """Pod-wide rules over readable asks: one card, one pin, no mixing. (findings, shares, pin)."""
+    found: list[f.Finding] = []
+    holders = [a for a in asks if a.holds_share]
+    passthrough = [a for a in asks if a.passthrough]
+    if holders and passthrough:
+        found.append(f.Finding(f.MIXED_PASSTHROUGH, f.DENY, (
+            f"gpushard: container \"{passthrough[0].name}\" passes whole cards through while "
+            f"\"{holders[0].name}\" holds shares; split them into separate pods"), passthrough[0].name))
+    pins = sorted({a.pin for a in holders if a.pin is not None})
+    if len(pins) > 1:
+        found.append(f.Finding(f.CONFLICTING_PINS, f.DENY, (
+            f"gpushard: containers pin cards {', '.join(map(str, pins))}; all GPU containers of a pod "
+            "share one card"), None))
+    shares = req.effective_shares(asks)
+    spc = policy.shares_per_card
+    if shares > spc:
+        found.append(f.Finding(f.POD_OVER_CARD, f.DENY, (
+            f"gpushard: the pod needs {shares} shares but a card has {spc}; all GPU containers of a pod "
+            "share one card"), None))
+    return found, shares, (pins[0] if len(pins) == 1 else None)
+
+
+def _visible_devices_findings(spec: dict, asks: list[req.ContainerAsk], card: int | None, mode: str,
+                              policy: Policy) -> list[f.Finding]:
+    """A user value for NVIDIA_VISIBLE_DEVICES that gpushard replaces (or would)."""
+    found = []
+    verb = "replaced" if mode == names.MODE_ENFORCE else "would replace"
+    for ask in asks:
+        if ask.passthrough:
+            continue
+        if ask.holds_share:
+            ours = str(card) if card is not None else None
+        elif policy.hide_unrequested_gpus:
+            ours = names.VISIBLE_NONE
+        else:
+            continue
+        values = rewrite.env_value(spec[ask.list_key][ask.position], names.VISIBLE_DEVICES_ENV)
+        if values and values != [ours]:
+            shown = values[0] if isinstance(values[0], str) else "(from a reference)"
+            found.append(f.Finding(f.VISIBLE_DEVICES_SET, f.WARN, _clip(
+                f"gpushard: container \"{ask.name}\" sets {names.VISIBLE_DEVICES_ENV}={shown}; {verb} "
+                f"with {ours if ours is not None else 'its card'}", WARNING_MAX), ask.name))
+    return found
+
+
+def _audit_changes(spec: dict, asks: list[req.ContainerAsk], kind: str, policy: Policy) -> list[f.Finding]:
+    """What enforce mode would change, said as findings for audit mode."""
+    found = []
+    res = policy.resources
+    for ask in asks:
+        if ask.holds_share and ask.fraction is not None and ask.fraction < 1:
+            found.append(f.Finding(f.FRACTION_UNREWRITTEN, f.WARN, (
+                f"gpushard: container \"{ask.name}\" asks {res.fraction} {ask.fraction_text}; the API server "
+                f"rejects fractions unless gpushard enforces"), ask.name))
+    if kind == names.POD_KIND and policy.hide_unrequested_gpus and any(a.holds_share for a in asks):
+        for ask in asks:
+            if ask.shares == 0 and not ask.passthrough:
+                values = rewrite.env_value(spec[ask.list_key][ask.position], names.VISIBLE_DEVICES_ENV)
+                if values != [names.VISIBLE_NONE]:
+                    found.append(f.Finding(f.UNHIDDEN, f.WARN, (
+                        f"gpushard: container \"{ask.name}\" asks no GPU but may see every card of the node"),
+                        ask.name))
+    return found
+
+
+def decide(request: Request, policy: Policy, view: placement.View | None) -> Decision:
+    """The decision for one object, as /mutate and /audit answer and `gpushard review` prints."""
+    kind, obj = request.kind, request.obj
+    audit = request.mode == names.MODE_AUDIT
+    try:
+        if not isinstance(obj, dict):
+            raise f.ObjectError("object", f"expected a mapping, got {type(obj).__name__}")
+        spec = spec_of(obj, kind)
+        if spec is None or (kind == names.POD_KIND and request.operation != "CREATE"):
+            return Decision(allowed=True, obj=None if audit else obj)
+        asks = req.read_spec(spec, policy)
+    except f.ObjectError as exc:
+        finding = f.Finding(f.UNREADABLE, f.DENY, str(exc))
+        if audit:
+            return Decision(allowed=True, findings=[finding])
+        return Decision(allowed=False, code=400, message=str(exc), findings=[finding])
+
+    found = [x for a in asks for x in a.findings]
+    denied = any(x.severity == f.DENY for x in found)
+    shares, pin = 0, None
+    if not denied:
+        pod_found, shares, pin = pod_rules(asks, policy)
+        found += pod_found
+        denied = bool(pod_found)
+    if denied:
+        if audit:
+            return Decision(allowed=True, findings=found)
+        return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
+
+    if audit:
+        found += _visible_devices_findings(spec, asks, None, request.mode, policy)
+        found += _audit_changes(spec, asks, kind, policy)
+        return Decision(allowed=True, findings=found, shares=shares)
+
+    if kind != names.POD_KIND:
+        new = rewrite.template(obj, names.TEMPLATE_PATHS[kind], asks, policy)
+        return Decision(allowed=True, obj=new, findings=found, shares=shares)
+
+    card, node = None, None
+    if shares > 0:
+        choice = placement.choose(view, placement.ask_from_spec(spec, shares, pin), policy.placement)
+        card, node = choice.card, choice.node
+        found += choice.findings
+    found += _visible_devices_findings(spec, asks, card, request.mode, policy)
+    new = rewrite.pod(obj, asks, card, shares, policy)
+    return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares)

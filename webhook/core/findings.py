@@ -1,0 +1,71 @@
+"""What the rules find in an object: denials, warnings and would-be changes, by rule id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DENY = "deny"
+WARN = "warn"
+CHANGE = "change"
+
+# Rule ids: stable, short, used as audit-annotation keys and in `gpushard audit`.
+BAD_QUANTITY = "bad-quantity"
+FRACTION_ABOVE_ONE = "fraction-above-one"
+MULTI_CARD = "multi-card"
+BOTH_FORMS = "both-forms"
+REQUESTS_DIFFER = "requests-differ"
+BAD_SHARES = "bad-shares"
+CONFLICTING_PINS = "conflicting-pins"
+PIN_MISMATCH = "pin-mismatch"
+POD_OVER_CARD = "pod-over-card"
+MIXED_PASSTHROUGH = "mixed-passthrough"
+UNREADABLE = "unreadable"
+ROUNDED = "rounded"
+VISIBLE_DEVICES_SET = "visible-devices-set"
+UNHIDDEN = "unhidden"
+FRACTION_UNREWRITTEN = "fraction-unrewritten"
+NO_ROOM = "no-room"
+NO_VIEW = "no-view"
+NO_MATCHING_NODE = "no-matching-node"
+
+# What a user can do about each rule, for audit tables.
+FIXES = {
+    BAD_QUANTITY: "write a number such as 0.25, 250m or 1",
+    FRACTION_ABOVE_ONE: "ask 1 whole card, or a fraction below 1",
+    MULTI_CARD: "ask at most 1 card per pod, or run on a whole-GPU node pool",
+    BOTH_FORMS: "use either the fraction or the shares resource, not both",
+    REQUESTS_DIFFER: "set the same GPU value in requests and limits",
+    BAD_SHARES: "ask a whole number of shares between 1 and sharesPerCard",
+    CONFLICTING_PINS: "pin every container of the pod to the same card, or to none",
+    PIN_MISMATCH: "give the card resource the same number as the shares resource",
+    POD_OVER_CARD: "lower the containers' GPU asks so the pod fits on one card",
+    MIXED_PASSTHROUGH: "do not mix whole-card passthrough and fractional containers in one pod",
+    UNREADABLE: "fix the object so that its containers and resources are well formed",
+    ROUNDED: "ask a fraction that is a whole number of shares",
+    VISIBLE_DEVICES_SET: "remove NVIDIA_VISIBLE_DEVICES from the container; gpushard owns it",
+    UNHIDDEN: "opt the namespace in with gpushard.io/mode=enforce so GPU-less containers are hidden",
+    FRACTION_UNREWRITTEN: "opt the namespace in with gpushard.io/mode=enforce, or ask a whole card",
+    NO_ROOM: "wait for a card to free up, or ask for fewer shares",
+    NO_VIEW: "check that the webhook can reach the Kubernetes API",
+    NO_MATCHING_NODE: "check the pod's node selector, affinity and tolerations",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: str
+    message: str
+    container: str | None = None
+
+    @property
+    def fix(self) -> str:
+        return FIXES.get(self.rule, "")
+
+
+class ObjectError(ValueError):
+    """An object whose shape gpushard cannot read (answered with HTTP 400 semantics)."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"gpushard: cannot read {field}: {problem}")
+        self.field = field

@@ -1,0 +1,40 @@
+"""The policy knobs the core decides by: share count, resource names, and the four choices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from webhook.core import names
+
+WHOLE_CARDS = ("share", "passthrough")
+MULTI_CARD = ("deny", "passthrough")
+PLACEMENTS = ("binpack", "spread")
+
+
+@dataclass(frozen=True)
+class Resources:
+    fraction: str = names.FRACTION_RESOURCE
+    shares: str = names.SHARES_RESOURCE
+    card_prefix: str = names.CARD_PREFIX
+
+    def card(self, index: int) -> str:
+        return names.card_resource(self.card_prefix, index)
+
+    def card_index(self, resource: str) -> int | None:
+        """The card index named by a per-card resource, or None if it is not one."""
+        if not resource.startswith(self.card_prefix):
+            return None
+        tail = resource[len(self.card_prefix):]
+        if not tail.isdigit() or (len(tail) > 1 and tail.startswith("0")):
+            return None
+        return int(tail)
+
+
+@dataclass(frozen=True)
+class Policy:
+    shares_per_card: int = 100
+    resources: Resources = field(default_factory=Resources)
+    whole_cards: str = "share"
+    multi_card: str = "deny"
+    placement: str = "binpack"
+    hide_unrequested_gpus: bool = True

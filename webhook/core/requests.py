@@ -1,0 +1,201 @@
+"""Reading what each container of a pod spec asks for, in any of the forms users write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from webhook.core import findings as f
+from webhook.core import quantities
+from webhook.core.policy import Policy
+
+INIT = "init"
+SIDECAR = "sidecar"
+APP = "app"
+
+# Where each container list lives in a pod spec, and its group.
+CONTAINER_LISTS = (("initContainers", INIT), ("containers", APP))
+
+
+@dataclass
+class ContainerAsk:
+    """One container's GPU ask, read and checked."""
+
+    name: str
+    group: str  # INIT, SIDECAR or APP
+    list_key: str  # "initContainers" or "containers"
+    position: int
+    shares: int = 0  # shares of one card; 0 = none
+    pin: int | None = None  # an explicit gpushard.io/card-<k>
+    passthrough: bool = False  # a whole-card ask gpushard leaves to another device plugin
+    fraction: Fraction | None = None  # the nvidia.com/gpu value, when the container wrote one
+    fraction_text: str = ""
+    findings: list[f.Finding] = field(default_factory=list)
+
+    @property
+    def holds_share(self) -> bool:
+        return self.shares > 0 and not self.passthrough
+
+    @property
+    def denied(self) -> bool:
+        return any(x.severity == f.DENY for x in self.findings)
+
+
+def _mapping(value: object, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise f.ObjectError(where, f"expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def containers(spec: dict) -> list[tuple[str, int, dict]]:
+    """(list key, position, container) for init and app containers, checked for shape."""
+    found = []
+    for key, _group in CONTAINER_LISTS:
+        items = spec.get(key)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise f.ObjectError(f"spec.{key}", f"expected a list, got {type(items).__name__}")
+        for i, container in enumerate(items):
+            if not isinstance(container, dict):
+                raise f.ObjectError(f"spec.{key}[{i}]", f"expected a mapping, got {type(container).__name__}")
+            found.append((key, i, container))
+    return found
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
+
+
+def read(list_key: str, position: int, container: dict, policy: Policy) -> ContainerAsk:
+    """Read and check one container's ask."""
+    res = policy.resources
+    name = container.get("name")
+    name = name if isinstance(name, str) and name else f"{list_key}[{position}]"
+    where = f'container "{name}"'
+    group = APP
+    if list_key == "initContainers":
+        group = SIDECAR if container.get("restartPolicy") == "Always" else INIT
+    ask = ContainerAsk(name=name, group=group, list_key=list_key, position=position)
+    resources = _mapping(container.get("resources"), f"spec.{list_key}[{position}].resources")
+    limits = _mapping(resources.get("limits"), f"spec.{list_key}[{position}].resources.limits")
+    requests = _mapping(resources.get("requests"), f"spec.{list_key}[{position}].resources.requests")
+
+    def deny(rule: str, message: str) -> None:
+        ask.findings.append(f.Finding(rule, f.DENY, f"gpushard: {where} {message}", name))
+
+    def one_value(resource: str) -> tuple[Fraction | None, str]:
+        """The resource's value, requiring requests == limits; (None, "") when absent or bad."""
+        lim, req = limits.get(resource), requests.get(resource)
+        if lim is None and req is None:
+            return None, ""
+        values = {}
+        for label, raw in (("limits", lim), ("requests", req)):
+            if raw is None:
+                continue
+            try:
+                values[label] = (quantities.parse(raw), _text(raw))
+            except quantities.QuantityError:
+                deny(f.BAD_QUANTITY, f"asks {resource} {_text(raw)!r} in {label}; that is not a quantity "
+                     f"(write e.g. 0.25, 250m or 1)")
+                return None, ""
+        if len(values) == 2 and values["limits"][0] != values["requests"][0]:
+            deny(f.REQUESTS_DIFFER, f"asks {resource} {values['requests'][1]} in requests but "
+                 f"{values['limits'][1]} in limits; set both to the same value")
+            return None, ""
+        value, text = values.get("limits") or values["requests"]
+        if value < 0:
+            deny(f.BAD_QUANTITY, f"asks {resource} {text!r}; a GPU ask cannot be negative")
+            return None, ""
+        return value, text
+
+    fraction, fraction_text = one_value(res.fraction)
+    shares_q, shares_text = one_value(res.shares)
+    pins = sorted(i for i in (res.card_index(k) for k in set(limits) | set(requests)) if i is not None)
+    pin_values = {}
+    for k in pins:
+        value, text = one_value(res.card(k))
+        if value is not None:
+            pin_values[k] = (value, text)
+    if ask.denied:
+        return ask
+
+    if len(pins) > 1:
+        deny(f.CONFLICTING_PINS, f"names cards {', '.join(map(str, pins))}; a pod may use one card")
+        return ask
+    if fraction is not None and shares_q is not None and fraction and shares_q:
+        deny(f.BOTH_FORMS, f"asks both {res.fraction} {fraction_text} and {res.shares} {shares_text}; use one")
+        return ask
+
+    spc = policy.shares_per_card
+    if fraction is not None and fraction != 0:
+        ask.fraction, ask.fraction_text = fraction, fraction_text
+        if fraction < 1:
+            ask.shares, rounded = quantities.to_shares(fraction, spc)
+            if rounded:
+                ask.findings.append(f.Finding(
+                    f.ROUNDED, f.WARN,
+                    f"gpushard: {where} asks {res.fraction} {fraction_text}; rounded up to {ask.shares} "
+                    f"of {spc} shares", name))
+        elif fraction == 1:
+            if policy.whole_cards == "passthrough":
+                ask.passthrough = True
+            ask.shares = spc
+        elif not quantities.is_integer(fraction):
+            deny(f.FRACTION_ABOVE_ONE, f"asks {res.fraction} {fraction_text}; a pod may use at most one card "
+                 f"(ask 1, or a fraction below 1)")
+        elif policy.multi_card == "passthrough":
+            ask.passthrough = True
+            ask.shares = int(fraction) * spc
+        else:
+            deny(f.MULTI_CARD, f"asks {res.fraction} {fraction_text}; a pod may use at most one card "
+                 f"(ask 1, or a fraction below 1)")
+    elif shares_q is not None and shares_q != 0:
+        if not quantities.is_integer(shares_q) or not 1 <= shares_q <= spc:
+            deny(f.BAD_SHARES, f"asks {res.shares} {shares_text}; shares must be a whole number from 1 to {spc}")
+        else:
+            ask.shares = int(shares_q)
+
+    if pins and not ask.denied:
+        k = pins[0]
+        if k in pin_values:
+            value, text = pin_values[k]
+            if ask.shares == 0 and not ask.passthrough:
+                if not quantities.is_integer(value) or not 1 <= value <= spc:
+                    deny(f.BAD_SHARES, f"asks {res.card(k)} {text}; shares must be a whole number from 1 to {spc}")
+                    return ask
+                ask.shares = int(value)
+            elif ask.passthrough:
+                deny(f.MIXED_PASSTHROUGH, f"asks {res.fraction} {ask.fraction_text} passed through as whole "
+                     f"cards but also pins {res.card(k)}")
+                return ask
+            elif value != ask.shares:
+                deny(f.PIN_MISMATCH, f"asks {ask.shares} shares but {res.card(k)} {text}; they must match")
+                return ask
+            ask.pin = k
+    return ask
+
+
+def read_spec(spec: dict, policy: Policy) -> list[ContainerAsk]:
+    """Every init, sidecar and app container's ask, in spec order."""
+    return [read(key, i, c, policy) for key, i, c in containers(spec)]
+
+
+def effective_shares(asks: list[ContainerAsk]) -> int:
+    """The pod's shares as Kubernetes counts a pod's requests.
+
+    Each regular init container runs alongside the sidecars started before it; app
+    containers run alongside every sidecar. The pod needs the largest of those moments.
+    """
+    held = [a for a in asks if a.holds_share]
+    sidecars_so_far = 0
+    peak_init = 0
+    for a in (a for a in held if a.list_key == "initContainers"):
+        if a.group == SIDECAR:
+            sidecars_so_far += a.shares
+        else:
+            peak_init = max(peak_init, a.shares + sidecars_so_far)
+    steady = sidecars_so_far + sum(a.shares for a in held if a.group == APP)
+    return max(peak_init, steady)

@@ -1,0 +1,90 @@
+"""Building the rewritten pod or template: new objects out, the input never touched."""
+
+from __future__ import annotations
+
+import copy
+
+from webhook.core import names, quantities
+from webhook.core import requests as req
+from webhook.core.policy import Policy
+
+
+def env_value(container: dict, name: str) -> list[object]:
+    """Every value the container's env list gives ``name`` (a valueFrom counts as its dict)."""
+    env = container.get("env") or []
+    return [e.get("value", e.get("valueFrom")) for e in env if isinstance(e, dict) and e.get("name") == name]
+
+
+def set_env(container: dict, name: str, value: str) -> None:
+    """Make ``name=value`` the container's only entry for ``name``; a correct lone entry stays put."""
+    env = container.get("env")
+    if not isinstance(env, list):
+        env = []
+    same = [e for e in env if isinstance(e, dict) and e.get("name") == name]
+    if len(same) == 1 and same[0] == {"name": name, "value": value}:
+        return
+    container["env"] = [e for e in env if not (isinstance(e, dict) and e.get("name") == name)]
+    container["env"].append({"name": name, "value": value})
+
+
+def _set_resources(container: dict, policy: Policy, wanted: dict[str, str]) -> None:
+    """Replace every GPU resource in limits and requests by ``wanted``, keeping the rest."""
+    res = policy.resources
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        resources = container["resources"] = {}
+    for part in ("limits", "requests"):
+        current = resources.get(part)
+        current = dict(current) if isinstance(current, dict) else {}
+        for key in list(current):
+            if key in (res.fraction, res.shares) or res.card_index(key) is not None:
+                del current[key]
+        current.update(wanted)
+        resources[part] = current
+
+
+def _container(obj_spec: dict, ask: req.ContainerAsk) -> dict:
+    return obj_spec[ask.list_key][ask.position]
+
+
+def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: int, policy: Policy) -> dict:
+    """The pod as gpushard admits it: shares pinned to ``card``, env owned, metadata marked."""
+    new = copy.deepcopy(obj)
+    spec = new["spec"]
+    res = policy.resources
+    for ask in asks:
+        container = _container(spec, ask)
+        if ask.holds_share:
+            count = str(ask.shares)
+            _set_resources(container, policy, {res.shares: count, res.card(card): count})
+            set_env(container, names.VISIBLE_DEVICES_ENV, str(card))
+            set_env(container, names.FRACTION_ENV, quantities.fraction_text(ask.shares, policy.shares_per_card))
+        elif not ask.passthrough and policy.hide_unrequested_gpus:
+            set_env(container, names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
+    if card is not None:
+        meta = new.setdefault("metadata", {})
+        annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+        labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+        meta["annotations"] = {**annotations, names.CARD_ANNOTATION: str(card),
+                               names.SHARES_ANNOTATION: str(pod_shares)}
+        meta["labels"] = {**labels, names.SHARED_LABEL: names.SHARED_LABEL_VALUE}
+    return new
+
+
+def template(obj: dict, path: tuple[str, ...], asks: list[req.ContainerAsk], policy: Policy) -> dict:
+    """The workload with fractional asks turned into integer shares, so the API server accepts it."""
+    new = copy.deepcopy(obj)
+    spec = pod_template(new, path)["spec"]
+    for ask in asks:
+        if ask.holds_share and ask.fraction is not None and ask.fraction < 1:
+            _set_resources(_container(spec, ask), policy, {policy.resources.shares: str(ask.shares)})
+    return new
+
+
+def pod_template(obj: dict, path: tuple[str, ...]) -> dict:
+    node = obj
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        return {}
+    return node

@@ -1,0 +1,111 @@
+"""The one config file shared by webhook and agent, validated once, with errors naming the key."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from webhook.core import policy as policy_mod
+
+VERSION = "v1"
+MAX_SHARES_PER_CARD = 1000
+# An extended resource name: a DNS subdomain prefix, "/", a name part.
+_RESOURCE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*)?$")
+
+
+class SettingsError(ValueError):
+    """A config file gpushard cannot run with; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    policy: policy_mod.Policy = field(default_factory=policy_mod.Policy)
+    source: str = "<defaults>"
+
+
+def _check_keys(where: str, data: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise SettingsError(f"{where}{unknown[0]}: unknown key (expected one of {', '.join(sorted(allowed))})")
+
+
+def _mapping(key: str, value: Any) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SettingsError(f"{key}: must be a mapping, got {value!r}")
+    return value
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise SettingsError(f"{key}: must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
+    """Validate a parsed config document."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"{source}: the config must be a mapping, got {type(data).__name__}")
+    _check_keys("", data, {"version", "sharesPerCard", "resources", "policy"})
+    version = data.get("version", VERSION)
+    if version != VERSION:
+        raise SettingsError(f"version: must be {VERSION!r}, got {version!r}")
+
+    spc = data.get("sharesPerCard", 100)
+    if isinstance(spc, bool) or not isinstance(spc, int) or not 1 <= spc <= MAX_SHARES_PER_CARD:
+        raise SettingsError(f"sharesPerCard: must be an integer from 1 to {MAX_SHARES_PER_CARD}, got {spc!r}")
+
+    res = _mapping("resources", data.get("resources"))
+    _check_keys("resources.", res, {"fraction", "shares", "cardPrefix"})
+    defaults = policy_mod.Resources()
+    fraction = res.get("fraction", defaults.fraction)
+    shares = res.get("shares", defaults.shares)
+    prefix = res.get("cardPrefix", defaults.card_prefix)
+    for key, value, pattern in (("fraction", fraction, _RESOURCE), ("shares", shares, _RESOURCE),
+                                ("cardPrefix", prefix, _PREFIX)):
+        if not isinstance(value, str) or not pattern.match(value) or value.startswith("kubernetes.io/"):
+            raise SettingsError(f"resources.{key}: {value!r} is not an extended resource name (domain/name)")
+    if len({fraction, shares}) < 2 or shares.startswith(prefix) or fraction.startswith(prefix):
+        raise SettingsError("resources: fraction, shares and cardPrefix must name different resources")
+
+    pol = _mapping("policy", data.get("policy"))
+    _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "hideUnrequestedGpus"})
+    hide = pol.get("hideUnrequestedGpus", True)
+    if not isinstance(hide, bool):
+        raise SettingsError(f"policy.hideUnrequestedGpus: must be true or false, got {hide!r}")
+    policy = policy_mod.Policy(
+        shares_per_card=spc,
+        resources=policy_mod.Resources(fraction=fraction, shares=shares, card_prefix=prefix),
+        whole_cards=_choice("policy.wholeCards", pol.get("wholeCards", "share"), policy_mod.WHOLE_CARDS),
+        multi_card=_choice("policy.multiCard", pol.get("multiCard", "deny"), policy_mod.MULTI_CARD),
+        placement=_choice("policy.placement", pol.get("placement", "binpack"), policy_mod.PLACEMENTS),
+        hide_unrequested_gpus=hide,
+    )
+    return Settings(policy=policy, source=source)
+
+
+def load(path: str | Path | None) -> Settings:
+    """Read and validate the config file; ``None`` gives the defaults."""
+    if path is None:
+        return Settings()
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read the config file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        return from_mapping(data, source=str(path))
+    except SettingsError as exc:
+        raise SettingsError(f"{path}: {exc}") from None
