@@ -1,0 +1,288 @@
+"""A real local HTTP server that speaks enough of the Kubernetes API JSON for gpushard's tests.
+
+We fake the API server on the wire, never by patching the client library: the code under
+test talks HTTP to this server through the real kubernetes client.
+
+It keeps namespaces, nodes and pods in memory, answers list (with labelSelector and
+fieldSelector on metadata.name), get, merge-patch of nodes, and watch streams with
+resourceVersions; it can expire history (watches from older versions get 410 Gone) and
+drop every open watch connection.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import kubernetes
+
+KINDS = {"nodes": "Node", "pods": "Pod", "namespaces": "Namespace"}
+
+
+def _matches_selector(labels: dict, selector: str) -> bool:
+    for part in filter(None, (p.strip() for p in selector.split(","))):
+        if "!=" in part:
+            key, value = part.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in part:
+            key, value = part.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif part.startswith("!"):
+            if part[1:] in labels:
+                return False
+        elif part not in labels:
+            return False
+    return True
+
+
+class FakeKube:
+    """The server and its store; use as a context manager or call start()/stop()."""
+
+    def __init__(self):
+        self.lock = threading.Condition()
+        self.rv = 100
+        self.objects: dict[str, dict[tuple[str, str], dict]] = {k: {} for k in KINDS}
+        self.events: list[tuple[int, str, str, dict]] = []  # (rv, resource, type, object)
+        self.oldest_rv = 0  # watches from before this get 410 Gone
+        self.requests: list[tuple[str, str, bytes]] = []  # (method, path with query, body)
+        self.fail_next: list[int] = []  # HTTP status codes to answer the next requests with
+        self._generation = 0  # bumped to drop open watches
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> FakeKube:
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.drop_watches()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> FakeKube:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def configuration(self) -> kubernetes.client.Configuration:
+        """A client configuration that points the real kubernetes client at this server."""
+        config = kubernetes.client.Configuration()
+        config.host = self.url
+        return config
+
+    def api_client(self) -> kubernetes.client.ApiClient:
+        return kubernetes.client.ApiClient(self.configuration())
+
+    # --- the store -------------------------------------------------------------------------
+
+    def _bump(self, resource: str, kind: str, obj: dict) -> dict:
+        self.rv += 1
+        obj = copy.deepcopy(obj)
+        obj.setdefault("apiVersion", "v1")
+        obj["kind"] = KINDS[resource]
+        meta = obj.setdefault("metadata", {})
+        meta["resourceVersion"] = str(self.rv)
+        meta.setdefault("uid", f"uid-{resource}-{meta.get('name')}")
+        self.events.append((self.rv, resource, kind, copy.deepcopy(obj)))
+        self.lock.notify_all()
+        return obj
+
+    def put(self, resource: str, obj: dict) -> dict:
+        """Create or replace an object (ADDED or MODIFIED on watches)."""
+        meta = obj.get("metadata", {})
+        key = (meta.get("namespace", "") if resource == "pods" else "", meta["name"])
+        with self.lock:
+            kind = "MODIFIED" if key in self.objects[resource] else "ADDED"
+            stored = self._bump(resource, kind, obj)
+            self.objects[resource][key] = stored
+            return copy.deepcopy(stored)
+
+    def delete(self, resource: str, name: str, namespace: str = "") -> None:
+        with self.lock:
+            obj = self.objects[resource].pop((namespace, name))
+            self._bump(resource, "DELETED", obj)
+
+    def get(self, resource: str, name: str, namespace: str = "") -> dict:
+        with self.lock:
+            return copy.deepcopy(self.objects[resource][(namespace, name)])
+
+    def expire_history(self) -> None:
+        """Forget all events so far: a watch resuming from them gets 410 Gone."""
+        with self.lock:
+            self.oldest_rv = self.rv + 1
+            self.events.clear()
+            self.lock.notify_all()
+
+    def drop_watches(self) -> None:
+        """Close every open watch connection, as a restarting API server or a proxy would."""
+        with self.lock:
+            self._generation += 1
+            self.lock.notify_all()
+
+    # --- HTTP ------------------------------------------------------------------------------
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def _send(self, code: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _status(self, code: int, reason: str, message: str) -> None:
+                self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                  "reason": reason, "message": message, "code": code})
+
+            def _route(self):
+                url = urlparse(self.path)
+                parts = [p for p in url.path.split("/") if p]
+                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                if parts[:2] != ["api", "v1"]:
+                    return None, None, None, query
+                rest = parts[2:]
+                namespace = ""
+                if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in KINDS:
+                    namespace, rest = rest[1], rest[2:]
+                if not rest or rest[0] not in KINDS:
+                    return None, None, None, query
+                return rest[0], namespace, (rest[1] if len(rest) > 1 else None), query
+
+            def _before(self, body: bytes = b"") -> bool:
+                with fake.lock:
+                    fake.requests.append((self.command, self.path, body))
+                    code = fake.fail_next.pop(0) if fake.fail_next else None
+                if code:
+                    self._status(code, "InternalError", "injected failure")
+                    return False
+                return True
+
+            def do_GET(self):
+                if not self._before():
+                    return
+                resource, namespace, name, query = self._route()
+                if resource is None:
+                    return self._status(404, "NotFound", f"no route {self.path}")
+                if name is not None:
+                    key = (namespace if resource == "pods" else "", name)
+                    with fake.lock:
+                        obj = fake.objects[resource].get(key)
+                    if obj is None:
+                        return self._status(404, "NotFound", f'{resource} "{name}" not found')
+                    return self._send(200, obj)
+                if query.get("watch") in ("true", "1"):
+                    return self._watch(resource, namespace, query)
+                with fake.lock:
+                    items = [copy.deepcopy(o) for o in fake.objects[resource].values()
+                             if self._selected(o, resource, namespace, query)]
+                    rv = fake.rv
+                self._send(200, {"kind": KINDS[resource] + "List", "apiVersion": "v1",
+                                 "metadata": {"resourceVersion": str(rv)}, "items": items})
+
+            def _selected(self, obj: dict, resource: str, namespace: str, query: dict) -> bool:
+                meta = obj.get("metadata", {})
+                if namespace and meta.get("namespace") != namespace:
+                    return False
+                if "labelSelector" in query and not _matches_selector(meta.get("labels") or {},
+                                                                      query["labelSelector"]):
+                    return False
+                field = query.get("fieldSelector", "")
+                if field.startswith("metadata.name="):
+                    return meta.get("name") == field.split("=", 1)[1]
+                if field.startswith("spec.nodeName="):
+                    return (obj.get("spec") or {}).get("nodeName") == field.split("=", 1)[1]
+                return True
+
+            def _watch(self, resource: str, namespace: str, query: dict) -> None:
+                since = int(query.get("resourceVersion") or 0)
+                deadline = time.monotonic() + float(query.get("timeoutSeconds") or 30)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                with fake.lock:
+                    generation = fake._generation
+                    if since and since < fake.oldest_rv:
+                        gone = {"type": "ERROR", "object": {
+                            "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired",
+                            "message": f"too old resource version: {since} ({fake.oldest_rv})", "code": 410}}
+                        self.wfile.write(json.dumps(gone).encode() + b"\n")
+                        return
+                sent = since
+                try:
+                    while True:
+                        with fake.lock:
+                            batch = [e for e in fake.events if e[0] > sent and e[1] == resource]
+                            if not batch:
+                                remaining = deadline - time.monotonic()
+                                if remaining <= 0 or fake._generation != generation:
+                                    return
+                                fake.lock.wait(min(remaining, 0.2))
+                                continue
+                        for rv, _res, kind, obj in batch:
+                            sent = rv
+                            if self._selected(obj, resource, namespace, query):
+                                line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                                self.wfile.write(line)
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+
+            def do_PATCH(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                if not self._before(body):
+                    return
+                resource, namespace, name, _query = self._route()
+                if resource is None or name is None:
+                    return self._status(404, "NotFound", f"no route {self.path}")
+                key = (namespace if resource == "pods" else "", name)
+                with fake.lock:
+                    obj = fake.objects[resource].get(key)
+                    if obj is None:
+                        return self._status(404, "NotFound", f'{resource} "{name}" not found')
+                    patch = json.loads(body or b"{}")
+                    if isinstance(patch, list):
+                        return self._status(415, "UnsupportedMediaType", "JSON patch is not supported here")
+                    merged = _merge(copy.deepcopy(obj), patch)
+                    stored = fake._bump(resource, "MODIFIED", merged)
+                    fake.objects[resource][key] = stored
+                self._send(200, stored)
+
+        return Handler
+
+
+def _merge(target: dict, patch: dict) -> dict:
+    """RFC 7386 merge patch (strategic merge behaves the same for the maps gpushard patches)."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    return target
