@@ -166,6 +166,8 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         if spec is None or (kind == names.POD_KIND and request.operation != "CREATE"):
             return Decision(allowed=True, obj=None if audit else obj)
         asks = req.read_spec(spec, policy)
+        if not asks:  # no containers: nothing to decide, and the API server will say what is missing
+            return Decision(allowed=True, obj=None if audit else obj)
     except f.ObjectError as exc:
         finding = f.Finding(f.UNREADABLE, f.DENY, str(exc))
         if audit:

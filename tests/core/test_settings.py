@@ -1,0 +1,107 @@
+"""We test:
+- the config file of SPEC.md loads into the policy, and an absent file means the defaults;
+- every bad key or value stops the program with a message naming the key and the value;
+- the static cluster file reads into a view, and its errors name the field.
+"""
+
+import pytest
+
+from webhook import settings
+from webhook.cluster import static
+
+GOOD = """\
+version: v1
+sharesPerCard: 100
+resources: {fraction: nvidia.com/gpu, shares: gpushard.io/gpu, cardPrefix: gpushard.io/card-}
+policy: {wholeCards: share, multiCard: deny, placement: binpack, hideUnrequestedGpus: true}
+"""
+
+
+def test_spec_example_loads(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(GOOD)
+    loaded = settings.load(path)
+    assert loaded.policy == settings.Settings().policy
+    assert settings.load(None).policy.shares_per_card == 100
+
+
+def test_other_values_load():
+    s = settings.from_mapping({"sharesPerCard": 8, "policy": {"placement": "spread", "wholeCards": "passthrough",
+                                                              "multiCard": "passthrough",
+                                                              "hideUnrequestedGpus": False},
+                               "resources": {"fraction": "example.com/gpu"}})
+    p = s.policy
+    assert (p.shares_per_card, p.placement, p.whole_cards, p.multi_card, p.hide_unrequested_gpus) == (
+        8, "spread", "passthrough", "passthrough", False)
+    assert p.resources.fraction == "example.com/gpu" and p.resources.shares == "gpushard.io/gpu"
+
+
+@pytest.mark.parametrize("data, named", [
+    ({"version": "v2"}, "version: must be 'v1', got 'v2'"),
+    ({"sharesPerCard": 0}, "sharesPerCard"),
+    ({"sharesPerCard": "100"}, "sharesPerCard"),
+    ({"sharesPerCard": True}, "sharesPerCard"),
+    ({"policy": {"placement": "random"}}, "policy.placement: must be one of binpack, spread, got 'random'"),
+    ({"policy": {"wholeCards": "deny"}}, "policy.wholeCards"),
+    ({"policy": {"multiCard": "share"}}, "policy.multiCard"),
+    ({"policy": {"hideUnrequestedGpus": "yes"}}, "policy.hideUnrequestedGpus"),
+    ({"policy": {"placment": "spread"}}, "policy.placment: unknown key"),
+    ({"sharePerCard": 10}, "sharePerCard: unknown key"),
+    ({"resources": {"shares": "gpu"}}, "resources.shares: 'gpu'"),
+    ({"resources": {"fraction": "kubernetes.io/gpu"}}, "resources.fraction"),
+    ({"resources": {"shares": "nvidia.com/gpu"}}, "resources: fraction, shares and cardPrefix"),
+    ({"policy": ["binpack"]}, "policy: must be a mapping"),
+    ([1, 2], "must be a mapping"),
+])
+def test_bad_config_names_the_key(data, named):
+    with pytest.raises(settings.SettingsError) as err:
+        settings.from_mapping(data)
+    assert named in str(err.value)
+
+
+def test_bad_files_name_the_file(tmp_path):
+    with pytest.raises(settings.SettingsError, match="cannot read"):
+        settings.load(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: [v1\n")
+    with pytest.raises(settings.SettingsError, match="bad.yaml: not valid YAML"):
+        settings.load(bad)
+    bad.write_text("policy: {placement: nowhere}\n")
+    with pytest.raises(settings.SettingsError, match=r"bad.yaml: policy.placement"):
+        settings.load(bad)
+
+
+def test_cluster_file_reads_into_a_view(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("""\
+nodes:
+- name: node-a
+  labels: {kubernetes.io/hostname: node-a}
+  taints: [{key: nvidia.com/gpu, effect: NoSchedule}]
+  cards:
+  - {index: 0, uuid: GPU-aaa, model: NVIDIA H100 80GB HBM3, memoryMiB: 81559, usedShares: 40}
+  - {index: 1, healthy: false}
+- name: node-b
+  unschedulable: true
+  ready: false
+""")
+    view = static.load(path, 100)
+    a, b = view.nodes
+    assert a.cards[0].free == 60 and a.cards[0].uuid == "GPU-aaa" and a.cards[1].capacity == 0
+    assert a.taints[0].key == "nvidia.com/gpu" and b.unschedulable and not b.ready
+
+
+@pytest.mark.parametrize("text, named", [
+    ("nodes: [{labels: {}}]", "nodes[0].name"),
+    ("nodes: [{name: a, cards: [{index: -1}]}]", "nodes[0].cards[0].index"),
+    ("nodes: [{name: a, cards: [{index: 0, usedShares: x}]}]", "nodes[0].cards[0].usedShares"),
+    ("nodes: [{name: a, cards: [{index: 0}, {index: 0}]}]", "card indexes repeat"),
+    ("nodes: [{name: a, taints: [{effect: NoSchedule}]}]", "nodes[0].taints[0]"),
+    ("[1, 2]", "a list under 'nodes'"),
+])
+def test_bad_cluster_files_name_the_field(tmp_path, text, named):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    with pytest.raises(static.ViewFileError) as err:
+        static.load(path, 100)
+    assert named in str(err.value)
