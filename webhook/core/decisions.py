@@ -37,7 +37,9 @@ class Decision:
 
     @property
     def warnings(self) -> list[str]:
-        return warnings_for(self.findings)
+        # A denial's own message already says what a deny finding says.
+        shown = self.findings if self.allowed else [x for x in self.findings if x.severity != f.DENY]
+        return warnings_for(shown)
 
     @property
     def audit_annotations(self) -> dict[str, str]:
@@ -162,6 +164,8 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
     try:
         if not isinstance(obj, dict):
             raise f.ObjectError("object", f"expected a mapping, got {type(obj).__name__}")
+        if not isinstance(obj.get("metadata", {}), dict):
+            raise f.ObjectError("metadata", f"expected a mapping, got {type(obj['metadata']).__name__}")
         spec = spec_of(obj, kind)
         if spec is None or (kind == names.POD_KIND and request.operation != "CREATE"):
             return Decision(allowed=True, obj=None if audit else obj)
