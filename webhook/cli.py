@@ -31,6 +31,18 @@ def _static_view(path: str | None, shares_per_card: int):
 # --- certs -----------------------------------------------------------------------------------
 
 def cmd_certs(args: argparse.Namespace) -> int:
+    if args.install:
+        from webhook import installing
+
+        outcome = installing.install(
+            installing.api_client(), namespace=args.namespace, service=args.service, secret=args.secret,
+            webhook_config=args.webhook_config, days=args.days, renew_before=args.renew_before,
+            force=args.force, out=args.out)
+        for line in outcome.lines():
+            print(line)
+        return 0
+    if args.out is None:
+        raise SystemExit("gpushard: certs needs --out DIR, or --install to put the certificate in the cluster")
     from webhook import certificates
 
     paths = certificates.write_bundle(args.out, service=args.service, namespace=args.namespace, days=args.days)
@@ -68,16 +80,27 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 # --- audit and status ------------------------------------------------------------------------
 
+def _report_settings(path: str | None):
+    """Settings for audit and status, whose exit status 1 means findings: a bad file is a usage error (2)."""
+    try:
+        return _settings(path)
+    except SystemExit as exc:
+        print(exc.code, file=sys.stderr)
+        return None
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from webhook import auditing
 
-    return auditing.run_audit(args, _settings(args.config))
+    settings = _report_settings(args.config)
+    return 2 if settings is None else auditing.run_audit(args, settings)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from webhook import auditing
 
-    return auditing.run_status(args, _settings(args.config))
+    settings = _report_settings(args.config)
+    return 2 if settings is None else auditing.run_status(args, settings)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,10 +110,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("certs", help="make a CA and a serving certificate for the webhook Service")
-    p.add_argument("--out", required=True, help="folder for ca.crt, tls.crt and tls.key")
+    p.add_argument("--out", help="folder for ca.crt, tls.crt and tls.key (needed without --install)")
     p.add_argument("--service", default="gpushard", help="webhook Service name (default: gpushard)")
     p.add_argument("--namespace", default="gpushard-system", help="its namespace (default: gpushard-system)")
     p.add_argument("--days", type=int, default=365, help="serving certificate lifetime (default: 365)")
+    p.add_argument("--install", action="store_true",
+                   help="store the certificate in a kubernetes.io/tls Secret in --namespace and its CA in "
+                        "the caBundle of every webhook of --webhook-config (in-cluster, else kubeconfig)")
+    p.add_argument("--secret", default="gpushard-tls", help="with --install: the Secret (default: gpushard-tls)")
+    p.add_argument("--webhook-config", default="gpushard",
+                   help="with --install: the MutatingWebhookConfiguration (default: gpushard)")
+    p.add_argument("--renew-before", type=int, default=30, metavar="DAYS",
+                   help="with --install: keep a certificate valid for more than DAYS days (default: 30)")
+    p.add_argument("--force", action="store_true", help="with --install: make a new CA and certificate anyway")
     p.set_defaults(func=cmd_certs)
 
     p = sub.add_parser("serve", help="run the admission webhook over TLS under gunicorn")
@@ -102,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default: 2)")
     p.add_argument("--threads", type=int, default=4, help="threads per worker (default: 4)")
     p.add_argument("--timeout", type=int, default=30, help="seconds before a stuck worker is restarted")
+    p.add_argument("--client-timeout", type=float, default=10.0,
+                   help="seconds a client may stall mid-handshake or mid-request (default: 10)")
+    p.add_argument("--graceful-timeout", type=int, default=20,
+                   help="seconds to finish reviews in flight after SIGTERM (default: 20)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("review", help="decide offline what the webhook would do to manifests")
@@ -114,6 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("agent", help="run the node agent: NVML discovery and the kubelet device plugin")
     p.add_argument("--config", help="gpushard config file")
     p.add_argument("--node-name", help="this node's name (default: $NODE_NAME)")
+    p.add_argument("--device-plugin-dir", default="/var/lib/kubelet/device-plugins",
+                   help="the kubelet's device-plugin folder (default: /var/lib/kubelet/device-plugins)")
+    p.add_argument("--fake-inventory", metavar="FILE",
+                   help="advertise the cards listed in FILE (YAML or JSON) instead of asking NVML")
+    p.add_argument("--allow-no-gpus", action="store_true",
+                   help="when NVML cannot load, advertise no cards instead of exiting")
+    p.add_argument("--no-publish", action="store_true",
+                   help="do not write the inventory annotation and label on the Node")
+    p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS",
+                   help="how often to check for a restarted kubelet (default: 1)")
     p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("audit", help="audit manifests, or the live cluster, against gpushard's rules")
@@ -121,11 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="manifest file or folder, - for standard input (repeatable); none: the live cluster")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.add_argument("--config", help="gpushard config file")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
+    p.add_argument("--context", help="kubeconfig context to use (default: the current context)")
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("status", help="shares used and free per node and card, and who holds them")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.add_argument("--config", help="gpushard config file")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
+    p.add_argument("--context", help="kubeconfig context to use (default: the current context)")
     p.set_defaults(func=cmd_status)
     return parser
 

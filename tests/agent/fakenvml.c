@@ -1,0 +1,147 @@
+/* A fake libnvidia-ml.so.1 for tests on machines without GPUs: the calls the agent makes, on the C ABI.
+ *
+ * Controlled through files in $FAKE_NVML_DIR:
+ *   cards          the number of cards (default 2); card k has UUID GPU-fake-000k
+ *   lost-<k>       while it exists, card k answers NVML_ERROR_GPU_IS_LOST
+ *   xid-<k>        holds an Xid number; the event set reports it once for card k, then deletes the file
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NVML_SUCCESS 0
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_TIMEOUT 10
+#define NVML_ERROR_GPU_IS_LOST 15
+#define XID_CRITICAL 0x8ULL
+
+typedef struct { unsigned long long total, free, used; } memory_t;
+typedef struct {
+    void *device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} event_data_t;
+
+static unsigned long long registered = 0; /* bit k: card k reports Xid events */
+
+static const char *dir(void) {
+    const char *d = getenv("FAKE_NVML_DIR");
+    return d ? d : "/nonexistent";
+}
+
+static int card_count(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/cards", dir());
+    FILE *f = fopen(path, "r");
+    int n = 2;
+    if (f) {
+        if (fscanf(f, "%d", &n) != 1) n = 2;
+        fclose(f);
+    }
+    return n;
+}
+
+static int lost(int k) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/lost-%d", dir(), k);
+    return access(path, F_OK) == 0;
+}
+
+static int index_of(void *handle) {
+    intptr_t k = (intptr_t)handle - 1;
+    return (k >= 0 && k < card_count()) ? (int)k : -1;
+}
+
+int nvmlInitWithFlags(unsigned int flags) { (void)flags; return NVML_SUCCESS; }
+int nvmlInit_v2(void) { return NVML_SUCCESS; }
+int nvmlShutdown(void) { return NVML_SUCCESS; }
+
+const char *nvmlErrorString(int result) {
+    switch (result) {
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    default: return "Unknown Error";
+    }
+}
+
+int nvmlDeviceGetCount_v2(unsigned int *count) { *count = (unsigned int)card_count(); return NVML_SUCCESS; }
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device) {
+    if ((int)index >= card_count()) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost((int)index)) return NVML_ERROR_GPU_IS_LOST;
+    *device = (void *)(intptr_t)(index + 1);
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetHandleByUUID(const char *uuid, void **device) {
+    int k;
+    if (sscanf(uuid, "GPU-fake-%4d", &k) != 1 || k < 0 || k >= card_count()) return NVML_ERROR_NOT_FOUND;
+    if (lost(k)) return NVML_ERROR_GPU_IS_LOST;
+    *device = (void *)(intptr_t)(k + 1);
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetUUID(void *device, char *uuid, unsigned int length) {
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    snprintf(uuid, length, "GPU-fake-%04d", k);
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetName(void *device, char *name, unsigned int length) {
+    if (index_of(device) < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    snprintf(name, length, "Fake GPU 16GB");
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetMemoryInfo(void *device, memory_t *memory) {
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(k)) return NVML_ERROR_GPU_IS_LOST;
+    memory->total = 16ULL << 30;
+    memory->used = 0;
+    memory->free = memory->total;
+    return NVML_SUCCESS;
+}
+
+int nvmlEventSetCreate(void **set) { *set = (void *)(intptr_t)1; return NVML_SUCCESS; }
+int nvmlEventSetFree(void *set) { (void)set; return NVML_SUCCESS; }
+
+int nvmlDeviceRegisterEvents(void *device, unsigned long long types, void *set) {
+    int k = index_of(device);
+    (void)set;
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (types & XID_CRITICAL) registered |= 1ULL << k;
+    return NVML_SUCCESS;
+}
+
+int nvmlEventSetWait_v2(void *set, event_data_t *data, unsigned int timeout_ms) {
+    struct timespec step = {0, 10 * 1000 * 1000};
+    (void)set;
+    for (unsigned int waited = 0;; waited += 10) {
+        for (int k = 0; k < card_count(); k++) {
+            char path[512];
+            int xid;
+            if (!(registered & (1ULL << k))) continue;
+            snprintf(path, sizeof path, "%s/xid-%d", dir(), k);
+            FILE *f = fopen(path, "r");
+            if (!f) continue;
+            int got = fscanf(f, "%d", &xid);
+            fclose(f);
+            if (got != 1) continue;  /* still being written */
+            unlink(path);
+            memset(data, 0, sizeof *data);
+            data->device = (void *)(intptr_t)(k + 1);
+            data->eventType = XID_CRITICAL;
+            data->eventData = (unsigned long long)xid;
+            return NVML_SUCCESS;
+        }
+        if (waited >= timeout_ms) return NVML_ERROR_TIMEOUT;
+        nanosleep(&step, NULL);
+    }
+}

@@ -1,0 +1,142 @@
+"""We test the real pynvml backend without a GPU, against a fake libnvidia-ml.so.1 built from fakenvml.c:
+- discovery: index, UUID, model and memory in MiB for every card;
+- Xid events: application Xids are ignored, a critical Xid marks only its card Unhealthy, and it stays so;
+- a card that stops answering NVML is lost, and is Healthy again when it answers;
+- `gpushard agent` on that backend registers every card and pins Allocate to the card's UUID.
+The library is loaded by soname, so each check runs in a child process with LD_LIBRARY_PATH set.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.agent import fakekubelet
+from webhook.agent.proto import deviceplugin_pb2 as pb
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SOURCE = pathlib.Path(__file__).with_name("fakenvml.c")
+
+DRIVER = """
+import dataclasses, json, sys
+from webhook.agent import nvml
+devices = nvml.NvmlDevices(probe_interval=0.05)
+print(json.dumps([dataclasses.asdict(c) for c in devices.cards()]), flush=True)
+for line in sys.stdin:
+    event = devices.wait_event(float(line))
+    print(json.dumps(dataclasses.asdict(event) if event else None), flush=True)
+devices.close()
+"""
+
+
+@pytest.fixture
+def fake_nvml(tmp_path):
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the fake NVML library")
+    lib, control = tmp_path / "lib", tmp_path / "control"
+    lib.mkdir()
+    control.mkdir()
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(lib / "libnvidia-ml.so.1"),
+                    "-Wl,-soname,libnvidia-ml.so.1", str(SOURCE)], check=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+    env.update(LD_LIBRARY_PATH=str(lib), FAKE_NVML_DIR=str(control))
+    return env, control
+
+
+def put(control: pathlib.Path, name: str, text: str = "") -> None:
+    # Write then rename, so the library never reads half a file.
+    tmp = control / f".{name}.tmp"
+    tmp.write_text(text)
+    tmp.rename(control / name)
+
+
+class Driver:
+    """The backend in a child process: one wait_event per request, answered as a JSON line."""
+
+    def __init__(self, env):
+        self.proc = subprocess.Popen([sys.executable, "-c", DRIVER], cwd=ROOT, env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.cards = self._read()
+
+    def _read(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"the backend died: {self.proc.stderr.read()}")
+        return json.loads(line)
+
+    def wait_event(self, seconds: float):
+        self.proc.stdin.write(f"{seconds}\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+def test_discovery_and_health_through_nvml(fake_nvml):
+    env, control = fake_nvml
+    put(control, "cards", "2")
+    driver = Driver(env)
+    try:
+        assert driver.cards == [
+            {"index": 0, "uuid": "GPU-fake-0000", "model": "Fake GPU 16GB", "memory_mib": 16384},
+            {"index": 1, "uuid": "GPU-fake-0001", "model": "Fake GPU 16GB", "memory_mib": 16384},
+        ]
+        assert driver.wait_event(0.2) is None
+
+        put(control, "xid-0", "13")  # an application's fault: the card is fine
+        assert driver.wait_event(0.5) is None
+        assert not (control / "xid-0").exists()
+
+        put(control, "xid-0", "79")
+        event = driver.wait_event(3)
+        assert (event["uuid"], event["healthy"], event["present"]) == ("GPU-fake-0000", False, True)
+        assert "79" in event["reason"]
+
+        put(control, "lost-1")
+        event = driver.wait_event(3)
+        assert (event["uuid"], event["healthy"], event["present"]) == ("GPU-fake-0001", False, False)
+
+        (control / "lost-1").unlink()
+        event = driver.wait_event(3)
+        assert (event["uuid"], event["healthy"], event["present"]) == ("GPU-fake-0001", True, True)
+
+        # Card 0's Xid is not forgotten while it keeps answering.
+        assert driver.wait_event(0.3) is None
+    finally:
+        driver.close()
+
+
+def test_the_agent_on_nvml_registers_and_pins_cards(fake_nvml):
+    env, control = fake_nvml
+    put(control, "cards", "3")
+    plugin_dir = fakekubelet.short_tempdir()
+    kubelet = fakekubelet.FakeKubelet(plugin_dir).start()
+    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "agent", "--device-plugin-dir", plugin_dir,
+                             "--no-publish", "--poll-interval", "0.1"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        names = {"gpushard.io/gpu"} | {f"gpushard.io/card-{k}" for k in range(3)}
+        requests = kubelet.wait_for(names, timeout=20)
+        with fakekubelet.PluginClient(plugin_dir, requests["gpushard.io/card-2"].endpoint) as c:
+            response = c.stub.Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=["card-2-0"])]), timeout=5)
+        assert dict(response.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": "GPU-fake-0002"}
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        kubelet.stop()
+        fakekubelet.remove_tree(plugin_dir)

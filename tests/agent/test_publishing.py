@@ -1,0 +1,171 @@
+"""We test, against a real local HTTP server speaking the Kubernetes API (tests/fakekube.py):
+- the Node gets the inventory annotation (index, uuid, model, memoryMiB) and the cards label by merge patch,
+  and keeps its other labels and annotations;
+- a lost card updates both; a card coming back restores them;
+- an API server that fails, or a Node not there yet, is retried until the patch lands;
+- the patch body itself is a merge patch of our two keys only.
+"""
+
+import http.server
+import json
+import threading
+import time
+
+import kubernetes
+import pytest
+
+from tests import fakekube
+from tests.agent import fakekubelet
+from webhook import settings
+from webhook.agent import nvml, publishing, running
+from webhook.core import names
+
+CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559),
+         nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)]
+NODE = "gpu-node-1"
+
+
+def node(labels=None, annotations=None):
+    return {"metadata": {"name": NODE, "labels": labels or {"kubernetes.io/hostname": NODE},
+                         "annotations": annotations or {"keep": "me"}}}
+
+
+def wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def published(kube, count):
+    def check():
+        meta = kube.get("nodes", NODE)["metadata"]
+        if (meta.get("labels") or {}).get(names.CARDS_LABEL) == str(count):
+            return meta
+        return None
+    return check
+
+
+@pytest.fixture
+def kube():
+    with fakekube.FakeKube() as server:
+        yield server
+
+
+@pytest.fixture
+def plugin_dir():
+    path = fakekubelet.short_tempdir()
+    yield path
+    fakekubelet.remove_tree(path)
+
+
+def start_agent(kube, plugin_dir, devices, retry=5.0):
+    api = kube.api_client()
+    agent = running.Agent(devices, settings.Settings().policy, plugin_dir,
+                          publisher=lambda cards: publishing.Publisher(api, NODE, cards, retry=retry),
+                          poll=0.05, tick=0.2)
+    agent.start()
+    return agent
+
+
+def test_node_patch_sets_only_our_keys():
+    patch = publishing.node_patch(reversed(CARDS))
+    assert patch == {"metadata": {
+        "annotations": {names.INVENTORY_ANNOTATION: publishing.inventory_json(CARDS)},
+        "labels": {names.CARDS_LABEL: "2"}}}
+    assert json.loads(publishing.inventory_json(CARDS)) == [
+        {"index": 0, "uuid": "GPU-aaaa", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559},
+        {"index": 1, "uuid": "GPU-bbbb", "model": "NVIDIA L4", "memoryMiB": 22491}]
+
+
+def test_the_agent_publishes_its_inventory_on_its_node(kube, plugin_dir):
+    kube.put("nodes", node())
+    agent = start_agent(kube, plugin_dir, nvml.FakeDevices(CARDS))
+    try:
+        meta = wait_until(published(kube, 2))
+    finally:
+        agent.stop()
+    assert json.loads(meta["annotations"][names.INVENTORY_ANNOTATION]) == [
+        {"index": 0, "uuid": "GPU-aaaa", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559},
+        {"index": 1, "uuid": "GPU-bbbb", "model": "NVIDIA L4", "memoryMiB": 22491}]
+    assert meta["annotations"]["keep"] == "me"
+    assert meta["labels"]["kubernetes.io/hostname"] == NODE
+    patches = [(path, json.loads(body)) for method, path, body in kube.requests if method == "PATCH"]
+    assert patches and all(path == f"/api/v1/nodes/{NODE}" for path, _ in patches)
+    assert set(patches[0][1]["metadata"]) == {"annotations", "labels"}
+
+
+def test_a_lost_card_is_unpublished_and_comes_back(kube, plugin_dir):
+    kube.put("nodes", node())
+    devices = nvml.FakeDevices(CARDS)
+    agent = start_agent(kube, plugin_dir, devices)
+    try:
+        wait_until(published(kube, 2))
+        devices.inject(nvml.HealthEvent("GPU-aaaa", healthy=False, present=False, reason="fell off the bus"))
+        meta = wait_until(published(kube, 1))
+        assert [c["uuid"] for c in json.loads(meta["annotations"][names.INVENTORY_ANNOTATION])] == ["GPU-bbbb"]
+        # An unhealthy card is still there: the inventory does not change, so nothing is sent.
+        patches_before = sum(1 for r in kube.requests if r[0] == "PATCH")
+        devices.inject(nvml.HealthEvent("GPU-bbbb", healthy=False, reason="Xid 48"))
+        devices.inject(nvml.HealthEvent("GPU-aaaa", healthy=True))
+        meta = wait_until(published(kube, 2))
+        assert [c["index"] for c in json.loads(meta["annotations"][names.INVENTORY_ANNOTATION])] == [0, 1]
+        assert sum(1 for r in kube.requests if r[0] == "PATCH") == patches_before + 1
+    finally:
+        agent.stop()
+
+
+def test_failures_are_retried_until_the_patch_lands(kube, plugin_dir):
+    kube.fail_next = [500, 503]
+    agent = start_agent(kube, plugin_dir, nvml.FakeDevices(CARDS), retry=0.05)
+    try:
+        # First the two injected failures, then 404s: the Node is not registered yet.
+        wait_until(lambda: sum(1 for r in kube.requests if r[0] == "PATCH") >= 4)
+        kube.put("nodes", node())
+        wait_until(published(kube, 2))
+    finally:
+        agent.stop()
+
+
+def test_a_node_without_gpus_publishes_zero(kube, plugin_dir):
+    kube.put("nodes", node(labels={names.CARDS_LABEL: "3"}))
+    agent = start_agent(kube, plugin_dir, nvml.NullDevices())
+    try:
+        meta = wait_until(published(kube, 0))
+    finally:
+        agent.stop()
+    assert meta["annotations"][names.INVENTORY_ANNOTATION] == "[]"
+
+
+def test_the_patch_goes_out_as_a_json_merge_patch():
+    # fakekube merges every patch type alike, so the media type is checked on a bare recorder.
+    seen = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_PATCH(self):
+            seen.append((self.path, self.headers["Content-Type"],
+                         json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            body = json.dumps({"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = kubernetes.client.Configuration()
+        config.host = f"http://127.0.0.1:{server.server_address[1]}"
+        publisher = publishing.Publisher(kubernetes.client.ApiClient(config), NODE, lambda: CARDS[:1])
+        assert publisher.publish_once()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [(f"/api/v1/nodes/{NODE}", "application/merge-patch+json", publishing.node_patch(CARDS[:1]))]

@@ -1,0 +1,121 @@
+"""What the agent advertises and hands out, as plain data: resources, share IDs, Allocate's env.
+
+Nothing here knows gRPC or NVML calls; the device-plugin servicer translates to and from this.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from webhook.agent import nvml
+from webhook.core import names
+from webhook.core import policy as policy_mod
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+MAX_DEVICE_ID = 63  # the kubelet's limit on a device ID
+
+_ID = re.compile(r"^card-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)$")
+
+
+class AllocationError(ValueError):
+    """The kubelet asked for something this resource never advertised."""
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One advertised resource: its name, its socket file name, and its card (None: all cards)."""
+
+    name: str
+    endpoint: str
+    card_index: int | None = None
+
+
+def endpoint_for(resource_name: str) -> str:
+    """The socket file name for a resource: the name with every run of odd characters as one '-'."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", resource_name).strip("-") + ".sock"
+
+
+def resources(cards: Iterable[nvml.Card], policy: policy_mod.Policy) -> list[Resource]:
+    """The node-wide shares resource first, then one per card, in card order."""
+    res = policy.resources
+    found = [Resource(res.shares, endpoint_for(res.shares))]
+    found += [Resource(res.card(c.index), endpoint_for(res.card(c.index)), c.index)
+              for c in sorted(cards, key=lambda c: c.index)]
+    endpoints = [r.endpoint for r in found]
+    if len(set(endpoints)) != len(endpoints):
+        raise ValueError(f"gpushard: resource names {[r.name for r in found]} give clashing socket names")
+    return found
+
+
+def device_id(card_index: int, share: int) -> str:
+    """The ID of one share; both resources use the same IDs so that a share names its card."""
+    return f"card-{card_index}-{share}"
+
+
+def parse_device_id(device: str) -> tuple[int, int] | None:
+    """(card index, share) of a share ID, or None if it is not one."""
+    match = _ID.match(device)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def device_list(resource: Resource, cards: Iterable[nvml.Card], healthy: Mapping[int, bool],
+                shares_per_card: int) -> list[tuple[str, str]]:
+    """(ID, health) of every share the resource advertises; a card missing from ``healthy`` is Unhealthy."""
+    indices = sorted(c.index for c in cards)
+    if resource.card_index is not None:
+        indices = [k for k in indices if k == resource.card_index]
+    return [(device_id(k, s), HEALTHY if healthy.get(k, False) else UNHEALTHY)
+            for k in indices for s in range(shares_per_card)]
+
+
+def _check(resource: Resource, devices: Iterable[str], cards: Mapping[int, nvml.Card],
+           shares_per_card: int) -> set[int]:
+    touched = set()
+    for device in devices:
+        parsed = parse_device_id(device)
+        if parsed is None or parsed[0] not in cards or parsed[1] >= shares_per_card or (
+                resource.card_index is not None and parsed[0] != resource.card_index):
+            raise AllocationError(f"gpushard: {resource.name} has no device {device!r}")
+        touched.add(parsed[0])
+    return touched
+
+
+def allocate_env(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Card],
+                 shares_per_card: int) -> dict[str, str]:
+    """The env one container gets for its devices of one resource.
+
+    A per-card resource pins the container to its card by UUID. The node-wide shares
+    resource is a sum for quotas: which share IDs the kubelet picked from it says nothing
+    about the card, so it sets no env at all. The kubelet merges the env of every resource
+    in a container, keeping the first value of a key in an order it does not define, so
+    any NVIDIA_VISIBLE_DEVICES from it could override the card's.
+    """
+    by_index = {c.index: c for c in cards}
+    touched = _check(resource, devices, by_index, shares_per_card)
+    if resource.card_index is None or not touched:
+        return {}
+    return {names.VISIBLE_DEVICES_ENV: by_index[resource.card_index].uuid}
+
+
+def preferred(resource: Resource, available: Iterable[str], must_include: Iterable[str], size: int) -> list[str]:
+    """The IDs we would like the kubelet to pick: the required ones, then the lowest shares.
+
+    All shares of a card are alike; taking the lowest keeps the choice stable and easy to read.
+    """
+    chosen: list[str] = []
+    for device in must_include:
+        if device not in chosen:
+            chosen.append(device)
+
+    def order(device: str) -> tuple[int, int, int, str]:
+        parsed = parse_device_id(device)
+        return (0, *parsed, "") if parsed else (1, 0, 0, device)
+
+    for device in sorted(set(available) - set(chosen), key=order):
+        if len(chosen) >= size:
+            break
+        chosen.append(device)
+    return chosen

@@ -1,0 +1,142 @@
+"""The kubelet's device-plugin gRPC service for one resource, on its own unix socket."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent import futures
+
+import grpc
+
+from webhook.agent import allocation, health, nvml
+from webhook.agent.proto import deviceplugin_pb2 as pb
+from webhook.agent.proto import deviceplugin_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+
+class Servicer(pb_grpc.DevicePluginServicer):
+    """Answers the kubelet for one resource from the board's state."""
+
+    def __init__(self, resource: allocation.Resource, cards: list[nvml.Card], board: health.Board,
+                 shares_per_card: int, tick: float = 1.0) -> None:
+        self.resource = resource
+        self.cards = list(cards)
+        self.board = board
+        self.shares_per_card = shares_per_card
+        self.tick = tick
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        """End every open ListAndWatch stream (cleanly, with status OK)."""
+        self._stopped.set()
+        self.board.poke()
+
+    def _devices(self, snapshot: health.Snapshot) -> list[pb.Device]:
+        listed = allocation.device_list(self.resource, self.cards, snapshot.healthy, self.shares_per_card)
+        return [pb.Device(ID=device, health=state) for device, state in listed]
+
+    def GetDevicePluginOptions(self, request, context):
+        return OPTIONS
+
+    def ListAndWatch(self, request, context):
+        # The kubelet keeps this stream open for the plugin's life and reads each message
+        # as the full device list; send one at once and another whenever ours changes.
+        def interrupted() -> bool:
+            return self._stopped.is_set() or not context.is_active()
+
+        context.add_callback(self.board.poke)  # a kubelet that hangs up wakes us at once
+        seen: int | None = None
+        sent: list[pb.Device] | None = None
+        while not interrupted():
+            snapshot = self.board.wait_change(seen, self.tick, interrupted)
+            if snapshot is None:
+                continue
+            if snapshot.closed:
+                return
+            seen = snapshot.version
+            devices = self._devices(snapshot)
+            if devices != sent:
+                sent = devices
+                yield pb.ListAndWatchResponse(devices=devices)
+
+    def GetPreferredAllocation(self, request, context):
+        responses = [pb.ContainerPreferredAllocationResponse(deviceIDs=allocation.preferred(
+            self.resource, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size))
+            for req in request.container_requests]
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    def Allocate(self, request, context):
+        responses = []
+        for req in request.container_requests:
+            try:
+                env = allocation.allocate_env(self.resource, req.devices_ids, self.cards, self.shares_per_card)
+            except allocation.AllocationError as exc:
+                log.warning("%s", exc)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            responses.append(pb.ContainerAllocateResponse(envs=env))
+        return pb.AllocateResponse(container_responses=responses)
+
+    def PreStartContainer(self, request, context):
+        return pb.PreStartContainerResponse()
+
+
+class PluginServer:
+    """One resource's gRPC server on ``<directory>/<endpoint>``; restartable after the kubelet wipes it."""
+
+    def __init__(self, directory: str, resource: allocation.Resource, cards: list[nvml.Card],
+                 board: health.Board, shares_per_card: int, tick: float = 1.0, workers: int = 8) -> None:
+        self.directory = directory
+        self.resource = resource
+        self._servicer_args = (resource, list(cards), board, shares_per_card, tick)
+        self._workers = workers
+        self.servicer: Servicer | None = None
+        self._server: grpc.Server | None = None
+        self.inode: int | None = None
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.directory, self.resource.endpoint)
+
+    def start(self) -> None:
+        """Serve on a fresh socket, replacing any stale file left by an earlier run."""
+        self.stop()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        # A fresh servicer per start: the old one's streams are ended and stay ended.
+        self.servicer = Servicer(*self._servicer_args)
+        # Each ListAndWatch stream holds a worker for its whole life; leave room for the unary calls.
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers,
+                                                        thread_name_prefix=f"dp-{self.resource.endpoint}"))
+        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
+        server.add_insecure_port(f"unix://{self.path}")
+        server.start()
+        self._server = server
+        self.inode = os.stat(self.path).st_ino
+
+    def socket_is_ours(self) -> bool:
+        """False once the socket file is gone or replaced, as a restarting kubelet does."""
+        try:
+            return self.inode is not None and os.stat(self.path).st_ino == self.inode
+        except FileNotFoundError:
+            return False
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Close the streams, stop serving, and remove our socket (only if it is still ours)."""
+        if self._server is None:
+            return
+        ours = self.socket_is_ours()
+        self.servicer.stop()
+        self._server.stop(grace).wait(grace + 1.0)
+        self._server = None
+        if ours:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        self.inode = None

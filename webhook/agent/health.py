@@ -1,0 +1,96 @@
+"""The cards' live state, shared by the health watcher, the device-plugin streams and the publisher."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from webhook.agent import nvml
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The state at one version: health and presence by card index."""
+
+    version: int
+    healthy: dict[int, bool]
+    present: dict[int, bool]
+    closed: bool = False
+
+
+class Board:
+    """Versioned card state; readers block until the version moves past the one they saw."""
+
+    def __init__(self, cards: list[nvml.Card]) -> None:
+        self._cards = {c.uuid: c for c in cards}
+        self._healthy = {c.index: True for c in cards}
+        self._present = {c.index: True for c in cards}
+        self._version = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def _snapshot(self) -> Snapshot:
+        return Snapshot(self._version, dict(self._healthy), dict(self._present), self._closed)
+
+    def snapshot(self) -> Snapshot:
+        with self._cond:
+            return self._snapshot()
+
+    def apply(self, event: nvml.HealthEvent) -> bool:
+        """Record a health change; True when it changed anything."""
+        card = self._cards.get(event.uuid)
+        if card is None:
+            log.info("gpushard: ignoring an event for unknown card %s", event.uuid)
+            return False
+        healthy = event.healthy and event.present
+        with self._cond:
+            if self._healthy[card.index] == healthy and self._present[card.index] == event.present:
+                return False
+            self._healthy[card.index] = healthy
+            self._present[card.index] = event.present
+            self._version += 1
+            self._cond.notify_all()
+        log.warning("gpushard: card %d (%s) is now %s%s%s", card.index, card.uuid,
+                    "Healthy" if healthy else "Unhealthy", "" if event.present else ", gone",
+                    f": {event.reason}" if event.reason else "")
+        return True
+
+    def wait_change(self, seen: int | None, timeout: float,
+                    interrupted: Callable[[], bool] = lambda: False) -> Snapshot | None:
+        """The state once its version differs from ``seen`` (or the board closes).
+
+        None when ``timeout`` passes, or when ``interrupted()`` turns true after a ``poke``.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or self._version != seen or interrupted(), timeout)
+            if self._closed or self._version != seen:
+                return self._snapshot()
+            return None
+
+    def poke(self) -> None:
+        """Wake every waiter so it can check its ``interrupted``."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+def watch(devices: nvml.Devices, board: Board, stop: threading.Event,
+          on_change: Callable[[], None] | None = None, tick: float = 0.5) -> None:
+    """Feed the backend's health events into the board until ``stop`` is set."""
+    while not stop.is_set():
+        try:
+            event = devices.wait_event(tick)
+        except Exception:  # a broken backend must not kill the agent silently; keep trying
+            log.exception("gpushard: reading GPU health failed")
+            stop.wait(tick)
+            continue
+        if event is not None and board.apply(event) and on_change is not None:
+            on_change()

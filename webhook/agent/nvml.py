@@ -1,0 +1,379 @@
+"""The agent's small window on the node's GPUs: NVML, a fake inventory file, or nothing at all."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+# Xids that an application causes (bad kernel, page fault, channel errors, ...): the card is
+# fine, so NVIDIA's own device plugin ignores them, and so do we.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
+def is_critical_xid(xid: int) -> bool:
+    """Whether an Xid from NVML's critical-error events says the card itself is in trouble."""
+    return xid not in APPLICATION_XIDS
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML could not be loaded or initialised on this node."""
+
+
+class InventoryError(ValueError):
+    """A fake inventory file gpushard cannot use; the message names the entry."""
+
+
+@dataclass(frozen=True)
+class Card:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """A change in one card's state: ``present`` False means the card is gone from the node."""
+
+    uuid: str
+    healthy: bool
+    present: bool = True
+    reason: str = ""
+
+
+class Devices(Protocol):
+    """What the agent needs to know about the GPUs; the rest of the agent sees nothing else."""
+
+    def cards(self) -> list[Card]:
+        """The cards found at start, ordered by index."""
+
+    def wait_event(self, timeout: float) -> HealthEvent | None:
+        """The next health change, or None when ``timeout`` seconds pass without one."""
+
+    def close(self) -> None:
+        """Release the backend; no call follows."""
+
+
+# --- null --------------------------------------------------------------------------------------
+
+class NullDevices:
+    """A node without GPUs: no cards, no events."""
+
+    def __init__(self) -> None:
+        self._closed = threading.Event()
+
+    def cards(self) -> list[Card]:
+        return []
+
+    def wait_event(self, timeout: float) -> HealthEvent | None:
+        self._closed.wait(timeout)
+        return None
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+# --- fake inventory ----------------------------------------------------------------------------
+
+def _card_entry(where: str, entry: Any) -> tuple[Card, bool]:
+    if not isinstance(entry, dict):
+        raise InventoryError(f"{where}: must be a mapping with index, uuid, model and memoryMiB, got {entry!r}")
+    unknown = sorted(set(entry) - {"index", "uuid", "model", "memoryMiB", "healthy"})
+    if unknown:
+        raise InventoryError(f"{where}.{unknown[0]}: unknown key (expected index, uuid, model, memoryMiB, healthy)")
+    index, uuid = entry.get("index"), entry.get("uuid")
+    model, memory = entry.get("model", "fake GPU"), entry.get("memoryMiB", 0)
+    healthy = entry.get("healthy", True)
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise InventoryError(f"{where}.index: must be a whole number 0 or more, got {index!r}")
+    if not isinstance(uuid, str) or not uuid or len(uuid) > 128:
+        raise InventoryError(f"{where}.uuid: must be a non-empty string, got {uuid!r}")
+    if not isinstance(model, str):
+        raise InventoryError(f"{where}.model: must be a string, got {model!r}")
+    if isinstance(memory, bool) or not isinstance(memory, int) or memory < 0:
+        raise InventoryError(f"{where}.memoryMiB: must be a whole number of MiB, got {memory!r}")
+    if not isinstance(healthy, bool):
+        raise InventoryError(f"{where}.healthy: must be true or false, got {healthy!r}")
+    return Card(index=index, uuid=uuid, model=model, memory_mib=memory), healthy
+
+
+def parse_inventory(data: Any, source: str = "<inventory>") -> dict[str, tuple[Card, bool]]:
+    """Cards (with their health) from a parsed inventory: ``{cards: [...]}`` or a bare list."""
+    if isinstance(data, dict):
+        unknown = sorted(set(data) - {"cards"})
+        if unknown:
+            raise InventoryError(f"{source}: {unknown[0]}: unknown key (expected cards)")
+        data = data.get("cards")
+    if data is None:
+        data = []
+    if not isinstance(data, list):
+        raise InventoryError(f"{source}: cards must be a list, got {type(data).__name__}")
+    found: dict[str, tuple[Card, bool]] = {}
+    indices: set[int] = set()
+    for i, entry in enumerate(data):
+        card, healthy = _card_entry(f"{source}: cards[{i}]", entry)
+        if card.uuid in found or card.index in indices:
+            raise InventoryError(f"{source}: cards[{i}]: index {card.index} or uuid {card.uuid!r} appears twice")
+        indices.add(card.index)
+        found[card.uuid] = (card, healthy)
+    return found
+
+
+def load_inventory(path: str | Path) -> dict[str, tuple[Card, bool]]:
+    """Read an inventory file (YAML or JSON)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InventoryError(f"{path}: cannot read the inventory file: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"{path}: not valid YAML or JSON: {exc}") from None
+    return parse_inventory(data, str(path))
+
+
+class FakeDevices:
+    """Cards read from an inventory file, for nodes and laptop clusters without GPUs.
+
+    Editing the file while the agent runs plays health changes: a card marked
+    ``healthy: false`` turns Unhealthy, a card removed from the file is lost. Cards
+    added later are ignored, as the real backend ignores hot-plugged cards.
+    Tests can also ``inject`` events directly.
+    """
+
+    def __init__(self, cards: list[Card], path: str | Path | None = None, poll: float = 0.5) -> None:
+        self._cards = sorted(cards, key=lambda c: c.index)
+        self._path = Path(path) if path is not None else None
+        self._poll = poll
+        self._events: queue.Queue[HealthEvent] = queue.Queue()
+        self._stamp = self._file_stamp()
+        # What the file said last, so that a re-read reports only changes.
+        self._seen = {c.uuid: (True, True) for c in self._cards}
+
+    @classmethod
+    def from_file(cls, path: str | Path, poll: float = 0.5) -> FakeDevices:
+        entries = load_inventory(path)
+        devices = cls([card for card, _ in entries.values()], path=path, poll=poll)
+        devices._replay(entries)
+        return devices
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        if self._path is None:
+            return None
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _replay(self, entries: dict[str, tuple[Card, bool]]) -> None:
+        for card in self._cards:
+            present = card.uuid in entries
+            healthy = present and entries[card.uuid][1]
+            if self._seen[card.uuid] != (healthy, present):
+                self._seen[card.uuid] = (healthy, present)
+                reason = "inventory file" if present else "card removed from the inventory file"
+                self._events.put(HealthEvent(card.uuid, healthy=healthy, present=present, reason=reason))
+
+    def _reread(self) -> None:
+        stamp = self._file_stamp()
+        if stamp is None or stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            entries = load_inventory(self._path)
+        except InventoryError as exc:
+            # A half-written file is normal while someone edits it: keep the last good state.
+            log.warning("gpushard: ignoring the inventory file for now: %s", exc)
+            return
+        self._replay(entries)
+
+    def cards(self) -> list[Card]:
+        return list(self._cards)
+
+    def inject(self, event: HealthEvent) -> None:
+        self._events.put(event)
+
+    def wait_event(self, timeout: float) -> HealthEvent | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._reread()
+            remaining = deadline - time.monotonic()
+            try:
+                return self._events.get(timeout=max(0.0, min(remaining, self._poll)))
+            except queue.Empty:
+                if remaining <= self._poll:
+                    return None
+
+    def close(self) -> None:
+        pass
+
+
+# --- real NVML ---------------------------------------------------------------------------------
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlDevices:
+    """The real backend: pynvml discovery, Xid events, and a probe that notices lost cards."""
+
+    def __init__(self, probe_interval: float = 5.0) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise NvmlUnavailable(f"the nvidia-ml-py package is not installed ({exc})") from None
+        self._nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(str(exc)) from None
+        self._probe_interval = probe_interval
+        self._next_probe = time.monotonic() + probe_interval
+        self._pending: list[HealthEvent] = []
+        self._lock = threading.Lock()
+        try:
+            self._cards = self._discover()
+            self._state = {c.uuid: {"lost": False, "xid": False} for c in self._cards}
+            self._events = self._register_events()
+        except pynvml.NVMLError as exc:
+            pynvml.nvmlShutdown()
+            raise NvmlUnavailable(f"NVML loaded but could not list the cards: {exc}") from None
+
+    def _discover(self) -> list[Card]:
+        nv = self._nvml
+        cards = []
+        for index in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            memory = nv.nvmlDeviceGetMemoryInfo(handle)
+            cards.append(Card(index=index, uuid=_text(nv.nvmlDeviceGetUUID(handle)),
+                              model=_text(nv.nvmlDeviceGetName(handle)),
+                              memory_mib=int(memory.total) // (1024 * 1024)))
+        return cards
+
+    def _register_events(self):
+        nv = self._nvml
+        try:
+            event_set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            log.warning("gpushard: no NVML event set (%s); health comes from probing the cards only", exc)
+            return None
+        for card in self._cards:
+            try:
+                handle = nv.nvmlDeviceGetHandleByUUID(card.uuid)
+                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
+            except nv.NVMLError as exc:
+                # Some cards (and vGPU guests) do not report Xid events; the probe still watches them.
+                log.warning("gpushard: card %d (%s) gives no Xid events: %s", card.index, card.uuid, exc)
+        return event_set
+
+    def cards(self) -> list[Card]:
+        return list(self._cards)
+
+    def _set(self, uuid: str, reason: str, *, lost: bool | None = None, xid: bool | None = None) -> None:
+        state = self._state[uuid]
+        before = (not state["lost"] and not state["xid"], not state["lost"])
+        if lost is not None:
+            state["lost"] = lost
+        if xid is not None:
+            state["xid"] = xid
+        after = (not state["lost"] and not state["xid"], not state["lost"])
+        if after != before:
+            self._pending.append(HealthEvent(uuid, healthy=after[0], present=after[1], reason=reason))
+
+    def _probe(self) -> None:
+        nv = self._nvml
+        for card in self._cards:
+            try:
+                handle = nv.nvmlDeviceGetHandleByUUID(card.uuid)
+                nv.nvmlDeviceGetMemoryInfo(handle)
+            except nv.NVMLError as exc:
+                self._set(card.uuid, f"card does not answer NVML: {exc}", lost=True)
+                continue
+            if self._state[card.uuid]["lost"]:
+                # A card that comes back has been reset, which also clears an earlier Xid.
+                self._set(card.uuid, "card answers NVML again", lost=False, xid=False)
+
+    def _wait_xid(self, timeout: float) -> None:
+        nv = self._nvml
+        if self._events is None:
+            time.sleep(timeout)
+            return
+        try:
+            data = nv.nvmlEventSetWait(self._events, max(1, int(timeout * 1000)))
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) == nv.NVML_ERROR_TIMEOUT:
+                return
+            if getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST:
+                # NVML cannot say which card; mark all lost and let the probe bring back the living.
+                pending = len(self._pending)
+                for card in self._cards:
+                    self._set(card.uuid, "NVML reports a GPU is lost", lost=True)
+                if len(self._pending) == pending:
+                    time.sleep(timeout)  # the set keeps answering at once; do not spin on it
+                return
+            log.warning("gpushard: waiting for NVML events failed: %s", exc)
+            time.sleep(timeout)
+            return
+        if data.eventType != nv.nvmlEventTypeXidCriticalError:
+            return
+        xid = int(data.eventData)
+        if not is_critical_xid(xid):
+            return
+        try:
+            uuid = _text(nv.nvmlDeviceGetUUID(data.device))
+        except nv.NVMLError:
+            uuid = None
+        targets = [uuid] if uuid in self._state else [c.uuid for c in self._cards]
+        for target in targets:
+            self._set(target, f"critical Xid {xid}", xid=True)
+
+    def wait_event(self, timeout: float) -> HealthEvent | None:
+        with self._lock:
+            deadline = time.monotonic() + timeout
+            while not self._pending:
+                now = time.monotonic()
+                if now >= self._next_probe:
+                    self._next_probe = now + self._probe_interval
+                    self._probe()
+                    continue
+                remaining = deadline - now
+                if remaining <= 0:
+                    return None
+                self._wait_xid(min(remaining, self._next_probe - now))
+            return self._pending.pop(0)
+
+    def close(self) -> None:
+        nv = self._nvml
+        with self._lock:
+            try:
+                if self._events is not None:
+                    nv.nvmlEventSetFree(self._events)
+                    self._events = None
+                nv.nvmlShutdown()
+            except nv.NVMLError as exc:
+                log.warning("gpushard: NVML shutdown: %s", exc)
+
+
+def open_devices(fake_inventory: str | Path | None = None, allow_no_gpus: bool = False) -> Devices:
+    """The backend the flags ask for: the fake inventory, else NVML, else (if allowed) nothing."""
+    if fake_inventory is not None:
+        return FakeDevices.from_file(fake_inventory)
+    try:
+        return NvmlDevices()
+    except NvmlUnavailable:
+        if allow_no_gpus:
+            return NullDevices()
+        raise
+
