@@ -3,7 +3,8 @@
 We fake the API server on the wire, never by patching the client library: the code under
 test talks HTTP to this server through the real kubernetes client.
 
-It keeps namespaces, nodes and pods in memory, answers list (with labelSelector and
+It keeps namespaces, nodes, pods and the pod-template workloads (core, apps/v1 and batch/v1)
+in memory, answers list (with labelSelector and
 fieldSelector on metadata.name), get, merge-patch of nodes, and watch streams with
 resourceVersions; it can expire history (watches from older versions get 410 Gone) and
 drop every open watch connection.
@@ -18,9 +19,25 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+import jsonpatch
+import jsonpointer
 import kubernetes
 
-KINDS = {"nodes": "Node", "pods": "Pod", "namespaces": "Namespace"}
+KINDS = {"nodes": "Node", "pods": "Pod", "namespaces": "Namespace",
+         "replicationcontrollers": "ReplicationController", "podtemplates": "PodTemplate",
+         "deployments": "Deployment", "statefulsets": "StatefulSet", "daemonsets": "DaemonSet",
+         "replicasets": "ReplicaSet", "jobs": "Job", "cronjobs": "CronJob"}
+# The API group of each resource outside the core group ("v1").
+GROUPS = {"deployments": "apps/v1", "statefulsets": "apps/v1", "daemonsets": "apps/v1",
+          "replicasets": "apps/v1", "jobs": "batch/v1", "cronjobs": "batch/v1"}
+CLUSTER_SCOPED = ("nodes", "namespaces")
+# What `gpushard certs --install` writes: the webhook's TLS Secret and the webhook
+# configuration's caBundle. These kinds also take create (POST), replace (PUT, with a
+# resourceVersion check) and JSON patch (RFC 6902, with "test" operations).
+KINDS.update({"secrets": "Secret", "mutatingwebhookconfigurations": "MutatingWebhookConfiguration"})
+GROUPS["mutatingwebhookconfigurations"] = "admissionregistration.k8s.io/v1"
+CLUSTER_SCOPED += ("mutatingwebhookconfigurations",)
+WRITABLE = ("secrets", "mutatingwebhookconfigurations")
 
 
 def _matches_selector(labels: dict, selector: str) -> bool:
@@ -93,7 +110,7 @@ class FakeKube:
     def _bump(self, resource: str, kind: str, obj: dict) -> dict:
         self.rv += 1
         obj = copy.deepcopy(obj)
-        obj.setdefault("apiVersion", "v1")
+        obj.setdefault("apiVersion", GROUPS.get(resource, "v1"))
         obj["kind"] = KINDS[resource]
         meta = obj.setdefault("metadata", {})
         meta["resourceVersion"] = str(self.rv)
@@ -105,7 +122,7 @@ class FakeKube:
     def put(self, resource: str, obj: dict) -> dict:
         """Create or replace an object (ADDED or MODIFIED on watches)."""
         meta = obj.get("metadata", {})
-        key = (meta.get("namespace", "") if resource == "pods" else "", meta["name"])
+        key = ("" if resource in CLUSTER_SCOPED else meta.get("namespace", ""), meta["name"])
         with self.lock:
             kind = "MODIFIED" if key in self.objects[resource] else "ADDED"
             stored = self._bump(resource, kind, obj)
@@ -161,13 +178,16 @@ class FakeKube:
                 url = urlparse(self.path)
                 parts = [p for p in url.path.split("/") if p]
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                if parts[:2] != ["api", "v1"]:
+                if parts[:2] == ["api", "v1"]:
+                    group, rest = "v1", parts[2:]
+                elif parts[:1] == ["apis"] and len(parts) >= 3:
+                    group, rest = "/".join(parts[1:3]), parts[3:]
+                else:
                     return None, None, None, query
-                rest = parts[2:]
                 namespace = ""
                 if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in KINDS:
                     namespace, rest = rest[1], rest[2:]
-                if not rest or rest[0] not in KINDS:
+                if not rest or rest[0] not in KINDS or GROUPS.get(rest[0], "v1") != group:
                     return None, None, None, query
                 return rest[0], namespace, (rest[1] if len(rest) > 1 else None), query
 
@@ -187,7 +207,7 @@ class FakeKube:
                 if resource is None:
                     return self._status(404, "NotFound", f"no route {self.path}")
                 if name is not None:
-                    key = (namespace if resource == "pods" else "", name)
+                    key = ("" if resource in CLUSTER_SCOPED else namespace, name)
                     with fake.lock:
                         obj = fake.objects[resource].get(key)
                     if obj is None:
@@ -199,7 +219,7 @@ class FakeKube:
                     items = [copy.deepcopy(o) for o in fake.objects[resource].values()
                              if self._selected(o, resource, namespace, query)]
                     rv = fake.rv
-                self._send(200, {"kind": KINDS[resource] + "List", "apiVersion": "v1",
+                self._send(200, {"kind": KINDS[resource] + "List", "apiVersion": GROUPS.get(resource, "v1"),
                                  "metadata": {"resourceVersion": str(rv)}, "items": items})
 
             def _selected(self, obj: dict, resource: str, namespace: str, query: dict) -> bool:
@@ -260,18 +280,63 @@ class FakeKube:
                 resource, namespace, name, _query = self._route()
                 if resource is None or name is None:
                     return self._status(404, "NotFound", f"no route {self.path}")
-                key = (namespace if resource == "pods" else "", name)
+                key = ("" if resource in CLUSTER_SCOPED else namespace, name)
                 with fake.lock:
                     obj = fake.objects[resource].get(key)
                     if obj is None:
                         return self._status(404, "NotFound", f'{resource} "{name}" not found')
                     patch = json.loads(body or b"{}")
-                    if isinstance(patch, list):
+                    if isinstance(patch, list) and resource in WRITABLE:
+                        try:
+                            merged = jsonpatch.apply_patch(obj, patch)
+                        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+                            return self._status(422, "Invalid", f"the JSON patch does not apply: {exc}")
+                    elif isinstance(patch, list):
                         return self._status(415, "UnsupportedMediaType", "JSON patch is not supported here")
-                    merged = _merge(copy.deepcopy(obj), patch)
+                    else:
+                        merged = _merge(copy.deepcopy(obj), patch)
                     stored = fake._bump(resource, "MODIFIED", merged)
                     fake.objects[resource][key] = stored
                 self._send(200, stored)
+
+            def _write(self, create: bool) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                if not self._before(body):
+                    return
+                resource, namespace, name, _query = self._route()
+                if resource not in WRITABLE or (name is None) != create:
+                    return self._status(405, "MethodNotAllowed", f"{self.command} {self.path} is not supported here")
+                obj = json.loads(body or b"{}")
+                meta = obj.setdefault("metadata", {})
+                name = meta.get("name") if create else name
+                if not name or (not create and meta.get("name", name) != name):
+                    return self._status(422, "Invalid", "metadata.name is missing or differs from the URL")
+                if resource not in CLUSTER_SCOPED:
+                    meta["namespace"] = namespace
+                key = ("" if resource in CLUSTER_SCOPED else namespace, name)
+                with fake.lock:
+                    old = fake.objects[resource].get(key)
+                    if create and old is not None:
+                        return self._status(409, "AlreadyExists", f'{resource} "{name}" already exists')
+                    if not create and old is None:
+                        return self._status(404, "NotFound", f'{resource} "{name}" not found')
+                    wanted = meta.get("resourceVersion")
+                    if not create and wanted and wanted != old["metadata"]["resourceVersion"]:
+                        return self._status(409, "Conflict", f'{resource} "{name}": the object has been modified')
+                    if not create and resource == "secrets" and obj.get("type", "Opaque") != old.get("type", "Opaque"):
+                        return self._status(422, "Invalid", "type: field is immutable")
+                    if old is not None:
+                        meta["uid"] = old["metadata"]["uid"]
+                    stored = fake._bump(resource, "ADDED" if create else "MODIFIED", obj)
+                    fake.objects[resource][key] = stored
+                self._send(201 if create else 200, stored)
+
+            def do_POST(self):
+                self._write(create=True)
+
+            def do_PUT(self):
+                self._write(create=False)
 
         return Handler
 

@@ -81,7 +81,16 @@ def spec_of(obj: dict, kind: str) -> dict | None:
     if kind == names.POD_KIND:
         spec = obj.get("spec")
     elif kind in names.TEMPLATE_PATHS:
-        spec = rewrite.pod_template(obj, names.TEMPLATE_PATHS[kind]).get("spec")
+        node: object = obj
+        where = []
+        for key in names.TEMPLATE_PATHS[kind]:
+            where.append(key)
+            node = node.get(key) if isinstance(node, dict) else None
+            if node is None:
+                return {}
+            if not isinstance(node, dict):
+                raise f.ObjectError(".".join(where), f"expected a mapping, got {type(node).__name__}")
+        spec = node.get("spec")
     else:
         return None
     if spec is None:
@@ -191,7 +200,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
 
     if audit:
-        found += _visible_devices_findings(spec, asks, None, request.mode, policy)
+        found += _visible_devices_findings(spec, asks, pin, request.mode, policy)
         found += _audit_changes(spec, asks, kind, policy)
         return Decision(allowed=True, findings=found, shares=shares)
 

@@ -1,0 +1,236 @@
+"""`gpushard audit` and `gpushard status` against a live cluster: the real kubernetes client talking to tests/fakekube.
+
+We test:
+- the audit of a cluster with namespaces in every mode, shared and plain nodes, pinned, unpinned,
+  finished and pending pods and workloads reports exactly the expected findings, exit status 1;
+- the table groups findings by object, names rule, container and fix, and fits 120 columns;
+- every list goes through the API (core, apps/v1, batch/v1), owned ReplicaSets and Jobs are not
+  audited twice, and a workload kind the API refuses is skipped with a note, not fatal;
+- the API location comes from --kubeconfig, from $KUBECONFIG, else the in-cluster service
+  account, and --context picks a context; finished pods are left out by a field selector;
+- an unreachable API or an unreadable kubeconfig exits 2 with a gpushard: message;
+- a clean cluster exits 0;
+- status: shares used and free per card and node, holders, totals, pending pods, finished pods
+  not counted, and a card the node no longer offers kept visible with its holders; JSON too.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from tests import fakekube
+from tests.audit import world
+from webhook import cli
+
+
+def audit_json(argv: list[str], capsys) -> tuple[int, dict, str]:
+    code = cli.main(["audit", "-o", "json", *argv])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out), captured.err
+
+
+def found(report: dict) -> set[tuple[str, str, str]]:
+    return {(x["kind"], f"{x['namespace']}/{x['name']}" if x["namespace"] else x["name"], x["rule"])
+            for x in report["findings"]}
+
+
+def test_audit_reports_the_expected_findings(kubeconfig, capsys):
+    code, report, err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    assert code == 1
+    assert err == ""
+    assert found(report) == world.EXPECTED
+    assert report["target"] == "cluster"
+    assert report["summary"]["findings"] == len(world.EXPECTED)
+    by_rule = {x["rule"]: x for x in report["findings"]}
+    assert by_rule["unhidden"]["container"] == "proxy"
+    assert by_rule["pin-env-mismatch"]["container"] == "train"
+    assert all(x["fix"] and x["message"].startswith("gpushard: ") and x["source"] is None
+               for x in report["findings"])
+
+
+def test_audit_table_groups_by_object(kubeconfig, capsys):
+    code = cli.main(["audit", "--kubeconfig", kubeconfig])
+    table = capsys.readouterr().out
+    lines = table.splitlines()
+    assert code == 1
+    headers = [line for line in lines if line and not line.startswith(" ") and not line.startswith("gpushard:")]
+    assert headers == ["Namespace legacy", "Node gpu-2x", "Pod lab/notebook", "Pod legacy/batch", "Pod ml/loose",
+                       "Pod research/legacy", "Pod research/plain", "Deployment research/trainer"]
+    research = lines[lines.index("Pod research/legacy") + 1:lines.index("Pod research/plain")]
+    assert [line.split()[1] for line in research if line.startswith("  warn")] == [
+        "not-opted-in", "nvidia-gpu-on-shared-node"]
+    assert '  warn  unhidden  container "proxy"' in lines
+    assert lines[-1] == "gpushard: 9 findings (9 warn) in 8 of 24 objects"
+    assert max(map(len, lines)) <= 120
+
+
+def test_finished_pods_are_not_audited(kubeconfig, fake, capsys):
+    # Finished pods that would break rules were they running.
+    fake.put("pods", world.pod("research", "old", [world.container("t", {"nvidia.com/gpu": "1"})], "gpu-2x",
+                               "Succeeded"))
+    _code, report, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    names = {x["name"] for x in report["findings"]}
+    assert not names & {"old", "done", "crashed"}
+
+
+def test_every_list_goes_through_the_api(kubeconfig, fake, capsys):
+    audit_json(["--kubeconfig", kubeconfig], capsys)
+    paths = {path.split("?")[0] for method, path, _body in fake.requests if method == "GET"}
+    assert paths == {"/api/v1/namespaces", "/api/v1/nodes", "/api/v1/pods", "/apis/apps/v1/deployments",
+                     "/apis/apps/v1/statefulsets", "/apis/apps/v1/daemonsets", "/apis/apps/v1/replicasets",
+                     "/apis/batch/v1/jobs", "/apis/batch/v1/cronjobs", "/api/v1/replicationcontrollers",
+                     "/api/v1/podtemplates"}
+    pods = next(path for method, path, _body in fake.requests if path.startswith("/api/v1/pods?"))
+    assert "fieldSelector=status.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed" in pods
+
+
+def test_owned_workloads_are_audited_through_their_owner(kubeconfig, fake, capsys):
+    gpu = [world.container("t", {"nvidia.com/gpu": "1"})]
+    owned = world.deployment("research", "trainer-5c8d", gpu)
+    owned["metadata"]["ownerReferences"] = [{"kind": "Deployment", "name": "trainer", "controller": True}]
+    fake.put("replicasets", owned)
+    fake.put("replicasets", world.deployment("research", "bare", gpu))
+    operated = world.deployment("research", "served", gpu)
+    operated["metadata"]["ownerReferences"] = [{"kind": "InferenceService", "name": "s", "controller": True}]
+    fake.put("deployments", operated)
+    _code, report, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    assert ("ReplicaSet", "research/bare", "not-opted-in") in found(report)
+    assert ("Deployment", "research/served", "not-opted-in") in found(report)  # its owner is not audited
+    assert not {x for x in found(report) if x[1] == "research/trainer-5c8d"}
+
+
+def test_a_refused_workload_kind_is_skipped_with_a_note(kubeconfig, fake, capsys):
+    # namespaces, nodes and pods answer; the deployments list is forbidden.
+    fake.fail_next = [0, 0, 0, 403]
+    code, report, err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    assert code == 1
+    assert err.startswith("gpushard: cannot list deployments: 403")
+    assert "deployments not audited" in err
+    assert found(report) == world.EXPECTED - {("Deployment", "research/trainer", "not-opted-in")}
+
+
+def test_a_refused_pod_list_is_a_usage_error(kubeconfig, fake, capsys):
+    fake.fail_next = [0, 0, 403]
+    code = cli.main(["audit", "--kubeconfig", kubeconfig])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.startswith("gpushard: cannot list pods: 403")
+    assert captured.out == ""
+
+
+def test_kubeconfig_from_the_environment(kubeconfig, monkeypatch, capsys):
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)
+    code, report, _err = audit_json([], capsys)
+    assert code == 1
+    assert found(report) == world.EXPECTED
+
+
+def test_context_picks_the_cluster(fake, tmp_path, capsys):
+    # The current context points nowhere; --context names the fake.
+    text = world.kubeconfig(fake).replace("current-context: fake", "current-context: elsewhere")
+    text = text.replace("contexts:\n", "contexts:\n- name: elsewhere\n  context: {cluster: nowhere, user: nobody}\n")
+    text = text.replace("clusters:\n", "clusters:\n- name: nowhere\n  cluster: {server: 'http://127.0.0.1:9'}\n")
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    code, report, _err = audit_json(["--kubeconfig", str(path), "--context", "fake"], capsys)
+    assert (code, found(report)) == (1, world.EXPECTED)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_unreachable_api_exits_2(tmp_path, capsys):
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{closed_port()}'}}}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n")
+    for command in ("audit", "status"):
+        code = cli.main([command, "--kubeconfig", str(path)])
+        captured = capsys.readouterr()
+        assert code == 2
+        assert captured.err.startswith("gpushard: cannot reach the Kubernetes API at http://127.0.0.1:")
+        assert captured.out == ""
+
+
+def test_unreadable_kubeconfig_exits_2(tmp_path, capsys):
+    path = tmp_path / "kubeconfig"
+    path.write_text("apiVersion: v1\nkind: Config\ncurrent-context: missing\n")
+    code = cli.main(["status", "--kubeconfig", str(path)])
+    assert code == 2
+    assert capsys.readouterr().err.startswith(f"gpushard: cannot use {path} to reach the Kubernetes API")
+
+
+def test_without_kubeconfig_the_service_account_is_tried(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    code = cli.main(["audit"])
+    assert code == 2
+    assert capsys.readouterr().err.startswith(
+        "gpushard: cannot use the in-cluster service account to reach the Kubernetes API")
+
+
+def test_clean_cluster_exits_0(tmp_path, capsys):
+    with fakekube.FakeKube() as fake:
+        fake.put("namespaces", world.namespace("ml", "enforce"))
+        fake.put("nodes", world.shared_node("gpu-8x", 8, world.H100))
+        fake.put("pods", world.pod("ml", "train", [world.pinned("t", 4, 50)], "gpu-8x", card=4, shares=50))
+        path = tmp_path / "kubeconfig"
+        path.write_text(world.kubeconfig(fake))
+        code = cli.main(["audit", "--kubeconfig", str(path)])
+    assert code == 0
+    assert capsys.readouterr().out == "gpushard: no findings in 3 objects\n"
+
+
+# --- status ----------------------------------------------------------------------------------------
+
+def status_json(kubeconfig: str, capsys) -> dict:
+    assert cli.main(["status", "--kubeconfig", kubeconfig, "-o", "json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_status_counts_shares_per_card(kubeconfig, capsys):
+    report = status_json(kubeconfig, capsys)
+    nodes = {n["name"]: n for n in report["nodes"]}
+    assert list(nodes) == ["gpu-2x", "gpu-8x"]  # the plain node is not shared
+    big = {c["index"]: c for c in nodes["gpu-8x"]["cards"]}
+    assert len(big) == 8
+    assert (big[0]["used"], big[0]["free"], big[0]["capacity"]) == (75, 25, 100)
+    assert big[0]["pods"] == [{"namespace": "ml", "name": "train-a", "shares": 50},
+                              {"namespace": "ml", "name": "train-b", "shares": 25}]
+    assert big[1]["used"] == 0  # ml/done finished
+    assert big[0]["model"] == world.H100 and big[0]["uuid"] == "GPU-gpu-8x-0"
+    assert (nodes["gpu-8x"]["used"], nodes["gpu-8x"]["free"], nodes["gpu-8x"]["capacity"]) == (235, 565, 800)
+    small = {c["index"]: c for c in nodes["gpu-2x"]["cards"]}
+    assert small[1]["pods"] == [{"namespace": "lab", "name": "notebook", "shares": 40}]
+    assert report["totals"] == {"nodes": 2, "cards": 10, "capacity": 1000, "used": 275, "free": 725}
+    assert report["pending"] == [{"namespace": "ml", "name": "waiting", "card": 5, "shares": 20}]
+    assert report["sharesPerCard"] == 100
+
+
+def test_status_table(kubeconfig, capsys):
+    assert cli.main(["status", "--kubeconfig", kubeconfig]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NODE", "CARD", "MODEL", "USED", "FREE", "TOTAL", "USE%", "PODS"]
+    row = next(line for line in lines if line.startswith("gpu-8x") and line.split()[1] == "0")
+    assert row.split()[-8:] == ["75", "25", "100", "75%", "ml/train-a", "(50),", "ml/train-b", "(25)"]
+    assert [line.split()[:6] for line in lines if line.startswith("TOTAL")] == [
+        ["TOTAL", "10", "275", "725", "1000", "27%"]]
+    assert lines[-1] == "pending: ml/waiting waits for card 5 (20 shares)"
+    assert max(map(len, lines)) <= 120
+
+
+def test_a_card_the_node_no_longer_offers_keeps_its_holders(kubeconfig, fake, capsys):
+    node = fake.get("nodes", "gpu-8x")
+    node["status"]["allocatable"]["gpushard.io/card-3"] = "0"  # the agent marked card 3 unhealthy
+    fake.put("nodes", node)
+    card = status_json(kubeconfig, capsys)["nodes"][1]["cards"][3]
+    assert (card["capacity"], card["used"], card["free"]) == (0, 100, 0)
+    assert card["pods"] == [{"namespace": "ml", "name": "infer-c", "shares": 100}]
+    _code, report, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    assert ("Node", "gpu-8x", "card-oversubscribed") in found(report)

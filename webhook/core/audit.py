@@ -1,0 +1,492 @@
+"""Audit findings over many objects at once, and card usage: the admission rules plus those needing context."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from webhook.core import decisions, names, quantities
+from webhook.core import findings as f
+from webhook.core import requests as req
+from webhook.core.policy import Policy
+
+# Rule ids that only an audit can see: they need the namespace, the node or the pod's history.
+NOT_OPTED_IN = "not-opted-in"
+BAD_MODE_LABEL = "bad-mode-label"
+UNPINNED = "unpinned"
+NVIDIA_GPU_ON_SHARED_NODE = "nvidia-gpu-on-shared-node"
+NVIDIA_PLUGIN_ON_SHARED_NODE = "nvidia-plugin-on-shared-node"
+PIN_ENV_MISMATCH = "pin-env-mismatch"
+ANNOTATION_MISMATCH = "annotation-mismatch"
+NO_SUCH_CARD = "no-such-card"
+CARD_OVERSUBSCRIBED = "card-oversubscribed"
+
+FIXES = {
+    NOT_OPTED_IN: "label the namespace gpushard.io/mode=enforce (or audit, to try it first)",
+    BAD_MODE_LABEL: "set gpushard.io/mode to enforce or audit, or remove the label",
+    UNPINNED: "recreate the pod in a namespace with gpushard.io/mode=enforce so that it is pinned to one card",
+    NVIDIA_GPU_ON_SHARED_NODE: "recreate the pod in an enforced namespace, or move it to a node without gpushard",
+    NVIDIA_PLUGIN_ON_SHARED_NODE: "keep NVIDIA's device plugin off nodes where the gpushard agent runs",
+    PIN_ENV_MISMATCH: "recreate the pod without its own NVIDIA_VISIBLE_DEVICES; gpushard writes it",
+    ANNOTATION_MISMATCH: "recreate the pod so that gpushard writes its card annotation and resources together",
+    NO_SUCH_CARD: "recreate the pod without a card resource so that gpushard chooses a card the node has",
+    CARD_OVERSUBSCRIBED: "move or delete pods on this card until its shares fit; check the card's health",
+}
+RULES = tuple(FIXES)
+
+# What enforce mode rewrites away on admission: in an enforced namespace these are no finding.
+FIXED_BY_ENFORCE = frozenset({f.UNHIDDEN, f.FRACTION_UNREWRITTEN})
+
+NAMESPACE_KIND = "Namespace"
+NODE_KIND = "Node"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def fix_for(rule: str) -> str:
+    """What a user can do about a finding of ``rule``, for admission rules and audit rules alike."""
+    return FIXES.get(rule) or f.FIXES.get(rule, "")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """The object a finding is about."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace + '/' if self.namespace else ''}{self.name}"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One finding about one object, with where the object came from (a file and document, or "")."""
+
+    ref: Ref
+    finding: f.Finding
+    source: str = ""
+
+    @property
+    def fix(self) -> str:
+        return fix_for(self.finding.rule)
+
+
+@dataclass(frozen=True)
+class Located:
+    """An object to audit and where it came from."""
+
+    obj: dict
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class NamespaceMode:
+    """How gpushard treats a namespace: mode None means the webhook never sees it."""
+
+    mode: str | None
+    known: bool = True  # False for manifests whose namespace is not among them
+    problem: str = ""  # why a label value was not taken as written
+
+
+UNKNOWN_NAMESPACE = NamespaceMode(names.MODE_ENFORCE, known=False)
+
+
+def namespace_mode(name: str, labels: Mapping[str, object] | None) -> NamespaceMode:
+    """A namespace's policy from its labels; a bad value falls back to the strictest reading."""
+    labels = labels if isinstance(labels, Mapping) else {}
+    if names.MODE_LABEL not in labels:
+        return NamespaceMode(None)
+    value = labels[names.MODE_LABEL]
+    if value in names.MODES:
+        return NamespaceMode(value)
+    return NamespaceMode(names.MODE_ENFORCE, problem=(
+        f"gpushard: namespace \"{name}\" has {names.MODE_LABEL}=\"{value}\", which is neither enforce nor audit; "
+        "audited as enforce, but the webhook does not act on it"))
+
+
+# --- reading objects -------------------------------------------------------------------------------
+
+def _meta(obj: dict) -> dict:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def ref_of(obj: dict) -> Ref:
+    meta = _meta(obj)
+    kind = obj.get("kind")
+    return Ref(kind if isinstance(kind, str) else "", str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+
+
+def _quantity(value: object) -> int:
+    """A whole count from an allocatable or request value; unreadable values count as none."""
+    try:
+        number = quantities.parse(value)
+    except quantities.QuantityError:
+        return 0
+    return int(number) if number > 0 else 0
+
+
+def _dict(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class NodeCards:
+    """What a Node says about its cards."""
+
+    name: str
+    shared: bool
+    cards: Mapping[int, int]  # card index -> allocatable shares
+    fraction_allocatable: int = 0  # allocatable of the fraction resource (NVIDIA's plugin)
+    inventory: Mapping[int, Mapping[str, object]] = field(default_factory=dict)
+
+
+def _inventory(annotation: object) -> dict[int, dict]:
+    # The agent's JSON list; an annotation gpushard cannot read only costs the model column.
+    if not isinstance(annotation, str):
+        return {}
+    try:
+        cards = json.loads(annotation)
+    except ValueError:
+        return {}
+    out = {}
+    for card in cards if isinstance(cards, list) else []:
+        if isinstance(card, dict) and isinstance(card.get("index"), int):
+            out[card["index"]] = card
+    return out
+
+
+def node_cards(node: dict, policy: Policy) -> NodeCards:
+    """A Node's cards from its allocatable per-card resources, and whether gpushard shares it."""
+    res = policy.resources
+    meta = _meta(node)
+    status = _dict(node.get("status"))
+    allocatable = _dict(status.get("allocatable"))
+    cards = {}
+    for key, value in allocatable.items():
+        index = res.card_index(str(key))
+        if index is not None:
+            cards[index] = _quantity(value)
+    labels = _dict(meta.get("labels"))
+    return NodeCards(
+        name=str(meta.get("name") or ""),
+        shared=bool(cards) or names.CARDS_LABEL in labels,
+        cards=dict(sorted(cards.items())),
+        fraction_allocatable=_quantity(allocatable.get(res.fraction, 0)),
+        inventory=_inventory(_dict(meta.get("annotations")).get(names.INVENTORY_ANNOTATION)),
+    )
+
+
+def terminal(pod: dict) -> bool:
+    """A pod that holds nothing any more: the scheduler and kubelet no longer count it."""
+    return _dict(pod.get("status")).get("phase") in TERMINAL_PHASES
+
+
+def card_shares(spec: dict, policy: Policy) -> dict[int, int]:
+    """Shares of each card a pod spec requests, counted as Kubernetes counts a pod's requests."""
+    res = policy.resources
+    per_card: dict[int, list[req.ContainerAsk]] = {}
+    try:
+        listed = req.containers(spec)
+    except f.ObjectError:
+        return {}
+    for list_key, position, container in listed:
+        resources = _dict(container.get("resources"))
+        # Kubernetes defaults requests from limits for extended resources.
+        asked = {**_dict(resources.get("limits")), **_dict(resources.get("requests"))}
+        group = req.APP
+        if list_key == "initContainers":
+            group = req.SIDECAR if container.get("restartPolicy") == "Always" else req.INIT
+        for key, value in asked.items():
+            index = res.card_index(str(key))
+            shares = _quantity(value)
+            if index is not None and shares:
+                per_card.setdefault(index, []).append(req.ContainerAsk(
+                    name=str(container.get("name") or ""), group=group, list_key=list_key,
+                    position=position, shares=shares))
+    return {k: req.effective_shares(asks) for k, asks in sorted(per_card.items())}
+
+
+def _asks_gpu(spec: dict, policy: Policy) -> bool:
+    """Whether any container names a GPU resource with a value other than zero."""
+    res = policy.resources
+    for _key, _i, container in req.containers(spec):
+        resources = _dict(container.get("resources"))
+        for part in ("limits", "requests"):
+            for key, value in _dict(resources.get(part)).items():
+                if key in (res.fraction, res.shares) or res.card_index(str(key)) is not None:
+                    try:
+                        if quantities.parse(value) != 0:
+                            return True
+                    except quantities.QuantityError:
+                        return True
+    return False
+
+
+# --- the rules -------------------------------------------------------------------------------------
+
+def _warn(rule: str, message: str, container: str | None = None) -> f.Finding:
+    return f.Finding(rule, f.WARN, message, container)
+
+
+def _pin_env_rules(spec: dict, asks: list[req.ContainerAsk]) -> list[f.Finding]:
+    """A pinned container whose own NVIDIA_VISIBLE_DEVICES names another card."""
+    found = []
+    for ask in asks:
+        if not ask.holds_share or ask.pin is None:
+            continue
+        values = _env(spec, ask)
+        if values and values != [str(ask.pin)]:
+            shown = values[0] if isinstance(values[0], str) else "(from a reference)"
+            found.append(_warn(PIN_ENV_MISMATCH, (
+                f"gpushard: container \"{ask.name}\" holds card {ask.pin} but sets "
+                f"{names.VISIBLE_DEVICES_ENV}={shown}, so it may see another card"), ask.name))
+    return found
+
+
+def _pod_rules(pod: dict, spec: dict, asks: list[req.ContainerAsk], policy: Policy,
+               nodes: Mapping[str, NodeCards]) -> list[f.Finding]:
+    """Rules about a pod's annotations and the node it runs on."""
+    res = policy.resources
+    found: list[f.Finding] = []
+    holders = [a for a in asks if a.holds_share]
+    pins = sorted({a.pin for a in holders if a.pin is not None})
+    pin = pins[0] if len(pins) == 1 else None
+
+    annotations = _dict(_meta(pod).get("annotations"))
+    noted = annotations.get(names.CARD_ANNOTATION)
+    if holders and noted is not None and (pin is None or str(noted) != str(pin)):
+        holds = f"card {pin}" if pin is not None else "no card resource"
+        found.append(_warn(ANNOTATION_MISMATCH, (
+            f"gpushard: the pod is annotated {names.CARD_ANNOTATION}={noted} but holds {holds}")))
+
+    node = nodes.get(str(spec.get("nodeName") or ""))
+    if node is None or not node.shared:
+        return found
+    if any(a.fraction is not None and a.fraction != 0 and pin is None for a in asks):
+        found.append(_warn(NVIDIA_GPU_ON_SHARED_NODE, (
+            f"gpushard: the pod runs on shared node \"{node.name}\" with {res.fraction}, so NVIDIA's device plugin "
+            "gave it a card that gpushard does not count")))
+    elif holders and not pins:
+        found.append(_warn(UNPINNED, (
+            f"gpushard: the pod holds {res.shares} on shared node \"{node.name}\" but no {res.card_prefix}<k>, "
+            "so no card is kept for it alone")))
+    for k in pins:
+        if k not in node.cards:
+            have = ", ".join(map(str, node.cards)) or "none"
+            found.append(_warn(NO_SUCH_CARD, (
+                f"gpushard: the pod holds card {k} but node \"{node.name}\" offers cards {have}")))
+    return found
+
+
+def _env(spec: dict, ask: req.ContainerAsk) -> list[object]:
+    container = spec[ask.list_key][ask.position]
+    env = container.get("env") or []
+    return [e.get("value", e.get("valueFrom")) for e in env if isinstance(e, dict)
+            and e.get("name") == names.VISIBLE_DEVICES_ENV]
+
+
+def audit_object(obj: dict, ns: NamespaceMode, policy: Policy,
+                 nodes: Mapping[str, NodeCards] | None = None) -> list[f.Finding]:
+    """Findings about one Pod or workload: the admission rules in audit mode, then the context rules."""
+    kind = obj.get("kind")
+    if kind != names.POD_KIND and kind not in names.TEMPLATE_PATHS:
+        return []
+    try:
+        spec = decisions.spec_of(obj, kind) or {}
+        gpu = _asks_gpu(spec, policy)
+    except f.ObjectError:
+        spec, gpu = None, True
+    if ns.mode is None and not gpu:
+        return []  # gpushard never sees it and it asks for no GPU: none of our business
+    decision = decisions.decide(decisions.Request(obj, kind, "CREATE", names.MODE_AUDIT), policy, None)
+    found = list(decision.findings)
+    if ns.mode == names.MODE_ENFORCE:
+        found = [x for x in found if x.rule not in FIXED_BY_ENFORCE]
+    if ns.mode is None:
+        ref = ref_of(obj)
+        found.insert(0, _warn(NOT_OPTED_IN, (
+            f"gpushard: the {kind} asks for a GPU in namespace \"{ref.namespace or 'default'}\", which has no "
+            f"{names.MODE_LABEL} label, so the webhook never sees it")))
+    if spec is not None:
+        try:
+            asks = req.read_spec(spec, policy)
+        except f.ObjectError:
+            asks = []
+        pinned = _pin_env_rules(spec, asks)
+        # A pinned container whose env names another card gets the sharper finding only.
+        mismatched = {x.container for x in pinned}
+        found = [x for x in found if not (x.rule == f.VISIBLE_DEVICES_SET and x.container in mismatched)]
+        found += pinned
+        if kind == names.POD_KIND:
+            found += _pod_rules(obj, spec, asks, policy, nodes or {})
+    return found
+
+
+def _card_use(pods: Iterable[dict], policy: Policy) -> dict[tuple[str, int], list[tuple[Ref, int]]]:
+    held: dict[tuple[str, int], list[tuple[Ref, int]]] = {}
+    for pod in pods:
+        if terminal(pod):
+            continue
+        spec = _dict(pod.get("spec"))
+        node = spec.get("nodeName")
+        if not node:
+            continue
+        for k, shares in card_shares(spec, policy).items():
+            held.setdefault((str(node), k), []).append((ref_of(pod), shares))
+    return held
+
+
+def audit(objects: Iterable[Located], policy: Policy) -> list[Item]:
+    """Every finding over a set of objects: a cluster's, or a set of manifests.
+
+    Namespaces, Nodes and Pods among the objects give each other context; a Pod or workload
+    whose namespace is not among them is audited as if its namespace enforced gpushard.
+    """
+    objects = [o for o in objects if isinstance(o.obj, dict)]
+    by_kind: dict[str, list[Located]] = {}
+    for located in objects:
+        by_kind.setdefault(str(located.obj.get("kind") or ""), []).append(located)
+
+    items: list[Item] = []
+    modes: dict[str, NamespaceMode] = {}
+    for located in by_kind.get(NAMESPACE_KIND, []):
+        ref = ref_of(located.obj)
+        mode = namespace_mode(ref.name, _meta(located.obj).get("labels"))
+        modes[ref.name] = mode
+        if mode.problem:
+            items.append(Item(ref, _warn(BAD_MODE_LABEL, mode.problem), located.source))
+
+    nodes: dict[str, NodeCards] = {}
+    for located in by_kind.get(NODE_KIND, []):
+        node = node_cards(located.obj, policy)
+        nodes[node.name] = node
+        if node.shared and node.fraction_allocatable:
+            items.append(Item(ref_of(located.obj), _warn(NVIDIA_PLUGIN_ON_SHARED_NODE, (
+                f"gpushard: shared node \"{node.name}\" also advertises {node.fraction_allocatable} "
+                f"{policy.resources.fraction}, so NVIDIA's device plugin still runs there")), located.source))
+
+    pods = [o for o in by_kind.get(names.POD_KIND, []) if not terminal(o.obj)]
+    workloads = [o for kind in names.TEMPLATE_PATHS for o in by_kind.get(kind, [])]
+    for located in pods + workloads:
+        ref = ref_of(located.obj)
+        mode = modes.get(ref.namespace or "default", UNKNOWN_NAMESPACE)
+        for finding in audit_object(located.obj, mode, policy, nodes):
+            items.append(Item(ref, finding, located.source))
+
+    sources = {ref_of(o.obj): o.source for o in pods}
+    for (node_name, k), holders in sorted(_card_use((o.obj for o in pods), policy).items()):
+        node = nodes.get(node_name)
+        if node is None or k not in node.cards:
+            continue
+        used = sum(shares for _ref, shares in holders)
+        if used > node.cards[k]:
+            items.append(Item(Ref(NODE_KIND, "", node_name), _warn(CARD_OVERSUBSCRIBED, (
+                f"gpushard: card {k} of node \"{node_name}\" is held for {used} shares but offers "
+                f"{node.cards[k]} (pods: {', '.join(f'{r.namespace}/{r.name}' for r, _ in holders)})")),
+                sources.get(holders[0][0], "")))
+    return sorted(items, key=_order)
+
+
+_KIND_ORDER = {NAMESPACE_KIND: 0, NODE_KIND: 1}
+
+
+def _order(item: Item) -> tuple:
+    ref = item.ref
+    return (_KIND_ORDER.get(ref.kind, 2), ref.namespace, ref.name, ref.kind)
+
+
+# --- usage per card --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Holder:
+    namespace: str
+    name: str
+    shares: int
+
+
+@dataclass(frozen=True)
+class CardUse:
+    index: int
+    capacity: int
+    used: int
+    holders: tuple[Holder, ...] = ()
+    model: str = ""
+    uuid: str = ""
+
+    @property
+    def free(self) -> int:
+        return max(self.capacity - self.used, 0)
+
+
+@dataclass(frozen=True)
+class NodeUse:
+    name: str
+    cards: tuple[CardUse, ...]
+
+    @property
+    def capacity(self) -> int:
+        return sum(c.capacity for c in self.cards)
+
+    @property
+    def used(self) -> int:
+        return sum(c.used for c in self.cards)
+
+    @property
+    def free(self) -> int:
+        return sum(c.free for c in self.cards)
+
+
+@dataclass(frozen=True)
+class Usage:
+    nodes: tuple[NodeUse, ...]
+    pending: tuple[tuple[Holder, int], ...] = ()  # pinned pods not yet bound to a node, with their card
+
+    @property
+    def capacity(self) -> int:
+        return sum(n.capacity for n in self.nodes)
+
+    @property
+    def used(self) -> int:
+        return sum(n.used for n in self.nodes)
+
+    @property
+    def free(self) -> int:
+        return sum(n.free for n in self.nodes)
+
+
+def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
+    """Shares used and free per shared node and card, and the non-terminal pods holding them.
+
+    Cards come from the nodes' allocatable per-card resources; a card that pods hold but the
+    node no longer offers (unhealthy, gone) shows with capacity 0 so that its holders stay visible.
+    """
+    pods = list(pods)
+    held = _card_use(pods, policy)
+    pending = []
+    for pod in pods:
+        spec = _dict(pod.get("spec"))
+        if terminal(pod) or spec.get("nodeName"):
+            continue
+        ref = ref_of(pod)
+        for k, shares in card_shares(spec, policy).items():
+            pending.append((Holder(ref.namespace, ref.name, shares), k))
+    out = []
+    for raw in nodes:
+        node = node_cards(raw, policy)
+        if not node.shared:
+            continue
+        indexes = sorted(set(node.cards) | {k for (n, k) in held if n == node.name})
+        cards = []
+        for k in indexes:
+            holders = tuple(sorted((Holder(r.namespace, r.name, s) for r, s in held.get((node.name, k), [])),
+                                   key=lambda h: (h.namespace, h.name)))
+            info = node.inventory.get(k, {})
+            cards.append(CardUse(index=k, capacity=node.cards.get(k, 0), used=sum(h.shares for h in holders),
+                                 holders=holders, model=str(info.get("model") or ""),
+                                 uuid=str(info.get("uuid") or "")))
+        out.append(NodeUse(node.name, tuple(cards)))
+    return Usage(tuple(sorted(out, key=lambda n: n.name)),
+                 tuple(sorted(pending, key=lambda p: (p[0].namespace, p[0].name))))
