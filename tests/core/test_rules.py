@@ -253,3 +253,24 @@ def test_pod_updates_and_other_kinds_are_let_through():
     assert d.allowed and apiserver.make_patch(obj, d.obj) == []
     d = decisions.decide(decisions.Request({"kind": "Service", "spec": {}}, "Service"), POLICY, VIEW)
     assert d.allowed and d.obj == {"kind": "Service", "spec": {}}
+
+
+def test_the_chosen_node_becomes_a_soft_preference():
+    user_term = {"weight": 5, "preference": {"matchExpressions": [{"key": "zone", "operator": "In",
+                                                                   "values": ["a"]}]}}
+    obj = pm.pod(pm.container("train", "0.25"), spec={"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [user_term]}}})
+    d, new = admitted(obj)
+    terms = new["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0] == user_term and len(terms) == 2
+    assert terms[1]["preference"]["matchFields"] == [
+        {"key": "metadata.name", "operator": "In", "values": [d.node]}]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in new["spec"]["affinity"]["nodeAffinity"]
+
+
+def test_no_preference_without_room_or_for_a_pod_bound_to_a_node():
+    full = placement.View(nodes=(placement.Node("node-a", cards=(placement.Card(0, 100, 100),)),))
+    d, new = admitted(pm.pod(pm.container("train", "0.25")), view=full)
+    assert d.node is None and "affinity" not in new["spec"]
+    d, new = admitted(pm.pod(pm.container("train", "0.25"), spec={"nodeName": "node-a"}))
+    assert "affinity" not in new["spec"]

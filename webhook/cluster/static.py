@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import collections
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from webhook.core import placement
+
+# How long a placement counts on its card; the live view (kube.py) uses the same.
+REMEMBER_TTL_S = 30.0
 
 
 class ViewFileError(ValueError):
@@ -88,33 +94,55 @@ def load(path: str | Path, shares_per_card: int) -> placement.View:
 
 
 class StaticView:
-    """A file's view plus the shares this process has since placed on it."""
+    """A file's view plus the shares this process has placed on it lately.
 
-    def __init__(self, view: placement.View):
-        self._base = view
+    The file never learns of the pods that gpushard places, nor of their end; each placement
+    counts for ``remember_ttl`` seconds, as in the live view, long enough for a burst of pods to
+    spread over the cards with room, without the view filling up for good in a long-running demo.
+    """
+
+    def __init__(self, view: placement.View, remember_ttl: float = REMEMBER_TTL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self._base = {n.name: n for n in view.nodes}
+        self._ttl = remember_ttl
+        self._clock = clock
         self._lock = threading.Lock()
-        self._placed: dict[tuple[str, int], int] = {}
+        self._entries: collections.deque = collections.deque()  # (deadline, node, card, shares), oldest first
+        self._placed: collections.Counter = collections.Counter()  # (node, card) -> shares
+        self._view = view
 
     def synced(self) -> bool:
         return True
 
     def snapshot(self) -> placement.View:
-        with self._lock:
-            placed = dict(self._placed)
-        if not placed:
-            return self._base
-        return placement.View(nodes=tuple(
-            placement.Node(n.name, n.labels, n.taints, n.ready, n.unschedulable, tuple(
-                placement.Card(c.index, c.capacity, c.used + placed.get((n.name, c.index), 0), c.uuid,
-                               c.model, c.memory_mib) for c in n.cards))
-            for n in self._base.nodes))
+        entries = self._entries
+        if entries and entries[0][0] <= self._clock():
+            with self._lock:
+                now, touched = self._clock(), set()
+                while self._entries and self._entries[0][0] <= now:
+                    _deadline, node, card, shares = self._entries.popleft()
+                    self._placed[(node, card)] -= shares
+                    touched.add(node)
+                self._update(touched)
+        return self._view
 
     def remember(self, node: str | None, card: int, shares: int) -> None:
-        """Count a placement that the file cannot know of yet (never called for dry runs)."""
-        if node is None:
+        """Count a placement that the file cannot know of (never called for dry runs)."""
+        if node is None or node not in self._base or shares <= 0:
             return
         with self._lock:
-            self._placed[(node, card)] = self._placed.get((node, card), 0) + shares
+            self._entries.append((self._clock() + self._ttl, node, card, shares))
+            self._placed[(node, card)] += shares
+            self._update({node})
+
+    def _update(self, touched: set[str]) -> None:
+        changes = {}
+        for name in touched:
+            n = self._base[name]
+            changes[name] = placement.Node(n.name, n.labels, n.taints, n.ready, n.unschedulable, tuple(
+                placement.Card(c.index, c.capacity, c.used + self._placed[(name, c.index)], c.uuid, c.model,
+                               c.memory_mib) for c in n.cards))
+        self._view = placement.replace_nodes(self._view, changes)
 
     def close(self) -> None:
         pass

@@ -214,5 +214,5 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         card, node = choice.card, choice.node
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)
-    new = rewrite.pod(obj, asks, card, shares, policy)
+    new = rewrite.pod(obj, asks, card, shares, policy, node=node)
     return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares)

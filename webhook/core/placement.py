@@ -1,12 +1,40 @@
-"""Choosing card index k for a pod over a snapshot of the cluster: binpack or spread."""
+"""Choosing card index k for a pod over a snapshot of the cluster: binpack or spread.
+
+A choice must stay well under a millisecond over thousands of nodes, so a view carries two
+indexes, built lazily and cached on the frozen object:
+
+- who may run where: for each distinct set of scheduling constraints (node selector, required
+  node affinity, tolerations), the eligible nodes as a bitset over node positions. It depends
+  only on labels, taints, readiness and cordon, so views that differ only in shares share it.
+- what is free where: for each card index k and each free-share count, the bitset of nodes
+  whose card k has exactly that many shares free.
+
+A choice is then a walk over free-share counts (at most sharesPerCard + 1 of them) with one
+big-integer AND each, instead of a scan of every card. ``replace_nodes`` derives a new view
+from an old one by updating both indexes for the changed nodes only, as a live view needs on
+every watch event. The results are exactly those of the plain scan over ``view.nodes``.
+"""
 
 from __future__ import annotations
 
+import bisect
+import collections
+import functools
+import json
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from webhook.core import findings as f
 from webhook.core import names
+
+# Distinct constraint sets whose eligible nodes a view family keeps; pods of one workload share
+# one set, so a few hundred cover a large cluster, and each entry is one big integer.
+MASK_CACHE_SIZE = 256
+
+# The preferred node-affinity term gpushard may add for the node that placement chose.
+PREFERRED_WEIGHT = 100
+NODE_NAME_FIELD = "metadata.name"
 
 
 @dataclass(frozen=True)
@@ -49,11 +77,30 @@ class Node:
         return self.taints + tuple(extra)
 
 
+def same_scheduling(a: Node, b: Node) -> bool:
+    """Whether two node states admit exactly the same pods (shares aside)."""
+    return (a.name == b.name and a.ready == b.ready and a.unschedulable == b.unschedulable
+            and a.taints == b.taints and a.labels == b.labels)
+
+
 @dataclass(frozen=True)
 class View:
-    """A read-only snapshot of the shared nodes and the shares held on their cards."""
+    """A read-only snapshot of the shared nodes and the shares held on their cards.
+
+    Node names are unique in the views gpushard builds; ``replace_nodes`` relies on it.
+    """
 
     nodes: tuple[Node, ...] = ()
+
+    # Lazily built indexes (see the module docstring). cached_property writes to the instance
+    # dict directly, which a frozen dataclass allows; replace_nodes seeds them the same way.
+    @functools.cached_property
+    def _topology(self) -> _Topology:
+        return _Topology.build(self.nodes)
+
+    @functools.cached_property
+    def _usage(self) -> _Usage:
+        return _Usage.build(self.nodes)
 
 
 @dataclass(frozen=True)
@@ -149,7 +196,7 @@ def _term_matches(term: dict, node: Node) -> bool:
     if not exprs and not fields:
         return False  # an empty term matches no objects
     return all(_expression_matches(e, node.labels) for e in exprs if isinstance(e, dict)) and all(
-        _expression_matches(e, {"metadata.name": node.name}) for e in fields if isinstance(e, dict)
+        _expression_matches(e, {NODE_NAME_FIELD: node.name}) for e in fields if isinstance(e, dict)
     )
 
 
@@ -168,6 +215,257 @@ def eligible(node: Node, ask: Ask) -> bool:
     return True
 
 
+# --- indexes -----------------------------------------------------------------------------------
+
+
+def _constraints_key(ask: Ask) -> str:
+    """One string per distinct set of scheduling constraints (the node name aside)."""
+    parts = [dict(ask.node_selector), list(ask.required_terms), list(ask.tolerations)]
+    try:
+        return json.dumps(parts, sort_keys=True, separators=(",", ":"), default=repr)
+    except (TypeError, ValueError):  # keys of mixed types cannot be sorted: fall back to repr
+        return repr(parts)
+
+
+def _lowest_bit(bits: int) -> int:
+    return (bits & -bits).bit_length() - 1
+
+
+class _Topology:
+    """Node positions and, per constraint set, the bitset of nodes a pod may run on."""
+
+    __slots__ = ("nodes", "by_name", "masks", "lock")
+
+    def __init__(self, nodes: tuple[Node, ...], by_name: dict[str, tuple[int, ...]],
+                 masks: collections.OrderedDict):
+        self.nodes = nodes  # only their scheduling fields are read here
+        self.by_name = by_name
+        self.masks = masks  # constraints key -> (ask, bitset); least recently used first
+        self.lock = threading.Lock()
+
+    @classmethod
+    def build(cls, nodes: tuple[Node, ...]) -> _Topology:
+        by_name: dict[str, list[int]] = {}
+        for i, node in enumerate(nodes):
+            by_name.setdefault(node.name, []).append(i)
+        return cls(nodes, {k: tuple(v) for k, v in by_name.items()}, collections.OrderedDict())
+
+    def _compute(self, ask: Ask) -> int:
+        bits = 0
+        for i, node in enumerate(self.nodes):
+            if eligible(node, ask):
+                bits |= 1 << i
+        return bits
+
+    def mask(self, ask: Ask) -> int:
+        """The nodes this pod may run on, capacity aside."""
+        if ask.node_name:
+            bits = 0
+            for i in self.by_name.get(ask.node_name, ()):
+                if eligible(self.nodes[i], ask):
+                    bits |= 1 << i
+            return bits
+        key = _constraints_key(ask)
+        with self.lock:
+            hit = self.masks.get(key)
+            if hit is not None:
+                self.masks.move_to_end(key)
+                return hit[1]
+        bits = self._compute(ask)
+        with self.lock:
+            self.masks[key] = (ask, bits)
+            while len(self.masks) > MASK_CACHE_SIZE:
+                self.masks.popitem(last=False)
+        return bits
+
+    def derive(self, nodes: tuple[Node, ...], changed: list[int]) -> _Topology:
+        """The topology after the nodes at ``changed`` positions changed or were appended."""
+        if len(nodes) != len(self.nodes):
+            by_name = dict(self.by_name)
+            for i in range(len(self.nodes), len(nodes)):
+                by_name[nodes[i].name] = by_name.get(nodes[i].name, ()) + (i,)
+        else:
+            by_name = self.by_name
+        with self.lock:
+            entries = list(self.masks.items())
+        masks = collections.OrderedDict()
+        for key, (ask, bits) in entries:
+            for i in changed:
+                bit = 1 << i
+                bits = (bits | bit) if eligible(nodes[i], ask) else (bits & ~bit)
+            masks[key] = (ask, bits)
+        return _Topology(nodes, by_name, masks)
+
+
+class _Usage:
+    """Per card index and per free-share count, the bitset of nodes whose card is that free."""
+
+    __slots__ = ("by_kf", "by_f", "has_k", "has_any", "ks", "fs")
+
+    def __init__(self, by_kf: dict[int, dict[int, int]], by_f: dict[int, int], has_k: dict[int, int],
+                 has_any: int):
+        self.by_kf = by_kf  # card index -> free shares -> nodes
+        self.by_f = by_f  # free shares -> nodes with some card that free
+        self.has_k = has_k  # card index -> nodes that have such a card
+        self.has_any = has_any  # nodes with any card
+        self.ks: list[int] = []
+        self.fs: list[int] = []
+
+    @classmethod
+    def build(cls, nodes: tuple[Node, ...]) -> _Usage:
+        usage = cls({}, {}, {}, 0)
+        for i, node in enumerate(nodes):
+            usage._add(i, node)
+        usage._sort()
+        return usage
+
+    def _sort(self) -> None:
+        self.ks = sorted(k for k, bits in self.has_k.items() if bits)
+        self.fs = sorted(self.by_f)
+
+    def _add(self, i: int, node: Node) -> None:
+        bit = 1 << i
+        for card in node.cards:
+            free = card.capacity - card.used
+            by_f = self.by_kf.get(card.index)
+            if by_f is None:
+                by_f = self.by_kf[card.index] = {}
+            by_f[free] = by_f.get(free, 0) | bit
+            self.by_f[free] = self.by_f.get(free, 0) | bit
+            self.has_k[card.index] = self.has_k.get(card.index, 0) | bit
+        if node.cards:
+            self.has_any |= bit
+
+    def _remove(self, i: int, node: Node) -> None:
+        keep = ~(1 << i)
+        for card in node.cards:
+            free = card.capacity - card.used
+            for table in (self.by_kf.get(card.index, {}), self.by_f):
+                bits = table.get(free, 0) & keep
+                if bits:
+                    table[free] = bits
+                else:
+                    table.pop(free, None)
+            self.has_k[card.index] = self.has_k.get(card.index, 0) & keep
+        self.has_any &= keep
+
+    def derive(self, old: Mapping[int, Node], new: Mapping[int, Node]) -> _Usage:
+        """The index after the nodes at ``old``'s positions became ``new``'s (which may add positions)."""
+        usage = _Usage({k: dict(v) for k, v in self.by_kf.items()}, dict(self.by_f), dict(self.has_k),
+                       self.has_any)
+        for i, node in old.items():
+            usage._remove(i, node)
+        for i, node in new.items():
+            usage._add(i, node)
+        usage._sort()
+        return usage
+
+    def search(self, mask: int, pin: int | None, shares: int, strategy: str) -> tuple[int, int] | None:
+        """(node position, card index) of the best card for ``shares``, or None when none fits.
+
+        Binpack wants the least free card with room, spread the most free; ties go to the lower
+        card index, then to the earlier node, exactly as the plain scan breaks them.
+        """
+        fs = self.fs
+        if strategy == "spread":
+            order = range(len(fs) - 1, bisect.bisect_left(fs, shares) - 1, -1)
+        else:
+            order = range(bisect.bisect_left(fs, shares), len(fs))
+        return self._first(order, mask, pin)
+
+    def most_free(self, mask: int, pin: int | None) -> tuple[int, int] | None:
+        """(node position, card index) of the card with the most free shares, fitting or not."""
+        return self._first(range(len(self.fs) - 1, -1, -1), mask, pin)
+
+    def _first(self, order: range, mask: int, pin: int | None) -> tuple[int, int] | None:
+        fs, by_f = self.fs, self.by_f
+        if pin is not None:
+            column = self.by_kf.get(pin, {})
+            for j in order:
+                hit = column.get(fs[j], 0) & mask
+                if hit:
+                    return _lowest_bit(hit), pin
+            return None
+        for j in order:
+            free = fs[j]
+            hit = by_f[free] & mask
+            if hit:
+                for k in self.ks:
+                    found = self.by_kf[k].get(free, 0) & hit
+                    if found:
+                        return _lowest_bit(found), k
+        return None
+
+
+def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
+    """``view`` with nodes replaced by name, added (at the end) or removed (None).
+
+    The view's indexes are carried over and updated for the changed nodes only (removing a
+    node shifts the positions after it, and every bitset with them).
+    """
+    if not changes:
+        return view
+    topology = view._topology
+    gone = sorted((i for name, node in changes.items() if node is None for i in topology.by_name.get(name, ())),
+                  reverse=True)
+    if gone:
+        view = _without(view, gone)
+        topology = view._topology
+    nodes = list(view.nodes)
+    old: dict[int, Node] = {}
+    new: dict[int, Node] = {}
+    for name, node in changes.items():
+        if node is None:
+            continue
+        positions = topology.by_name.get(name)
+        if positions is None:
+            new[len(nodes)] = node
+            nodes.append(node)
+            continue
+        for i in positions:
+            old[i], new[i] = nodes[i], node
+            nodes[i] = node
+    result = View(nodes=tuple(nodes))
+    moved = [i for i in new if i not in old or not same_scheduling(old[i], new[i])]
+    result.__dict__["_topology"] = topology.derive(result.nodes, moved) if moved else topology
+    if "_usage" in view.__dict__:  # only keep an index someone has paid for
+        result.__dict__["_usage"] = view._usage.derive(old, new)
+    return result
+
+
+def _drop_bits(bits: int, gone: list[int]) -> int:
+    """A bitset over node positions after the nodes at ``gone`` (descending) left and the rest moved up."""
+    for i in gone:
+        bits = (bits & ((1 << i) - 1)) | ((bits >> (i + 1)) << i)
+    return bits
+
+
+def _without(view: View, gone: list[int]) -> View:
+    """``view`` without the nodes at positions ``gone`` (descending), its indexes carried over."""
+    dropped = set(gone)
+    result = View(nodes=tuple(n for i, n in enumerate(view.nodes) if i not in dropped))
+    topology = view._topology
+    with topology.lock:
+        entries = list(topology.masks.items())
+    moved = _Topology.build(result.nodes)
+    for key, (ask, bits) in entries:
+        moved.masks[key] = (ask, _drop_bits(bits, gone))
+    result.__dict__["_topology"] = moved
+    if "_usage" in view.__dict__:
+        old = view._usage
+        by_kf = {k: {free: b for free, bits in table.items() if (b := _drop_bits(bits, gone))}
+                 for k, table in old.by_kf.items()}
+        by_f = {free: b for free, bits in old.by_f.items() if (b := _drop_bits(bits, gone))}
+        usage = _Usage(by_kf, by_f, {k: _drop_bits(bits, gone) for k, bits in old.has_k.items()},
+                       _drop_bits(old.has_any, gone))
+        usage._sort()
+        result.__dict__["_usage"] = usage
+    return result
+
+
+# --- the choice --------------------------------------------------------------------------------
+
+
 def _warn(rule: str, message: str) -> f.Finding:
     return f.Finding(rule, f.WARN, f"gpushard: {message}")
 
@@ -178,20 +476,51 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack") -> Choice:
         k = ask.pin if ask.pin is not None else 0
         return Choice(k, findings=(_warn(f.NO_VIEW, f"no cluster view yet; card {k} chosen without "
                                          "looking, the scheduler still enforces capacity"),))
-    candidates = [(node, card) for node in view.nodes if eligible(node, ask) for card in node.cards
-                  if ask.pin is None or card.index == ask.pin]
-    if not candidates:
+    usage = view._usage
+    mask = view._topology.mask(ask) & (usage.has_any if ask.pin is None else usage.has_k.get(ask.pin, 0))
+    if not mask:
         k = ask.pin if ask.pin is not None else 0
         return Choice(k, findings=(_warn(f.NO_MATCHING_NODE, f"no shared node matches this pod's "
                                          f"scheduling rules; card {k} chosen, the pod may stay Pending"),))
-    fitting = [(node, card) for node, card in candidates if card.free >= ask.shares]
-    if not fitting:
-        node, card = max(candidates, key=lambda nc: (nc[1].free, -nc[1].index))
-        return Choice(card.index, findings=(_warn(
-            f.NO_ROOM, f"no card has {ask.shares} free shares now; card {card.index} chosen, "
+    hit = usage.search(mask, ask.pin, ask.shares, strategy)
+    if hit is None:
+        _pos, k = usage.most_free(mask, ask.pin)
+        return Choice(k, findings=(_warn(
+            f.NO_ROOM, f"no card has {ask.shares} free shares now; card {k} chosen, "
             "the pod stays Pending until one frees up"),))
-    if strategy == "spread":
-        node, card = max(fitting, key=lambda nc: (nc[1].free, -nc[1].index))
-    else:
-        node, card = min(fitting, key=lambda nc: (nc[1].free, nc[1].index))
-    return Choice(card.index, node=node.name, fits=True)
+    pos, k = hit
+    return Choice(k, node=view.nodes[pos].name, fits=True)
+
+
+# --- the soft hint for the scheduler -----------------------------------------------------------
+
+
+def preferred_affinity_term(node_name: str) -> dict:
+    """A preferred node-affinity term for the node whose card placement chose.
+
+    Soft by design: the scheduler may still pick any node whose card k has room. It goes at the
+    end of ``spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution``.
+    ``matchFields`` on ``metadata.name`` names the node itself, where the hostname label may not.
+    """
+    return {"weight": PREFERRED_WEIGHT, "preference": {"matchFields": [
+        {"key": NODE_NAME_FIELD, "operator": "In", "values": [node_name]}]}}
+
+
+def preferred_node(spec: dict) -> str | None:
+    """The node a pod spec's preferred term names, when the term is one preferred_affinity_term wrote."""
+    affinity = spec.get("affinity") if isinstance(spec, dict) else None
+    node_aff = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    terms = node_aff.get("preferredDuringSchedulingIgnoredDuringExecution") if isinstance(node_aff, dict) else None
+    for term in terms if isinstance(terms, list) else ():
+        if not isinstance(term, dict) or term.get("weight") != PREFERRED_WEIGHT:
+            continue
+        pref = term.get("preference")
+        if not isinstance(pref, dict) or pref.get("matchExpressions"):
+            continue
+        fields = pref.get("matchFields")
+        if (isinstance(fields, list) and len(fields) == 1 and isinstance(fields[0], dict)
+                and fields[0].get("key") == NODE_NAME_FIELD and fields[0].get("operator") == "In"
+                and isinstance(fields[0].get("values"), list) and len(fields[0]["values"]) == 1
+                and isinstance(fields[0]["values"][0], str)):
+            return fields[0]["values"][0]
+    return None

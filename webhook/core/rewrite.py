@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from webhook.core import names, quantities
+from webhook.core import names, placement, quantities
 from webhook.core import requests as req
 from webhook.core.policy import Policy
 
@@ -47,10 +47,17 @@ def _container(obj_spec: dict, ask: req.ContainerAsk) -> dict:
     return obj_spec[ask.list_key][ask.position]
 
 
-def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: int, policy: Policy) -> dict:
-    """The pod as gpushard admits it: shares pinned to ``card``, env owned, metadata marked."""
+def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: int, policy: Policy,
+        node: str | None = None) -> dict:
+    """The pod as gpushard admits it: shares pinned to ``card``, env owned, metadata marked.
+
+    ``node``, when placement found room there, becomes a soft preference: the scheduler may
+    still pick any node whose card ``card`` has room, but packing follows the choice.
+    """
     new = copy.deepcopy(obj)
     spec = new["spec"]
+    if node is not None and not spec.get("nodeName") and placement.preferred_node(spec) is None:
+        _prefer_node(spec, node)
     res = policy.resources
     for ask in asks:
         container = _container(spec, ask)
@@ -69,6 +76,14 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
                                names.SHARES_ANNOTATION: str(pod_shares)}
         meta["labels"] = {**labels, names.SHARED_LABEL: names.SHARED_LABEL_VALUE}
     return new
+
+
+def _prefer_node(spec: dict, node: str) -> None:
+    affinity = spec.get("affinity") if isinstance(spec.get("affinity"), dict) else {}
+    node_aff = affinity.get("nodeAffinity") if isinstance(affinity.get("nodeAffinity"), dict) else {}
+    key = "preferredDuringSchedulingIgnoredDuringExecution"
+    terms = node_aff.get(key) if isinstance(node_aff.get(key), list) else []
+    spec["affinity"] = {**affinity, "nodeAffinity": {**node_aff, key: [*terms, placement.preferred_affinity_term(node)]}}
 
 
 def template(obj: dict, path: tuple[str, ...], asks: list[req.ContainerAsk], policy: Policy) -> dict:

@@ -1,0 +1,171 @@
+"""The indexed card choice gives exactly the answers of a plain scan over every card.
+
+We test:
+- choose() equals a brute-force reference (the scan over view.nodes) on random views and pods:
+  labels, taints, cordon, readiness, selectors, required affinity, tolerations, pins, shares,
+  binpack and spread, fitting or not;
+- the same holds for views derived by replace_nodes (shares, labels and taints changing, nodes
+  added and removed), with the indexes carried over or not;
+- a view shared by threads answers consistently;
+- preferred_affinity_term round-trips through preferred_node, which ignores other terms.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from webhook.core import findings as f
+from webhook.core import placement
+
+# --- the reference: every card of every eligible node, looked at one by one ---------------------
+
+
+def reference(view: placement.View, ask: placement.Ask, strategy: str) -> placement.Choice:
+    candidates = [(node, card) for node in view.nodes if placement.eligible(node, ask) for card in node.cards
+                  if ask.pin is None or card.index == ask.pin]
+    if not candidates:
+        k = ask.pin if ask.pin is not None else 0
+        return placement.Choice(k, findings=(f.NO_MATCHING_NODE,))
+    fitting = [(node, card) for node, card in candidates if card.free >= ask.shares]
+    if not fitting:
+        _node, card = max(candidates, key=lambda nc: (nc[1].free, -nc[1].index))
+        return placement.Choice(card.index, findings=(f.NO_ROOM,))
+    if strategy == "spread":
+        node, card = max(fitting, key=lambda nc: (nc[1].free, -nc[1].index))
+    else:
+        node, card = min(fitting, key=lambda nc: (nc[1].free, nc[1].index))
+    return placement.Choice(card.index, node=node.name, fits=True)
+
+
+def summary(choice: placement.Choice) -> tuple:
+    rules = tuple(x if isinstance(x, str) else x.rule for x in choice.findings)
+    return choice.card, choice.node, choice.fits, rules
+
+
+# --- random views and pods ----------------------------------------------------------------------
+
+KEYS = ["pool", "zone", "gen"]
+VALUES = ["a", "b", "1", "3"]
+TAINT_KEYS = ["dedicated", "gpu"]
+
+
+@st.composite
+def nodes(draw, name: str) -> placement.Node:
+    labels = draw(st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), max_size=3))
+    taints = tuple(draw(st.lists(st.builds(
+        placement.Taint, st.sampled_from(TAINT_KEYS), st.sampled_from(["", "x"]),
+        st.sampled_from(["NoSchedule", "NoExecute", "PreferNoSchedule"])), max_size=2)))
+    indexes = draw(st.lists(st.integers(0, 4), unique=True, max_size=4))
+    cards = tuple(placement.Card(k, draw(st.sampled_from([0, 10, 100])), draw(st.integers(0, 110)))
+                  for k in indexes)
+    return placement.Node(name, labels, taints, draw(st.booleans() | st.just(True)),
+                          draw(st.booleans() | st.just(False)), cards)
+
+
+@st.composite
+def views(draw) -> placement.View:
+    count = draw(st.integers(0, 12))
+    return placement.View(nodes=tuple(draw(nodes(f"n{i}")) for i in range(count)))
+
+
+expressions = st.fixed_dictionaries({
+    "key": st.sampled_from(KEYS),
+    "operator": st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]),
+    "values": st.lists(st.sampled_from(VALUES), min_size=1, max_size=2),
+})
+name_fields = st.fixed_dictionaries({
+    "key": st.just("metadata.name"), "operator": st.sampled_from(["In", "NotIn"]),
+    "values": st.lists(st.sampled_from(["n0", "n1", "n5"]), min_size=1, max_size=1)})
+terms = st.fixed_dictionaries({}, optional={"matchExpressions": st.lists(expressions, max_size=2),
+                                            "matchFields": st.lists(name_fields, max_size=1)})
+tolerations = st.fixed_dictionaries({}, optional={
+    "key": st.sampled_from(TAINT_KEYS + [placement.names.UNSCHEDULABLE_TAINT, placement.names.NOT_READY_TAINT]),
+    "operator": st.sampled_from(["Equal", "Exists"]),
+    "value": st.sampled_from(["", "x"]),
+    "effect": st.sampled_from(["", "NoSchedule", "NoExecute"]),
+})
+asks = st.builds(
+    placement.Ask,
+    shares=st.integers(1, 100),
+    pin=st.none() | st.integers(0, 5),
+    node_name=st.none() | st.sampled_from(["n0", "n3", "n99"]),
+    node_selector=st.dictionaries(st.sampled_from(KEYS), st.sampled_from(VALUES), max_size=2),
+    required_terms=st.lists(terms, max_size=2).map(tuple),
+    tolerations=st.lists(tolerations, max_size=2).map(tuple),
+)
+strategies = st.sampled_from(["binpack", "spread"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(views(), st.lists(asks, min_size=1, max_size=4), strategies)
+def test_choose_equals_the_plain_scan(view, pods, strategy):
+    for ask in pods:  # several asks on one view also exercise the cached eligibility
+        assert summary(placement.choose(view, ask, strategy)) == summary(reference(view, ask, strategy))
+
+
+@st.composite
+def changes(draw, view: placement.View) -> dict:
+    names = [n.name for n in view.nodes] + ["n20", "n21"]
+    out = {}
+    for name in draw(st.lists(st.sampled_from(names), unique=True, max_size=3)):
+        out[name] = None if draw(st.integers(0, 5)) == 0 else draw(nodes(name))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data(), views(), st.lists(asks, min_size=1, max_size=3), strategies)
+def test_derived_views_equal_the_plain_scan(data, view, pods, strategy):
+    warm = data.draw(st.booleans())
+    for _step in range(data.draw(st.integers(1, 5))):
+        if warm:  # build the indexes so that replace_nodes carries and updates them
+            for ask in pods:
+                placement.choose(view, ask, strategy)
+        view = placement.replace_nodes(view, data.draw(changes(view)))
+        names = [n.name for n in view.nodes]
+        assert len(names) == len(set(names))
+        for ask in pods:
+            assert summary(placement.choose(view, ask, strategy)) == summary(reference(view, ask, strategy))
+
+
+def test_replace_nodes_keeps_order_and_appends_new_nodes():
+    a, b = placement.Node("a"), placement.Node("b", cards=(placement.Card(0, 100),))
+    view = placement.View(nodes=(a, b))
+    b2 = placement.Node("b", cards=(placement.Card(0, 100, 40),))
+    c = placement.Node("c")
+    assert placement.replace_nodes(view, {"b": b2, "c": c}).nodes == (a, b2, c)
+    assert placement.replace_nodes(view, {"a": None}).nodes == (b,)
+    assert placement.replace_nodes(view, {}) is view
+
+
+def test_a_view_shared_by_threads_answers_the_same():
+    view = placement.View(nodes=tuple(
+        placement.Node(f"n{i}", {"pool": "a" if i % 3 else "b"}, cards=tuple(
+            placement.Card(k, 100, (i * 7 + k * 13) % 100) for k in range(4))) for i in range(300)))
+    pods = [placement.Ask(shares=s, node_selector={"pool": p}) for s in (5, 30, 90) for p in ("a", "b")]
+    want = [summary(reference(view, ask, "binpack")) for ask in pods]
+    got: list = []
+
+    def work():
+        got.append([summary(placement.choose(view, ask, "binpack")) for ask in pods])
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert got == [want] * 4
+
+
+def test_preferred_term_round_trips():
+    term = placement.preferred_affinity_term("node-7")
+    spec = {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 5, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}},
+        term]}}}
+    assert placement.preferred_node(spec) == "node-7"
+    assert term["preference"]["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["node-7"]}]
+    assert placement.preferred_node({}) is None
+    assert placement.preferred_node({"affinity": {"nodeAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {}}]}}}) is None

@@ -1,0 +1,187 @@
+"""Recent choices counted until the view can see their pods, in the live and the static view.
+
+We test:
+- a burst of 50 pods decided back to back (decide, then remember, as the admission server does)
+  on a live view with little room: every pod that got a node fits on its card, none is left
+  without a node while the view still had room for it, and no card goes over capacity;
+- the pods of the burst, created unbound and then bound, are counted exactly once throughout;
+- a remembered choice expires after its time to live; an unbound pod keeps its entry until
+  it binds, also on another node than the one chosen;
+- an unbound pod that carries gpushard's preferred affinity term counts on that node;
+- the static view: the same burst, and expiry.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+
+from tests.cluster import kubeobjects as o
+from webhook.cluster import static
+from webhook.core import decisions, placement
+from webhook.core.policy import Policy
+
+CAPACITY = 100
+INITIAL = {("gpu-a", 0): 60, ("gpu-a", 1): 30, ("gpu-b", 0): 85, ("gpu-b", 1): 0, ("gpu-c", 0): 90,
+           ("gpu-c", 1): 50}
+SIZES = ["0.1", "0.25", "0.2", "0.15", "0.33", "0.05"]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _user_pod(i: int) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"burst-{i}", "namespace": "default"},
+            "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {
+                "limits": {"nvidia.com/gpu": SIZES[i % len(SIZES)]}}}]}}
+
+
+def _burst(view, count: int = 50) -> list[decisions.Decision]:
+    """Decide pods back to back as the admission server does, checking each against a ledger."""
+    ledger = collections.Counter(INITIAL)
+    out = []
+    for i in range(count):
+        decision = decisions.decide(decisions.Request(_user_pod(i), "Pod"), Policy(), view.snapshot())
+        assert decision.allowed and decision.shares > 0
+        room = {key for key, held in ledger.items() if CAPACITY - held >= decision.shares}
+        if decision.node is None:
+            assert not room, f"pod {i} found no room while {sorted(room)} had {decision.shares} free shares"
+        else:
+            key = (decision.node, decision.card)
+            assert key in room, f"pod {i} chose {key}, which has no room for {decision.shares}"
+            ledger[key] += decision.shares
+            view.remember(decision.node, decision.card, decision.shares)
+        out.append(decision)
+    assert all(held <= CAPACITY for held in ledger.values())
+    return out
+
+
+def _ledger(found: list[decisions.Decision]) -> collections.Counter:
+    ledger = collections.Counter(INITIAL)
+    for d in found:
+        if d.node is not None:
+            ledger[(d.node, d.card)] += d.shares
+    return ledger
+
+
+def _used(view) -> dict:
+    return {(n.name, c.index): c.used for n in view.nodes for c in n.cards}
+
+
+def _seed(fake):
+    for name in ("gpu-a", "gpu-b", "gpu-c"):
+        fake.put("nodes", o.node(name, {0: CAPACITY, 1: CAPACITY}))
+    for (name, card), shares in INITIAL.items():
+        if shares:
+            fake.put("pods", o.pod(f"old-{name}-{card}", card, shares, name))
+
+
+def test_a_burst_on_the_live_view_fits_and_is_counted_once(fake, start_view):
+    _seed(fake)
+    fake.put("nodes", o.node("sentinel", {0: CAPACITY}, taints=[{"key": "x", "effect": "NoSchedule"}]))
+    view = start_view()
+    o.wait_for(lambda: view.snapshot() and _used(view.snapshot()) == {**INITIAL, ("sentinel", 0): 0},
+               what="the initial usage")
+
+    found = _burst(view)
+    placed = [d for d in found if d.node is not None]
+    assert 10 <= len(placed) < 50  # the view fills up: both outcomes happen
+    want = {**_ledger(found), ("sentinel", 0): 0}
+    assert _used(view.snapshot()) == want
+
+    # The API server stores the pods unbound; their entries keep counting where they were chosen.
+    for i, d in enumerate(found):
+        if d.node is not None:
+            obj = copy.deepcopy(d.obj)
+            obj["metadata"]["uid"] = f"uid-burst-{i}"
+            obj["status"] = {"phase": "Pending"}
+            fake.put("pods", obj)
+    fake.put("pods", o.pod("sentinel-1", 0, 1, "sentinel"))
+    o.wait_for(lambda: _used(view.snapshot())[("sentinel", 0)] == 1, what="the unbound pods")
+    want[("sentinel", 0)] = 1
+    assert _used(view.snapshot()) == want
+
+    # The scheduler binds them where the choice pointed: still counted once.
+    for i, d in enumerate(found):
+        if d.node is not None:
+            obj = copy.deepcopy(d.obj)
+            obj["metadata"]["uid"] = f"uid-burst-{i}"
+            obj["spec"]["nodeName"] = d.node
+            obj["status"] = {"phase": "Running"}
+            fake.put("pods", obj)
+    fake.put("pods", o.pod("sentinel-2", 0, 1, "sentinel"))
+    o.wait_for(lambda: _used(view.snapshot())[("sentinel", 0)] == 2, what="the bound pods")
+    want[("sentinel", 0)] = 2
+    assert _used(view.snapshot()) == want
+
+
+def test_remembered_choices_expire_and_unbound_pods_keep_theirs(fake, start_view):
+    clock = Clock()
+    fake.put("nodes", o.node("gpu-a", {0: CAPACITY}))
+    fake.put("nodes", o.node("gpu-b", {0: CAPACITY}))
+    view = start_view(clock=clock, remember_ttl=30)
+    o.wait_for(view.snapshot, what="the first sync")
+
+    view.remember("gpu-a", 0, 40)
+    view.remember(None, 0, 10)  # no node chosen: nothing to count
+    assert o.used(view.snapshot(), "gpu-a", 0) == 40
+    clock.now += 31
+    assert o.used(view.snapshot(), "gpu-a", 0) == 0
+
+    # Seen unbound, the pod keeps the entry; bound elsewhere, it counts where it runs.
+    view.remember("gpu-a", 0, 25)
+    fake.put("pods", o.pod("p1", 0, 25))
+    fake.put("pods", o.pod("mark-1", 0, 1, "gpu-b"))
+    o.wait_for(lambda: o.used(view.snapshot(), "gpu-b", 0) == 1, what="the unbound pod")
+    assert o.used(view.snapshot(), "gpu-a", 0) == 25
+    fake.put("pods", o.pod("p1", 0, 25, "gpu-b"))
+    o.wait_for(lambda: o.used(view.snapshot(), "gpu-b", 0) == 26, what="the pod bound on gpu-b")
+    assert o.used(view.snapshot(), "gpu-a", 0) == 0
+
+    # A pod that shows up bound at once accounts for the choice made for it.
+    view.remember("gpu-a", 0, 15)
+    fake.put("pods", o.pod("p2", 0, 15, "gpu-a"))
+    o.wait_for(lambda: o.used(view.snapshot(), "gpu-a", 0) == 15, what="the bound pod")
+    fake.put("pods", o.pod("mark-2", 0, 1, "gpu-b"))
+    o.wait_for(lambda: o.used(view.snapshot(), "gpu-b", 0) == 27, what="a later event")
+    assert o.used(view.snapshot(), "gpu-a", 0) == 15
+    clock.now += 31
+    assert o.used(view.snapshot(), "gpu-a", 0) == 15
+
+
+def test_an_unbound_pod_with_the_preferred_term_counts_on_that_node(fake, start_view):
+    clock = Clock()
+    fake.put("nodes", o.node("gpu-a", {0: CAPACITY}))
+    view = start_view(clock=clock, remember_ttl=30)
+    o.wait_for(view.snapshot, what="the first sync")
+    affinity = {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        placement.preferred_affinity_term("gpu-a")]}}}
+    fake.put("pods", o.pod("p1", 0, 35, extra=affinity))
+    o.wait_for(lambda: o.used(view.snapshot(), "gpu-a", 0) == 35, what="the pod with the preferred term")
+    fake.put("pods", o.pod("p1", 0, 35, "gpu-a", extra=affinity))
+    fake.put("pods", o.pod("p2", 0, 5, "gpu-a"))
+    o.wait_for(lambda: o.used(view.snapshot(), "gpu-a", 0) == 40, what="the bound pods")
+    clock.now += 31
+    assert o.used(view.snapshot(), "gpu-a", 0) == 40
+
+
+def _static_view(clock):
+    nodes = tuple(placement.Node(name, cards=tuple(placement.Card(k, CAPACITY, INITIAL[(name, k)]) for k in (0, 1)))
+                  for name in ("gpu-a", "gpu-b", "gpu-c"))
+    return static.StaticView(placement.View(nodes=nodes), remember_ttl=30, clock=clock)
+
+
+def test_a_burst_on_the_static_view_fits_and_expires():
+    clock = Clock()
+    view = _static_view(clock)
+    found = _burst(view)
+    assert _used(view.snapshot()) == _ledger(found)
+    clock.now += 31
+    assert _used(view.snapshot()) == INITIAL
+    view.remember("nowhere", 0, 10)  # a node the file does not know: nothing to count
+    assert _used(view.snapshot()) == INITIAL

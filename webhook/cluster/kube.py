@@ -1,0 +1,490 @@
+"""The live cluster view: shared nodes and gpushard pods, listed then watched from the Kubernetes API.
+
+Two daemon threads (nodes, pods) each list, then watch from the list's resourceVersion, relist
+on 410 Gone, and reconnect with backoff when the API fails or drops the connection. They keep
+an immutable ``placement.View`` up to date node by node (``placement.replace_nodes``), so an
+admission takes ``snapshot()`` without waiting on anything.
+
+Shares a pod holds count on its node and card from the moment the watch shows it bound.
+Between a choice and that moment the view would not know of the pod, so a burst of pods
+would all pick the same nearly full card; ``remember`` therefore counts each choice on its
+node for a short time, until the watch shows a pod that accounts for it. A pod that is seen
+before it is bound (no node yet) keeps its remembered entry alive until it binds; without
+one, the node named by gpushard's preferred affinity term stands in for a while.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import kubernetes
+
+from webhook import settings as settings_mod
+from webhook.cluster import static
+from webhook.core import findings as f
+from webhook.core import names, placement, quantities
+from webhook.core import requests as req
+from webhook.core.policy import Policy
+
+log = logging.getLogger(__name__)
+
+# How long a remembered choice counts before a watch event accounts for it. Scheduling takes
+# well under a second when a card has room; a pod still unbound after this stops counting.
+REMEMBER_TTL_S = static.REMEMBER_TTL_S
+# Server-side watch length; the API server ends watches itself too, and we resume from the last
+# resourceVersion. The read timeout above it catches connections that died silently.
+WATCH_TIMEOUT_S = 300
+LIST_TIMEOUT_S = 120
+CONNECT_TIMEOUT_S = 10
+BACKOFF_S = (0.5, 30.0)
+REMEMBER_WAIT_S = 0.05
+TERMINAL_PHASES = ("Succeeded", "Failed")
+NODES, PODS = "nodes", "pods"
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+@dataclass
+class _Pod:
+    node: str | None
+    shares: dict[int, int]  # card index -> shares held, counted as Kubernetes counts a pod
+    active: bool
+    preferred: str | None  # the node gpushard's preferred affinity term names, if any
+
+
+@dataclass
+class _Entry:
+    """A choice counted on its node until a pod accounts for it or it expires."""
+
+    node: str
+    card: int
+    shares: int
+    deadline: float
+    claimed_by: str | None = None  # uid of an unbound pod the entry stands for
+
+
+# --- reading API objects (raw JSON: the typed models are too slow for thousands of pods) --------
+
+
+def _quantity(value: object) -> int:
+    try:
+        return max(0, math.floor(quantities.parse(value)))
+    except (quantities.QuantityError, TypeError, ValueError):
+        return 0
+
+
+def read_node(obj: dict, policy: Policy) -> placement.Node | None:
+    """A node's cards, labels, taints, readiness and cordon; None for a node without gpushard cards."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    capacity: dict[int, int] = {}
+    for resource, value in (status.get("allocatable") or {}).items():
+        k = policy.resources.card_index(resource)
+        if k is not None:
+            capacity[k] = _quantity(value)
+    inventory: dict[int, dict] = {}
+    try:
+        listed = json.loads((meta.get("annotations") or {}).get(names.INVENTORY_ANNOTATION) or "[]")
+    except ValueError:
+        listed = []
+    for item in listed if isinstance(listed, list) else ():
+        if isinstance(item, dict) and isinstance(item.get("index"), int) and item["index"] >= 0:
+            inventory[item["index"]] = item
+    if not capacity and not inventory:
+        return None
+    cards = []
+    for k in sorted(set(capacity) | set(inventory)):
+        info = inventory.get(k, {})
+        memory = info.get("memoryMiB")
+        # A card in the inventory but not in allocatable is known but not (yet) offered: room 0.
+        cards.append(placement.Card(k, capacity.get(k, 0), 0, str(info.get("uuid") or ""),
+                                    str(info.get("model") or ""), memory if isinstance(memory, int) else 0))
+    taints = tuple(placement.Taint(str(t.get("key")), str(t.get("value") or ""), str(t.get("effect") or ""))
+                   for t in spec.get("taints") or () if isinstance(t, dict) and t.get("key"))
+    ready = any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or ())
+    labels = meta.get("labels") or {}
+    return placement.Node(str(meta.get("name")), {str(k): str(v) for k, v in labels.items()}, taints, ready,
+                          bool(spec.get("unschedulable")), tuple(cards))
+
+
+def pod_card_shares(spec: dict, policy: Policy) -> dict[int, int]:
+    """Per card index, the shares a pod spec requests, counted as Kubernetes counts a pod's requests."""
+    asks: dict[int, list[req.ContainerAsk]] = {}
+    try:
+        listed = req.containers(spec)
+    except f.ObjectError:
+        return {}
+    for list_key, position, container in listed:
+        resources = container.get("resources")
+        if not isinstance(resources, dict):
+            continue
+        limits = resources.get("limits") if isinstance(resources.get("limits"), dict) else {}
+        requests = resources.get("requests") if isinstance(resources.get("requests"), dict) else {}
+        group = req.APP
+        if list_key == "initContainers":
+            group = req.SIDECAR if container.get("restartPolicy") == "Always" else req.INIT
+        for resource in set(limits) | set(requests):
+            k = policy.resources.card_index(resource)
+            if k is None:
+                continue
+            # Extended resources: requests default to limits and must equal them.
+            shares = _quantity(requests.get(resource, limits.get(resource)))
+            if shares:
+                asks.setdefault(k, []).append(req.ContainerAsk(
+                    name=str(container.get("name") or ""), group=group, list_key=list_key,
+                    position=position, shares=shares))
+    return {k: req.effective_shares(items) for k, items in asks.items()}
+
+
+def read_pod(obj: dict, policy: Policy) -> _Pod | None:
+    """What a gpushard pod holds and where; None for a pod that holds no card."""
+    spec = obj.get("spec") or {}
+    shares = pod_card_shares(spec, policy) if isinstance(spec, dict) else {}
+    if not shares:
+        return None
+    phase = (obj.get("status") or {}).get("phase")
+    return _Pod(spec.get("nodeName") or None, shares, phase not in TERMINAL_PHASES, placement.preferred_node(spec))
+
+
+def _api_client() -> kubernetes.client.ApiClient | None:
+    """A client for the API server: in-cluster config, else the kubeconfig; None without either."""
+    config = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=config)
+    except kubernetes.config.ConfigException:
+        try:
+            kubernetes.config.load_kube_config(client_configuration=config)
+        except Exception as exc:  # the loaders raise several kinds; any means "no config"
+            log.error("gpushard: no in-cluster config and no usable kubeconfig (%s); card choice runs "
+                      "without a cluster view", exc)
+            return None
+    return kubernetes.client.ApiClient(config)
+
+
+# --- the view ------------------------------------------------------------------------------------
+
+
+class KubeView:
+    """The cluster as the Kubernetes API shows it, kept current by list and watch."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient | None, policy: Policy, *,
+                 remember_ttl: float = REMEMBER_TTL_S, watch_timeout: int = WATCH_TIMEOUT_S,
+                 backoff: tuple[float, float] = BACKOFF_S, clock: Callable[[], float] = time.monotonic):
+        self._api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
+        self._policy = policy
+        self._ttl = remember_ttl
+        self._watch_timeout = watch_timeout
+        self._backoff = backoff
+        self._clock = clock
+        self._lock = threading.Lock()  # guards everything below but _view and _inbox
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._responses: dict[str, object] = {}  # open watch responses, to cut on close()
+        self._listed: set[str] = set()
+        self._base: dict[str, placement.Node] = {}  # nodes as listed, no shares used
+        self._pods: dict[str, _Pod] = {}
+        self._used: collections.Counter = collections.Counter()  # (node, card) -> shares of bound pods
+        self._entries: list[_Entry] = []  # remembered choices, oldest first
+        self._claims: dict[str, _Entry] = {}  # pod uid -> the entry it keeps alive
+        self._tentative: collections.Counter = collections.Counter()  # (node, card) -> remembered shares
+        self._next_deadline = math.inf
+        self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
+        self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
+        self._view: placement.View | None = None
+
+    @classmethod
+    def start(cls, settings: settings_mod.Settings | None = None,
+              api_client: kubernetes.client.ApiClient | None = None, **options) -> KubeView:
+        """A view of the API server (in-cluster, else kubeconfig) with its watch threads running."""
+        settings = settings or settings_mod.Settings()
+        view = cls(api_client if api_client is not None else _api_client(), settings.policy, **options)
+        if view._api is not None:
+            for resource in (NODES, PODS):
+                thread = threading.Thread(target=view._run, args=(resource,), daemon=True,
+                                          name=f"gpushard-watch-{resource}")
+                view._threads.append(thread)
+                thread.start()
+        return view
+
+    # --- the surface the admission server uses --------------------------------------------------
+
+    def synced(self) -> bool:
+        """True once nodes and pods have both been listed (it stays True through reconnects)."""
+        return self._view is not None
+
+    def snapshot(self) -> placement.View | None:
+        """The latest view, or None before the first sync; never waits on the watch threads."""
+        if (self._inbox or self._next_deadline <= self._clock()) and self._lock.acquire(blocking=False):
+            try:
+                self._refresh(self._catch_up())
+            finally:
+                self._lock.release()
+        return self._view
+
+    def remember(self, node: str | None, card: int, shares: int) -> None:
+        """Count a choice on its node until the watch shows the pod (never called for dry runs)."""
+        if node is None or shares <= 0:
+            return
+        self._inbox.append(_Entry(node, card, shares, self._clock() + self._ttl))
+        # The watch thread holds the lock for well under a millisecond per event; a relist can
+        # take longer, and then the thread applies the entry itself when it is done.
+        if self._lock.acquire(timeout=REMEMBER_WAIT_S):
+            try:
+                self._refresh(self._catch_up())
+            finally:
+                self._lock.release()
+
+    def close(self) -> None:
+        """Stop the watch threads."""
+        self._stop.set()
+        for response in list(self._responses.values()):
+            try:
+                response.shutdown()  # wakes a thread blocked reading the stream
+            except Exception:  # already closed or never connected: nothing to wake
+                pass
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    # --- keeping the view current (call with the lock held) -------------------------------------
+
+    def _catch_up(self) -> set[str]:
+        touched: set[str] = set()
+        while self._inbox:
+            entry = self._inbox.popleft()
+            self._add_entry(entry)
+            touched.add(entry.node)
+        now = self._clock()
+        if self._next_deadline <= now:
+            for entry in [e for e in self._entries if e.deadline <= now]:
+                self._drop_entry(entry)
+                touched.add(entry.node)
+        return touched
+
+    def _add_entry(self, entry: _Entry) -> None:
+        self._entries.append(entry)
+        self._tentative[(entry.node, entry.card)] += entry.shares
+        if entry.claimed_by is not None:
+            self._claims[entry.claimed_by] = entry
+        self._next_deadline = min(self._next_deadline, entry.deadline)
+
+    def _drop_entry(self, entry: _Entry) -> None:
+        self._entries.remove(entry)
+        self._tentative[(entry.node, entry.card)] -= entry.shares
+        if self._tentative[(entry.node, entry.card)] <= 0:
+            del self._tentative[(entry.node, entry.card)]
+        if entry.claimed_by is not None:
+            self._claims.pop(entry.claimed_by, None)
+        self._next_deadline = min((e.deadline for e in self._entries), default=math.inf)
+
+    def _unclaimed(self, card: int, shares: int, node: str | None) -> _Entry | None:
+        """The oldest unclaimed entry for (card, shares), preferring one on ``node``."""
+        fallback = None
+        for entry in self._entries:
+            if entry.claimed_by is None and entry.card == card and entry.shares == shares:
+                if node is None or entry.node == node:
+                    return entry
+                fallback = fallback or entry
+        return fallback
+
+    def _node(self, name: str) -> placement.Node | None:
+        base = self._base.get(name)
+        if base is None:
+            return None
+        cards = tuple(placement.Card(c.index, c.capacity, self._used[(name, c.index)] + self._tentative[
+            (name, c.index)], c.uuid, c.model, c.memory_mib) for c in base.cards)
+        return placement.Node(base.name, base.labels, base.taints, base.ready, base.unschedulable, cards)
+
+    def _refresh(self, touched) -> None:
+        if len(self._listed) < 2:
+            return  # no view before both lists; the first full build happens at sync
+        if self._view is None:
+            self._current = {name: self._node(name) for name in self._base}
+            view = placement.View(nodes=tuple(self._current.values()))
+            placement.choose(view, placement.Ask(shares=1))  # builds the indexes here, not in an admission
+            self._view = view
+            return
+        changes = {}
+        for name in touched:
+            node = self._node(name)
+            if node != self._current.get(name):  # node heartbeats change nothing we read
+                changes[name] = node
+                if node is None:
+                    self._current.pop(name, None)
+                else:
+                    self._current[name] = node
+        if changes:
+            self._view = placement.replace_nodes(self._view, changes)
+
+    def _set_node(self, name: str, node: placement.Node | None) -> set[str]:
+        if node is None:
+            self._base.pop(name, None)
+        else:
+            self._base[name] = node
+        return {name}
+
+    def _set_pod(self, uid: str, pod: _Pod | None) -> set[str]:
+        """Account for a pod's new state (None: deleted, or holds nothing); the nodes touched."""
+        touched: set[str] = set()
+        old = self._pods.get(uid)
+        if old is not None and old.active and old.node:
+            for k, shares in old.shares.items():
+                self._used[(old.node, k)] -= shares
+                if self._used[(old.node, k)] <= 0:
+                    del self._used[(old.node, k)]
+            touched.add(old.node)
+        claim = self._claims.get(uid)
+        if pod is None or not pod.active:
+            self._pods.pop(uid, None)
+            if claim is not None:
+                self._drop_entry(claim)
+                touched.add(claim.node)
+            return touched
+        self._pods[uid] = pod
+        card, shares = min(pod.shares.items())
+        if pod.node:
+            for k, held in pod.shares.items():
+                self._used[(pod.node, k)] += held
+            touched.add(pod.node)
+            # The pod now counts where it runs: the entry that stood for it has done its work.
+            entry = claim if claim is not None else (self._unclaimed(card, shares, pod.node) if old is None
+                                                     else None)
+            if entry is not None:
+                self._drop_entry(entry)
+                touched.add(entry.node)
+        elif claim is None and old is None:
+            entry = self._unclaimed(card, shares, pod.preferred)
+            if entry is not None:
+                entry.claimed_by = uid
+                self._claims[uid] = entry
+            elif pod.preferred:
+                entry = _Entry(pod.preferred, card, shares, self._clock() + self._ttl, uid)
+                self._add_entry(entry)
+                touched.add(entry.node)
+        return touched
+
+    def _apply_list(self, resource: str, items: list) -> None:
+        with self._lock:
+            touched = self._catch_up()  # a remembered choice must be in place before its pod shows
+            if resource == NODES:
+                fresh = {}
+                for obj in items:
+                    node = read_node(obj, self._policy)
+                    if node is not None:
+                        fresh[node.name] = node
+                touched |= set(self._base) | set(fresh)
+                self._base = fresh
+            else:
+                seen = {}
+                for obj in items:
+                    seen[_uid(obj)] = read_pod(obj, self._policy)
+                for uid in [u for u in self._pods if u not in seen]:
+                    touched |= self._set_pod(uid, None)
+                for uid, pod in seen.items():
+                    touched |= self._set_pod(uid, pod)
+            self._listed.add(resource)
+            self._refresh(touched | self._catch_up())
+
+    def _apply_event(self, resource: str, kind: str, obj: dict) -> None:
+        with self._lock:
+            touched = self._catch_up()
+            if resource == NODES:
+                name = str((obj.get("metadata") or {}).get("name"))
+                touched |= self._set_node(name, None if kind == "DELETED" else read_node(obj, self._policy))
+            else:
+                touched |= self._set_pod(_uid(obj), None if kind == "DELETED" else read_pod(obj, self._policy))
+            self._refresh(touched | self._catch_up())
+
+    # --- talking to the API server --------------------------------------------------------------
+
+    def _call(self, resource: str, **kwargs):
+        if resource == NODES:
+            return self._api.list_node(_preload_content=False, **kwargs)
+        selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
+        return self._api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False, **kwargs)
+
+    def _list(self, resource: str) -> str:
+        response = self._call(resource, _request_timeout=(CONNECT_TIMEOUT_S, LIST_TIMEOUT_S))
+        try:
+            body = json.loads(response.data)
+        finally:
+            response.release_conn()
+        self._apply_list(resource, body.get("items") or [])
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _watch(self, resource: str, version: str) -> str:
+        """Apply a watch's events until it ends; the last resourceVersion seen."""
+        response = self._call(resource, watch=True, resource_version=version, allow_watch_bookmarks=True,
+                              timeout_seconds=self._watch_timeout,
+                              _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout + 30))
+        self._responses[resource] = response
+        try:
+            for line in _lines(response, self._stop):
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone(obj.get("message", ""))
+                    raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self._apply_event(resource, kind, obj)
+        finally:
+            self._responses.pop(resource, None)
+            response.release_conn()
+        return version
+
+    def _run(self, resource: str) -> None:
+        version: str | None = None
+        delay = self._backoff[0]
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    version = self._list(resource)
+                started = time.monotonic()
+                version = self._watch(resource, version)
+                delay = self._backoff[0]
+                if time.monotonic() - started < 1:  # a watch that ends at once: do not spin
+                    self._stop.wait(self._backoff[0])
+            except _Gone:
+                version = None  # history expired: list again right away
+            except Exception as exc:  # noqa: BLE001 - any failure: back off and start over
+                if self._stop.is_set():
+                    break
+                status = getattr(exc, "status", None)
+                if status == 410:
+                    version = None
+                    continue
+                log.warning("gpushard: %s watch failed (%s); retrying in %.1fs", resource,
+                            status or type(exc).__name__, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, self._backoff[1])
+
+
+def _uid(obj: dict) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+
+def _lines(response, stop: threading.Event) -> Iterator[bytes]:
+    """The newline-separated events of a watch response, each as soon as it arrives."""
+    buffer = b""
+    while not stop.is_set():
+        chunk = response.read1(65536)
+        if not chunk:
+            return
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
