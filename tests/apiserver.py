@@ -13,8 +13,7 @@ from fractions import Fraction
 import jsonpatch
 import kubernetes_validate
 
-from webhook.core import names, quantities
-from webhook.core import rewrite
+from webhook.core import names, quantities, rewrite
 
 SCHEMA_VERSION = "1.37"
 NATIVE = ("cpu", "memory", "ephemeral-storage", "storage")

@@ -83,7 +83,8 @@ def _prefer_node(spec: dict, node: str) -> None:
     node_aff = affinity.get("nodeAffinity") if isinstance(affinity.get("nodeAffinity"), dict) else {}
     key = "preferredDuringSchedulingIgnoredDuringExecution"
     terms = node_aff.get(key) if isinstance(node_aff.get(key), list) else []
-    spec["affinity"] = {**affinity, "nodeAffinity": {**node_aff, key: [*terms, placement.preferred_affinity_term(node)]}}
+    term = placement.preferred_affinity_term(node)
+    spec["affinity"] = {**affinity, "nodeAffinity": {**node_aff, key: [*terms, term]}}
 
 
 def template(obj: dict, path: tuple[str, ...], asks: list[req.ContainerAsk], policy: Policy) -> dict:
