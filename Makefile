@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench proto clean
+.PHONY: demo test lint bench proto image kind clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ proto: $(STAMP)
 		--grpc_python_out=webhook/agent/proto webhook/agent/proto/deviceplugin.proto
 	sed -i 's/^import deviceplugin_pb2/from webhook.agent.proto import deviceplugin_pb2/' \
 		webhook/agent/proto/deviceplugin_pb2_grpc.py
+
+image:
+	docker build -t gpushard:dev .
+
+kind:
+	bash examples/kind/run.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .demo build *.egg-info

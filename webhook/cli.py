@@ -35,9 +35,9 @@ def cmd_certs(args: argparse.Namespace) -> int:
         from webhook import installing
 
         outcome = installing.install(
-            installing.api_client(), namespace=args.namespace, service=args.service, secret=args.secret,
-            webhook_config=args.webhook_config, days=args.days, renew_before=args.renew_before,
-            force=args.force, out=args.out)
+            installing.api_client(args.kubeconfig, args.context), namespace=args.namespace, service=args.service,
+            secret=args.secret, webhook_config=args.webhook_config, days=args.days,
+            renew_before=args.renew_before, force=args.force, out=args.out)
         for line in outcome.lines():
             print(line)
         return 0
@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("certs", help="make a CA and a serving certificate for the webhook Service")
-    p.add_argument("--out", help="folder for ca.crt, tls.crt and tls.key (needed without --install)")
+    p.add_argument("--out", help="folder for ca.crt, tls.crt and tls.key (needed without --install; with it, "
+                                 "where a newly made bundle is also kept)")
     p.add_argument("--service", default="gpushard", help="webhook Service name (default: gpushard)")
     p.add_argument("--namespace", default="gpushard-system", help="its namespace (default: gpushard-system)")
     p.add_argument("--days", type=int, default=365, help="serving certificate lifetime (default: 365)")
@@ -123,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--renew-before", type=int, default=30, metavar="DAYS",
                    help="with --install: keep a certificate valid for more than DAYS days (default: 30)")
     p.add_argument("--force", action="store_true", help="with --install: make a new CA and certificate anyway")
+    p.add_argument("--kubeconfig", help="with --install: kubeconfig file (default: in-cluster, else $KUBECONFIG "
+                                        "or ~/.kube/config)")
+    p.add_argument("--context", help="with --install: kubeconfig context (default: the current context)")
     p.set_defaults(func=cmd_certs)
 
     p = sub.add_parser("serve", help="run the admission webhook over TLS under gunicorn")

@@ -1,0 +1,169 @@
+"""A small Kustomize for the tests: renders deploy/ without the kustomize binary, which is not installed here.
+
+It knows what gpushard's kustomizations use and refuses anything else, so a new feature
+in a kustomization.yaml fails loudly instead of being rendered wrongly: resources (files
+and folders), patches (strategic merge, including `$patch: delete`, and JSON 6902 with a
+target), images, and labels without selectors.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import jsonpatch
+import yaml
+
+KNOWN_FIELDS = {"apiVersion", "kind", "resources", "patches", "images", "labels"}
+# Lists that strategic merge joins by a key instead of replacing (the ones our patches touch).
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
+              "volumeMounts": "mountPath", "webhooks": "name", "ports": "containerPort"}
+
+
+class KustomizeError(ValueError):
+    """A kustomization this renderer does not understand, or one that kustomize would refuse."""
+
+
+def load_documents(path: Path) -> list[dict]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    for doc in docs:
+        if not isinstance(doc, dict) or "kind" not in doc:
+            raise KustomizeError(f"{path}: a document without a kind")
+    return docs
+
+
+def kustomization(folder: Path) -> dict:
+    data = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    unknown = set(data) - KNOWN_FIELDS
+    if unknown:
+        raise KustomizeError(f"{folder}/kustomization.yaml: fields this renderer does not know: {sorted(unknown)}")
+    return data
+
+
+def listed_files(folder: Path) -> set[Path]:
+    """Every file a kustomization (and the kustomizations it includes) reads."""
+    folder = folder.resolve()
+    data = kustomization(folder)
+    files = {folder / "kustomization.yaml"}
+    for entry in data.get("resources", []):
+        path = (folder / entry).resolve()
+        files |= listed_files(path) if path.is_dir() else {path}
+    for patch in data.get("patches", []):
+        if "path" in patch:
+            files.add((folder / patch["path"]).resolve())
+    return files
+
+
+def _id(obj: dict) -> tuple[str, str, str, str]:
+    meta = obj.get("metadata") or {}
+    group = obj.get("apiVersion", "").rpartition("/")[0]
+    return group, obj["kind"], meta.get("namespace", ""), meta["name"]
+
+
+def _strategic_merge(target, patch):
+    if isinstance(patch, dict) and isinstance(target, dict):
+        out = copy.deepcopy(target)
+        for key, value in patch.items():
+            if value is None:
+                out.pop(key, None)
+            elif key in out:
+                out[key] = _merge_field(key, out[key], value)
+            else:
+                out[key] = copy.deepcopy(value)
+        return out
+    return copy.deepcopy(patch)
+
+
+def _merge_field(key: str, old, new):
+    merge_key = MERGE_KEYS.get(key)
+    if merge_key and isinstance(old, list) and isinstance(new, list):
+        out = copy.deepcopy(old)
+        for item in new:
+            match = [i for i, o in enumerate(out) if o.get(merge_key) == item.get(merge_key)]
+            if item.get("$patch") == "delete":
+                out = [o for o in out if o.get(merge_key) != item.get(merge_key)]
+            elif match:
+                out[match[0]] = _strategic_merge(out[match[0]], item)
+            else:
+                out.append(copy.deepcopy(item))
+        return out
+    return _strategic_merge(old, new)
+
+
+def _selected(obj: dict, target: dict) -> bool:
+    group, kind, namespace, name = _id(obj)
+    version = obj.get("apiVersion", "").rpartition("/")[2]
+    checks = {"group": group, "version": version, "kind": kind, "name": name, "namespace": namespace}
+    unknown = set(target) - set(checks)
+    if unknown:
+        raise KustomizeError(f"patch target fields this renderer does not know: {sorted(unknown)}")
+    return all(checks[k] == v for k, v in target.items())
+
+
+def _apply_patch(objects: list[dict], entry: dict, folder: Path) -> list[dict]:
+    text = (folder / entry["path"]).read_text() if "path" in entry else entry["patch"]
+    patch = yaml.safe_load(text)
+    if isinstance(patch, list):
+        if "target" not in entry:
+            raise KustomizeError(f"{folder}: a JSON 6902 patch needs a target")
+        hits = [o for o in objects if _selected(o, entry["target"])]
+        if not hits:
+            raise KustomizeError(f"{folder}: patch target {entry['target']} matches nothing")
+        return [jsonpatch.apply_patch(o, patch) if o in hits else o for o in objects]
+    wanted = _id(patch)
+    hits = [o for o in objects if _id(o) == wanted]
+    if len(hits) != 1:
+        raise KustomizeError(f"{folder}: strategic merge patch for {wanted} matches {len(hits)} objects")
+    if patch.get("$patch") == "delete":
+        return [o for o in objects if _id(o) != wanted]
+    return [_strategic_merge(o, patch) if _id(o) == wanted else o for o in objects]
+
+
+def pod_specs(obj: dict) -> list[dict]:
+    """The pod specs inside an object (a Pod, a workload's template, a CronJob's job template)."""
+    spec = obj.get("spec") or {}
+    if obj["kind"] == "Pod":
+        return [spec]
+    if obj["kind"] == "CronJob":
+        return [spec["jobTemplate"]["spec"]["template"]["spec"]]
+    if "template" in spec:
+        return [spec["template"]["spec"]]
+    return []
+
+
+def _set_images(objects: list[dict], images: list[dict]) -> None:
+    for obj in objects:
+        for spec in pod_specs(obj):
+            for container in spec.get("containers", []) + spec.get("initContainers", []):
+                name, _, tag = container["image"].partition(":")
+                for image in images:
+                    if image["name"] != name:
+                        continue
+                    new = image.get("newName", name)
+                    tag = image.get("newTag", tag)
+                    container["image"] = f"{new}:{tag}" if tag else new
+                    if image.get("digest"):
+                        container["image"] = f"{new}@{image['digest']}"
+
+
+def render(folder: Path) -> list[dict]:
+    """The objects `kubectl kustomize folder` would print (in file order, not kind order)."""
+    folder = folder.resolve()
+    data = kustomization(folder)
+    objects: list[dict] = []
+    for entry in data.get("resources", []):
+        path = folder / entry
+        objects += render(path) if path.is_dir() else load_documents(path)
+    ids = [_id(o) for o in objects]
+    duplicates = {i for i in ids if ids.count(i) > 1}
+    if duplicates:
+        raise KustomizeError(f"{folder}: objects defined twice: {sorted(duplicates)}")
+    for entry in data.get("patches", []):
+        objects = _apply_patch(objects, entry, folder)
+    _set_images(objects, data.get("images", []))
+    for entry in data.get("labels", []):
+        if entry.get("includeSelectors") or entry.get("includeTemplates"):
+            raise KustomizeError(f"{folder}: labels with selectors or templates are not rendered here")
+        for obj in objects:
+            obj.setdefault("metadata", {}).setdefault("labels", {}).update(entry["pairs"])
+    return objects
