@@ -274,3 +274,8 @@ def test_no_preference_without_room_or_for_a_pod_bound_to_a_node():
     assert d.node is None and "affinity" not in new["spec"]
     d, new = admitted(pm.pod(pm.container("train", "0.25"), spec={"nodeName": "node-a"}))
     assert "affinity" not in new["spec"]
+
+
+def test_hostile_values_are_quoted_short():
+    d = decide(pm.pod(pm.container("n" * 5000, "9" * 10000)))
+    assert not d.allowed and len(d.message) < 300 and "..." in d.message

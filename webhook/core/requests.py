@@ -65,8 +65,13 @@ def containers(spec: dict) -> list[tuple[str, int, dict]]:
     return found
 
 
+QUOTE_MAX = 40
+
+
 def _text(value: object) -> str:
-    return value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
+    """A value as the user wrote it, cut short enough to quote in a message."""
+    text = value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
+    return text if len(text) <= QUOTE_MAX else text[: QUOTE_MAX - 3] + "..."
 
 
 def read(list_key: str, position: int, container: dict, policy: Policy) -> ContainerAsk:
@@ -74,7 +79,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
     res = policy.resources
     name = container.get("name")
     name = name if isinstance(name, str) and name else f"{list_key}[{position}]"
-    where = f'container "{name}"'
+    where = f'container "{_text(name)}"'
     group = APP
     if list_key == "initContainers":
         group = SIDECAR if container.get("restartPolicy") == "Always" else INIT

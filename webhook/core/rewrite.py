@@ -11,7 +11,9 @@ from webhook.core.policy import Policy
 
 def env_value(container: dict, name: str) -> list[object]:
     """Every value the container's env list gives ``name`` (a valueFrom counts as its dict)."""
-    env = container.get("env") or []
+    env = container.get("env")
+    if not isinstance(env, list):
+        return []  # no env, or one that is no list (set_env replaces it)
     return [e.get("value", e.get("valueFrom")) for e in env if isinstance(e, dict) and e.get("name") == name]
 
 

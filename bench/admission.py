@@ -1,0 +1,365 @@
+"""How many AdmissionReviews per second `gpushard serve` answers over TLS, next to a trivial Flask endpoint.
+
+Both servers run under the same gunicorn settings on 127.0.0.1; clients hold HTTP/1.1 keep-alive
+connections as the API server does. Two loads: a fixed offered rate (latency measured from each
+request's scheduled time, so queueing counts), and saturation (every connection back to back).
+Prints reviews/s and p50/p99/p999 latency per server and load, and gpushard's share of the ceiling.
+
+    python bench/admission.py [--seconds 6] [--rate 200] [--connections 24] [--workers 2] [--threads 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "gpushard.gpushard-system.svc"
+
+
+# --- the framework ceiling: the same gunicorn settings, an endpoint that only echoes the uid ---------
+
+def ceiling_app():
+    import flask
+
+    app = flask.Flask("ceiling")
+
+    @app.post("/mutate")
+    def mutate():
+        uid = json.loads(flask.request.get_data())["request"]["uid"]
+        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                           "response": {"uid": uid, "allowed": True}})
+        return flask.Response(body, mimetype="application/json")
+
+    app.add_url_rule("/audit", "audit", mutate, methods=["POST"])
+
+    @app.get("/healthz")
+    def healthz():
+        return "ok\n"
+
+    return app
+
+
+def run_ceiling(argv: list[str]) -> int:
+    """Serve the ceiling app with exactly the options `gpushard serve` would use for these arguments."""
+    import gunicorn.app.base
+
+    from webhook import cli
+    from webhook.admission import serving
+
+    args = cli.build_parser().parse_args(["serve", *argv])
+    context = serving.ReloadingContext(args.cert, args.key, args.client_timeout)
+    options = serving.gunicorn_options(args, context)
+    options.pop("child_exit")
+
+    class Ceiling(gunicorn.app.base.BaseApplication):
+        def load_config(self):
+            for key, value in options.items():
+                self.cfg.set(key, value)
+
+        def load(self):
+            return ceiling_app()
+
+    Ceiling().run()
+    return 0
+
+
+# --- a realistic mix of reviews -------------------------------------------------------------------
+
+def _container(name: str, gpu: str | None = None) -> dict:
+    c = {"name": name, "image": "nvcr.io/nvidia/pytorch:24.05-py3", "command": ["python", "train.py"],
+         "env": [{"name": "EPOCHS", "value": "10"}],
+         "resources": {"limits": {"cpu": "4", "memory": "16Gi"}, "requests": {"cpu": "2", "memory": "8Gi"}}}
+    if gpu is not None:
+        c["resources"]["limits"]["nvidia.com/gpu"] = gpu
+        c["resources"]["requests"]["nvidia.com/gpu"] = gpu
+    return c
+
+
+def _pod(*containers: dict, init: list | None = None) -> dict:
+    spec = {"containers": list(containers), "restartPolicy": "Never", "serviceAccountName": "default",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
+    if init:
+        spec["initContainers"] = init
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "train-", "namespace": "ml", "labels": {"app": "train"}}, "spec": spec}
+
+
+def _review(obj: dict, kind: str, dry_run: bool = False) -> dict:
+    group = "apps" if kind == "Deployment" else ""
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": str(uuid.uuid4()), "kind": {"group": group, "version": "v1", "kind": kind},
+        "resource": {"group": group, "version": "v1", "resource": kind.lower() + "s"},
+        "namespace": "ml", "operation": "CREATE", "userInfo": {"username": "system:serviceaccount:ml:ci"},
+        "object": obj, "oldObject": None, "dryRun": dry_run}}
+
+
+def review_mix(count: int = 200, seed: int = 7) -> list[tuple[str, bytes, str]]:
+    """(path, body, uid): 40 % fractional pods, 15 % whole cards, 20 % no GPU, 10 % denials,
+    10 % Deployments, 5 % audits; a third of the pods are dry runs."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        r = rng.random()
+        dry = rng.random() < 0.33
+        path = "/mutate"
+        if r < 0.40:
+            q = rng.choice(["0.1", "0.25", "250m", "0.5", "0.333", "0.05"])
+            obj, kind = _pod(_container("train", q), _container("sidecar")), "Pod"
+        elif r < 0.55:
+            obj, kind = _pod(_container("train", "1")), "Pod"
+        elif r < 0.75:
+            obj, kind = _pod(_container("web"), _container("proxy")), "Pod"
+        elif r < 0.85:
+            obj, kind = _pod(_container("train", rng.choice(["1.5", "2", "-1", "lots"]))), "Pod"
+        elif r < 0.95:
+            template = {"metadata": {"labels": {"app": "serve"}},
+                        "spec": {"containers": [_container("serve", rng.choice(["0.25", "0.5"]))]}}
+            obj, kind = {"apiVersion": "apps/v1", "kind": "Deployment",
+                         "metadata": {"name": "serve", "namespace": "ml"},
+                         "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "serve"}},
+                                  "template": template}}, "Deployment"
+        else:
+            obj, kind, path = _pod(_container("train", "0.25")), "Pod", "/audit"
+        review = _review(obj, kind, dry)
+        out.append((path, json.dumps(review).encode(), review["request"]["uid"]))
+    return out
+
+
+def cluster_yaml(nodes: int = 200, cards: int = 8) -> str:
+    lines = ["nodes:"]
+    for n in range(nodes):
+        lines += [f"- name: gpu-{n:04d}", f"  labels: {{kubernetes.io/hostname: gpu-{n:04d}}}", "  cards:"]
+        lines += [f"  - {{index: {k}, uuid: GPU-{n:04d}-{k}, usedShares: {(n * 7 + k * 13) % 60}}}"
+                  for k in range(cards)]
+    return "\n".join(lines) + "\n"
+
+
+# --- load -----------------------------------------------------------------------------------------
+
+def _connect(port: int, context: ssl.SSLContext) -> http.client.HTTPSConnection:
+    conn = http.client.HTTPSConnection(HOST, port, timeout=30, context=context)
+    raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+    # http.client writes headers and body apart; Go's client (the API server's) disables Nagle, and so
+    # must this one, or every review waits for a delayed ACK (40 ms).
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn.sock = context.wrap_socket(raw, server_hostname=HOST)
+    return conn
+
+
+def _client_process(port: int, ca: str, conns: int, rate: float | None, seconds: float, seed: int, out) -> None:
+    """``conns`` threads, one kept-alive connection each; sends its latencies and errors to ``out``."""
+    context = ssl.create_default_context(cafile=ca)
+    mix = review_mix(seed=seed)
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    start = time.monotonic() + 0.2
+    stop = start + seconds
+
+    def worker(i: int) -> None:
+        mine, bad = [], 0
+        conn = _connect(port, context)
+        interval = conns / rate if rate else 0.0
+        # Spread the connections' schedules over one interval, so the offered load is smooth.
+        next_at = start + interval * i / conns
+        n = i
+        while True:
+            now = time.monotonic()
+            if rate:
+                if next_at >= stop:
+                    break
+                if next_at > now:
+                    time.sleep(next_at - now)
+                sent_at = next_at
+                next_at += interval
+            else:
+                if now >= stop:
+                    break
+                sent_at = now
+            path, body, uid = mix[n % len(mix)]
+            n += conns
+            try:
+                conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                data = resp.read()
+                if resp.status != 200 or json.loads(data)["response"]["uid"] != uid:
+                    bad += 1
+            except (OSError, http.client.HTTPException, ValueError):
+                bad += 1
+                conn.close()
+                conn = _connect(port, context)
+                continue
+            mine.append(time.monotonic() - sent_at)
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+            errors[0] += bad
+
+    while time.monotonic() < start - 0.1:
+        time.sleep(0.01)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(conns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.send((latencies, errors[0]))
+    out.close()
+
+
+def drive(port: int, ca: str, connections: int, processes: int, rate: float | None, seconds: float) -> dict:
+    """Run one load against a server; reviews/s and latency percentiles in ms."""
+    ctx = multiprocessing.get_context("fork")
+    pipes, procs = [], []
+    per = [connections // processes + (1 if i < connections % processes else 0) for i in range(processes)]
+    for i, conns in enumerate(per):
+        receiver, sender = ctx.Pipe(duplex=False)
+        share = rate * conns / connections if rate else None
+        proc = ctx.Process(target=_client_process, args=(port, ca, conns, share, seconds, 100 + i, sender))
+        proc.start()
+        sender.close()
+        pipes.append(receiver)
+        procs.append(proc)
+    latencies: list[float] = []
+    errors = 0
+    for receiver, proc in zip(pipes, procs, strict=True):
+        if receiver.poll(seconds + 60):
+            lat, err = receiver.recv()
+            latencies += lat
+            errors += err
+        else:
+            errors += 1
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        if not latencies:
+            return float("nan")
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000
+
+    return {"rps": len(latencies) / seconds, "p50": pct(0.50), "p99": pct(0.99), "p999": pct(0.999),
+            "n": len(latencies), "errors": errors}
+
+
+class Server:
+    def __init__(self, argv: list[str], port: int, ca: str, log: Path):
+        self.port, self.ca, self.log = port, ca, log
+        self._out = open(log, "wb")
+        self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,
+                                     cwd=ROOT)
+
+    def wait_ready(self, within: float = 60) -> None:
+        context = ssl.create_default_context(cafile=self.ca)
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"gpushard: bench server exited:\n{self.log.read_text()[-2000:]}")
+            try:
+                conn = _connect(self.port, context)
+                conn.request("GET", "/healthz")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise SystemExit("gpushard: bench server did not start")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._out.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=6.0, help="seconds per load and server (default: 6)")
+    parser.add_argument("--rate", type=float, default=200.0, help="offered reviews/s of the fixed load (default: 200)")
+    parser.add_argument("--connections", type=int, default=24, help="keep-alive connections (default: 24)")
+    parser.add_argument("--clients", type=int, default=2, help="client processes (default: 2)")
+    parser.add_argument("--workers", type=int, default=None, help="gunicorn workers (default: serve's default)")
+    parser.add_argument("--threads", type=int, default=None, help="threads per worker (default: serve's default)")
+    parser.add_argument("--only", choices=("gpushard", "ceiling"), help="run one server only")
+    parser.add_argument("--ceiling-server", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.ceiling_server is not None:
+        return run_ceiling(args.ceiling_server)
+
+    sys.path.insert(0, str(ROOT))
+    from webhook import cli
+
+    defaults = cli.build_parser().parse_args(["serve", "--cert", "x", "--key", "x"])
+    workers = args.workers or defaults.workers
+    threads = args.threads or defaults.threads
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="gpushard-bench-") as tmp:
+        tmp = Path(tmp)
+        subprocess.run([sys.executable, "-m", "webhook.cli", "certs", "--out", str(tmp / "certs")], check=True,
+                       capture_output=True, cwd=ROOT)
+        (tmp / "cluster.yaml").write_text(cluster_yaml())
+        ca = str(tmp / "certs" / "ca.crt")
+        for name in ("gpushard", "ceiling"):
+            if args.only and name != args.only:
+                continue
+            port = _free_port()
+            serve = ["--cert", str(tmp / "certs" / "tls.crt"), "--key", str(tmp / "certs" / "tls.key"),
+                     "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", str(threads)]
+            if name == "gpushard":
+                cmd = [sys.executable, "-m", "webhook.cli", "serve", *serve, "--cluster", str(tmp / "cluster.yaml")]
+            else:
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--ceiling-server", *serve]
+            server = Server(cmd, port, ca, tmp / f"{name}.log")
+            try:
+                server.wait_ready()
+                drive(port, ca, args.connections, args.clients, None, 1.0)  # warm up every worker
+                for load, rate in ((f"{args.rate:g}/s", args.rate), ("saturation", None)):
+                    results[(name, load)] = drive(port, ca, args.connections, args.clients, rate, args.seconds)
+            finally:
+                server.stop()
+
+    print(f"admission over TLS, keep-alive: {args.connections} connections from {args.clients} client processes, "
+          f"gunicorn gthread {workers} workers x {threads} threads, {os.cpu_count()} CPUs, {args.seconds:g} s per load")
+    print(f"{'server':10} {'load':>11} {'reviews/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'p999 ms':>8} {'errors':>7}")
+    for (name, load), r in results.items():
+        print(f"{name:10} {load:>11} {r['rps']:10.0f} {r['p50']:8.2f} {r['p99']:8.2f} {r['p999']:8.2f} "
+              f"{r['errors']:7d}")
+    for load in {load for _, load in results}:
+        if ("gpushard", load) in results and ("ceiling", load) in results:
+            ours, ceiling = results[("gpushard", load)], results[("ceiling", load)]
+            print(f"gpushard / ceiling at {load}: {ours['rps'] / ceiling['rps']:.2f} of the throughput, "
+                  f"p50 {ours['p50'] / ceiling['p50']:.2f}x, p99 {ours['p99'] / ceiling['p99']:.2f}x")
+    return 1 if any(r["errors"] for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

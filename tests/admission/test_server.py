@@ -1,0 +1,131 @@
+"""We test the real `gpushard serve` (gunicorn, two workers, TLS from `gpushard certs`, a static view):
+- a client that trusts only the CA and checks the Service's name reviews a pod and a Deployment through
+  /mutate and a pod through /audit, several reviews on one kept-alive connection, the uid echoed;
+- a client trusting another CA, or checking another name, is refused at the handshake;
+- /healthz, /readyz, and /metrics summed over both workers, reflecting the requests made;
+- a body that is no AdmissionReview is a 400, one announced over the size limit a 413, over the wire;
+- bad certificate, key, bind or cluster arguments stop `serve` with a message naming the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+import subprocess
+import sys
+
+import pytest
+
+from tests.admission import objects
+from webhook.admission import app as app_mod
+
+
+def _review(server, path, obj, conn=None, **kw):
+    review = objects.review(obj, **kw)
+    status, headers, body = server.request("POST", path, json.dumps(review).encode(), conn=conn)
+    assert status == 200, body
+    assert headers["Content-Type"] == "application/json"
+    return objects.response_of(json.loads(body), review["request"]["uid"])
+
+
+def _admissions(server) -> dict[tuple[str, str, str], float]:
+    status, _, body = server.request("GET", "/metrics")
+    assert status == 200
+    found = {}
+    for kind, mode, outcome, value in re.findall(
+            r'^gpushard_admissions_total\{kind="(\w+)",mode="(\w+)",outcome="(\w+)"\} (\S+)$', body.decode(), re.M):
+        found[(kind, mode, outcome)] = float(value)
+    return found
+
+
+def test_reviews_over_verified_tls_with_keep_alive(server):
+    conn = server.connection()
+    try:
+        pod = objects.pod(objects.container("train", "0.5"), objects.container("side"))
+        new = objects.patched(pod, _review(server, "/mutate", pod, conn=conn))
+        objects.assert_api_server_accepts(new)
+        assert objects.env_of(new["spec"]["containers"][1]) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+        dep = objects.deployment(objects.container("serve", "0.2"))
+        new = objects.patched(dep, _review(server, "/mutate", dep, conn=conn))
+        objects.assert_api_server_accepts(new)
+        audit = _review(server, "/audit", objects.pod(objects.container("t", "0.333")), conn=conn)
+        assert "patch" not in audit and audit["warnings"] and audit["auditAnnotations"]
+        denied = _review(server, "/mutate", objects.pod(objects.container("t", "4")), conn=conn)
+        assert denied["allowed"] is False and denied["status"]["code"] == 403
+        peer = conn.sock.getpeercert()
+        assert ("DNS", objects.SERVICE_HOST) in peer["subjectAltName"]
+    finally:
+        conn.close()
+
+
+def test_a_client_that_trusts_another_ca_is_refused(server, tmp_path):
+    other = objects.make_certs(tmp_path / "other")
+    with pytest.raises(ssl.SSLCertVerificationError):
+        server.connection(ca=other / "ca.crt")
+    with pytest.raises(ssl.SSLCertVerificationError):
+        server.connection(hostname="evil.gpushard-system.svc")
+
+
+def test_health_and_readiness(server):
+    assert server.request("GET", "/healthz")[0] == 200
+    status, _, body = server.request("GET", "/readyz")
+    assert status == 200 and b"synced" in body
+
+
+def test_metrics_add_up_over_every_worker(server):
+    before = _admissions(server)
+    # Separate connections, so both workers take a share of the reviews.
+    for _ in range(12):
+        _review(server, "/mutate", objects.pod(objects.container("t", "0.1")), dry_run=True)
+    for _ in range(3):
+        _review(server, "/audit", objects.pod(objects.container("t", "0.1")))
+    server.request("POST", "/mutate", b"[]")
+    after = _admissions(server)
+
+    def delta(key):
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert delta(("Pod", "enforce", "patched")) == 12
+    assert delta(("Pod", "audit", "allowed")) == 3
+    assert delta(("unknown", "enforce", "invalid")) == 1
+    status, _, body = server.request("GET", "/metrics")
+    assert b"gpushard_admission_seconds_bucket" in body
+
+
+def test_bad_bodies_over_the_wire(server):
+    status, _, body = server.request("POST", "/mutate", b"not json")
+    assert status == 400 and body.startswith(b"gpushard:")
+    conn = server.connection()
+    try:
+        # Announce a body over the limit and send only its start: the answer comes before the rest.
+        conn.putrequest("POST", "/mutate")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(app_mod.MAX_BODY + 1))
+        conn.endheaders(b"{" + b" " * 1000)
+        resp = conn.getresponse()
+        assert resp.status == 413 and resp.read().startswith(b"gpushard:")
+    finally:
+        conn.close()
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "webhook.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_bad_arguments_stop_serve_with_a_message(certs, module_cluster, tmp_path):
+    crt, key = str(certs / "tls.crt"), str(certs / "tls.key")
+    missing = str(tmp_path / "missing.crt")
+    result = _serve("--cert", missing, "--key", key, "--cluster", str(module_cluster))
+    assert result.returncode != 0 and f"gpushard: cannot read the serving certificate {missing}" in result.stderr
+    result = _serve("--cert", crt, "--key", missing, "--cluster", str(module_cluster))
+    assert result.returncode != 0 and f"gpushard: cannot read the serving key {missing}" in result.stderr
+    result = _serve("--cert", key, "--key", crt, "--cluster", str(module_cluster))
+    assert result.returncode != 0 and "gpushard:" in result.stderr and key in result.stderr
+    result = _serve("--cert", crt, "--key", key, "--bind", "nowhere", "--cluster", str(module_cluster))
+    assert result.returncode != 0 and "gpushard: --bind" in result.stderr
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text("nodes: [{name: n, cards: [{index: -1}]}]\n")
+    result = _serve("--cert", crt, "--key", key, "--bind", "127.0.0.1:1", "--cluster", str(bad))
+    assert result.returncode != 0 and "gpushard: bad cluster file" in result.stderr and "index" in result.stderr

@@ -1,0 +1,1 @@
+"""The admission server: AdmissionReviews over HTTPS in, JSONPatches, warnings and denials out."""

@@ -1,0 +1,221 @@
+"""AdmissionReview admission.k8s.io/v1 in and out: the request read, the core asked, the answer built."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from webhook.admission import patches
+from webhook.core import decisions, names, placement
+from webhook.core import findings as f
+from webhook.core.policy import Policy
+
+log = logging.getLogger("gpushard.admission")
+
+API_VERSION = "admission.k8s.io/v1"
+KIND = "AdmissionReview"
+# Kinds with a metric label of their own; anything else is counted as "other" so that a
+# stream of odd kinds cannot grow the metrics without bound.
+KNOWN_KINDS = frozenset([names.POD_KIND, *names.TEMPLATE_PATHS])
+
+ALLOWED = "allowed"
+PATCHED = "patched"
+DENIED = "denied"
+INVALID = "invalid"
+ERROR = "error"
+OUTCOMES = (ALLOWED, PATCHED, DENIED, INVALID, ERROR)
+# A denial message and an audit annotation quote what the user wrote, which may be a
+# 10,000-character "quantity": past this they are cut, so kubectl and audit logs stay readable.
+TEXT_MAX = 1024
+OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+
+
+class View(Protocol):
+    """What the admission server asks of a cluster view (webhook.cluster's views offer it)."""
+
+    def snapshot(self) -> placement.View | None: ...
+
+    def synced(self) -> bool: ...
+
+    def remember(self, node: str | None, card: int, shares: int) -> None: ...
+
+
+class BadReview(ValueError):
+    """A body that is no AdmissionReview: answered with HTTP 400 and this short reason."""
+
+
+@dataclass
+class Answer:
+    """What one review led to: the AdmissionReview to send, and labels for the metrics."""
+
+    review: dict
+    outcome: str
+    kind: str
+
+
+def parse(body: bytes) -> dict:
+    """The ``request`` of an AdmissionReview body, checked just enough to answer it by uid."""
+    try:
+        review = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError):
+        # ValueError covers bad UTF-8, bad JSON, NaN and infinities, and integers over
+        # Python's digit limit; RecursionError a body nested deeper than the decoder will go.
+        raise BadReview("gpushard: the body is not JSON") from None
+    if not isinstance(review, dict):
+        raise BadReview(f"gpushard: expected an AdmissionReview object, got a JSON {type(review).__name__}")
+    if review.get("apiVersion") != API_VERSION or review.get("kind") != KIND:
+        raise BadReview(f"gpushard: expected apiVersion {API_VERSION} kind {KIND}, got "
+                        f"{_short(review.get('apiVersion'))} {_short(review.get('kind'))}")
+    request = review.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("gpushard: the AdmissionReview has no request")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("gpushard: the AdmissionReview request has no uid")
+    return request
+
+
+def _no_constant(name: str) -> None:
+    # Python reads NaN and Infinity; JSON has neither, and no API server sends them.
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _short(value: object, limit: int = 40) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _clip(text: str, limit: int = TEXT_MAX) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def envelope(uid: str, **response: object) -> dict:
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": {"uid": uid, **response}}
+
+
+def denial(uid: str, code: int, message: str, **extra: object) -> dict:
+    return envelope(uid, allowed=False, status={"code": code, "message": message}, **extra)
+
+
+def metric_kind(request: dict) -> str:
+    kind = request.get("kind")
+    kind = kind.get("kind") if isinstance(kind, dict) else None
+    return kind if isinstance(kind, str) and kind in KNOWN_KINDS else "other"
+
+
+def answer(request: dict, mode: str, policy: Policy, view: View | None) -> Answer:
+    """Decide one parsed request and build the AdmissionReview that answers it.
+
+    Never raises: an object gpushard cannot read is a 400 denial, and a fault of
+    gpushard's own is an explicit denial in enforce mode (the webhook's failurePolicy is
+    Fail, so the pod would be refused anyway; this way the user reads why) and an
+    allowed answer with a warning in audit mode, which must never block anything.
+    """
+    uid = request["uid"]
+    kind_label = metric_kind(request)
+    try:
+        result = _answer(request, uid, kind_label, mode, policy, view)
+        response = result.review["response"]
+        if mode == names.MODE_AUDIT and not response["allowed"]:
+            # Audit mode never blocks: a review it cannot read is said as a warning.
+            result.review = envelope(uid, allowed=True, warnings=[_clip(response["status"]["message"],
+                                                                         decisions.WARNING_MAX)])
+        return result
+    except Exception:
+        log.exception("gpushard: internal error answering review %s", uid)
+        message = f"gpushard: internal error while reviewing this object (review {uid}); see the webhook's log"
+        if mode == names.MODE_AUDIT:
+            return Answer(envelope(uid, allowed=True, warnings=[message[:decisions.WARNING_MAX]]), ERROR, kind_label)
+        return Answer(denial(uid, 500, message), ERROR, kind_label)
+
+
+def _snapshot(view: View | None) -> placement.View | None:
+    """The view's current snapshot; without one, placement still admits (SPEC: no view at all)."""
+    if view is None:
+        return None
+    try:
+        return view.snapshot()
+    except Exception:
+        log.exception("gpushard: the cluster view failed; choosing a card without it")
+        return None
+
+
+def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy, view: View | None) -> Answer:
+    kind = request.get("kind")
+    kind = kind.get("kind") if isinstance(kind, dict) else None
+    if not isinstance(kind, str) or not kind:
+        return Answer(denial(uid, 400, "gpushard: the AdmissionReview request has no kind.kind"), INVALID,
+                      kind_label)
+    operation = request.get("operation", "CREATE")
+    if operation not in OPERATIONS:
+        return Answer(denial(uid, 400, f"gpushard: unknown operation {_short(operation)}"), INVALID, kind_label)
+    if operation not in ("CREATE", "UPDATE"):
+        # DELETE and CONNECT carry no object to rewrite; gpushard has nothing to say.
+        return Answer(envelope(uid, allowed=True), ALLOWED, kind_label)
+    dry_run = request.get("dryRun") is True
+    obj = request.get("object")
+    try:
+        decision = decisions.decide(decisions.Request(obj, kind, operation, mode, dry_run), policy, _snapshot(view))
+    except RecursionError:
+        decision = decisions.Decision(allowed=False, code=400,
+                                      message="gpushard: cannot read object: nested too deeply")
+    except f.ObjectError as exc:
+        decision = decisions.Decision(allowed=False, code=400, message=str(exc))
+
+    audit = mode == names.MODE_AUDIT
+    if audit and not decision.allowed:
+        # Audit mode never denies: what enforce would deny comes back as a finding.
+        decision = decisions.Decision(allowed=True, findings=[f.Finding(f.UNREADABLE, f.DENY, decision.message)])
+    extra: dict = {}
+    annotations = {key: _clip(value) for key, value in decision.audit_annotations.items()}
+    if annotations:
+        extra["auditAnnotations"] = annotations
+    if not decision.allowed and not audit:
+        # The denial message already says every denying finding; warn only about the rest.
+        warnings = decisions.warnings_for([x for x in decision.findings if x.severity != f.DENY])
+        if warnings:
+            extra["warnings"] = warnings
+        code = decision.code if decision.code in (400, 403) else 403
+        message = decision.message or "gpushard: denied"
+        if not message.startswith("gpushard:"):
+            message = f"gpushard: {message}"
+        outcome = INVALID if code == 400 else DENIED
+        return Answer(denial(uid, code, _clip(message), **extra), outcome, kind_label)
+
+    warnings = decision.warnings
+    if warnings:
+        extra["warnings"] = warnings
+    outcome = ALLOWED
+    if not audit and decision.obj is not None and isinstance(obj, dict):
+        patch = patches.make(obj, decision.obj)
+        if patch:
+            extra["patchType"] = "JSONPatch"
+            text = json.dumps(patch, separators=(",", ":"), allow_nan=False)
+            extra["patch"] = base64.b64encode(text.encode()).decode()
+            outcome = PATCHED
+    # Only a pod gpushard just rewrote is new to the view: a reinvocation over its own output
+    # (an empty patch) must not count the same pod twice.
+    if (outcome == PATCHED and not dry_run and kind == names.POD_KIND and decision.node is not None
+            and decision.card is not None and view is not None):
+        try:
+            view.remember(decision.node, decision.card, decision.shares)
+        except Exception:
+            # Packing gets a little worse until the view catches up; the answer stays right.
+            log.exception("gpushard: the cluster view could not record a placement")
+    return Answer(envelope(uid, allowed=True, **extra), outcome, kind_label)
+
+
+def review(body: bytes, mode: str, policy: Policy, view: View | None) -> Answer:
+    """Parse a body and answer it; raises BadReview for a body that is no AdmissionReview."""
+    return answer(parse(body), mode, policy, view)

@@ -1,0 +1,276 @@
+"""Running the admission app under gunicorn over TLS, tuned for an API server as the only client."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import ssl
+import tempfile
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import gunicorn.app.base
+
+if TYPE_CHECKING:
+    import flask
+
+log = logging.getLogger("gpushard.serving")
+
+# The API server keeps webhook connections open between reviews (Go's idle timeout is
+# 90 s); holding them a little longer means gunicorn is never the side that closes a
+# connection the API server is about to reuse.
+KEEPALIVE = 100
+# A client that stalls mid-request or mid-handshake gives its thread back after this.
+CLIENT_TIMEOUT = 10.0
+# Kubernetes sends SIGTERM, then SIGKILL after terminationGracePeriodSeconds (30 s by
+# default): reviews in flight finish well before that.
+GRACEFUL_TIMEOUT = 20
+# The environment variables of the `webhook.wsgi` target.
+CONFIG_ENV = "GPUSHARD_CONFIG"
+CLUSTER_ENV = "GPUSHARD_CLUSTER"
+
+
+def build_app(config: str | None, cluster: str | None) -> flask.Flask:
+    """The app for one worker, with that worker's own view of the cluster."""
+    # Imported here: prometheus_client must see PROMETHEUS_MULTIPROC_DIR, which serve()
+    # sets in the master before any worker imports it.
+    from webhook import cluster as cluster_mod
+    from webhook import settings as settings_mod
+    from webhook.admission import app as app_mod
+
+    settings = settings_mod.load(config)
+    view = cluster_mod.open_view(cluster, settings.policy.shares_per_card, settings)
+    return app_mod.create_app(settings, view)
+
+
+def app_from_env() -> flask.Flask:
+    """The app as `webhook.wsgi` builds it: $GPUSHARD_CONFIG and $GPUSHARD_CLUSTER, both optional."""
+    return build_app(os.environ.get(CONFIG_ENV) or None, os.environ.get(CLUSTER_ENV) or None)
+
+
+class _TimedSSLSocket(ssl.SSLSocket):
+    """A TLS socket on which one request must arrive within ``io_timeout`` seconds.
+
+    gunicorn's threaded worker puts a connection in blocking mode before it reads a
+    request, so a client that sends half a request and stalls would hold a thread for
+    ever, and one that trickles a byte now and then would too, however short each wait.
+    Here "blocking" means "blocking until the request's deadline": each request (each
+    switch to blocking mode, which gunicorn makes per request) has ``io_timeout`` seconds
+    for all of its reads, and every read or write waits at most that long.
+    """
+
+    io_timeout: float | None = CLIENT_TIMEOUT
+    _deadline: float | None = None
+
+    def start_deadline(self) -> None:
+        self._deadline = None if self.io_timeout is None else time.monotonic() + self.io_timeout
+
+    def setblocking(self, flag: bool) -> None:
+        super().setblocking(flag)
+        if flag:
+            self.settimeout(self.io_timeout)
+            self.start_deadline()
+
+    def _bounded(self, read, *args):
+        """``read(*args)``, waiting no longer than the request's deadline allows."""
+        current = self.gettimeout()
+        if self._deadline is None or current == 0.0:  # non-blocking: the poller's business
+            return read(*args)
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("gpushard: the client took too long to send its request")
+        if current is not None and current <= remaining:
+            return read(*args)
+        self.settimeout(remaining)
+        try:
+            return read(*args)
+        finally:
+            # Writes (the answer) keep the full timeout, however late the request came.
+            self.settimeout(current)
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        return self._bounded(super().recv, buflen, flags)
+
+    def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:
+        return self._bounded(super().recv_into, buffer, nbytes, flags)
+
+
+class _Context(ssl.SSLContext):
+    """A server context that bounds the handshake as well as every later read and write."""
+
+    io_timeout: float | None = CLIENT_TIMEOUT
+
+    def wrap_socket(self, sock, *args, **kwargs):
+        sock.settimeout(self.io_timeout)
+        wrapped = super().wrap_socket(sock, *args, **kwargs)
+        if isinstance(wrapped, _TimedSSLSocket):
+            wrapped.start_deadline()  # the first request's deadline
+        return wrapped
+
+
+def server_context(certfile: str, keyfile: str, io_timeout: float | None = CLIENT_TIMEOUT) -> ssl.SSLContext:
+    """A TLS 1.2+ server context for a certificate and its key."""
+    timed = type("TimedSSLSocket", (_TimedSSLSocket,), {"io_timeout": io_timeout})
+    context = _Context(ssl.PROTOCOL_TLS_SERVER)
+    context.io_timeout = io_timeout
+    context.sslsocket_class = timed
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certfile=certfile, keyfile=keyfile)
+    return context
+
+
+class ReloadingContext:
+    """gunicorn's ``ssl_context`` hook: the context for the files as they are on disk now.
+
+    gunicorn asks for a context for each new connection. A Secret update replaces the
+    files (through a symlink swap), so a change of either file's identity or mtime means
+    a new certificate: it is loaded for the next connection, without a restart. A pair
+    that does not load yet (the certificate written, its key not yet) leaves the last
+    good context in use until it does.
+    """
+
+    def __init__(self, certfile: str, keyfile: str, io_timeout: float | None = CLIENT_TIMEOUT):
+        self.certfile, self.keyfile, self.io_timeout = certfile, keyfile, io_timeout
+        self._lock = threading.Lock()
+        self._stamp: tuple | None = None
+        self._context: ssl.SSLContext | None = None
+
+    def _files_stamp(self) -> tuple | None:
+        try:
+            return tuple((s.st_ino, s.st_dev, s.st_mtime_ns, s.st_size)
+                         for s in (os.stat(self.certfile), os.stat(self.keyfile)))
+        except OSError:
+            return None
+
+    def current(self) -> ssl.SSLContext:
+        stamp = self._files_stamp()
+        context = self._context
+        if context is not None and (stamp is None or stamp == self._stamp):
+            return context
+        with self._lock:
+            if self._context is not None and stamp == self._stamp:
+                return self._context
+            try:
+                fresh = server_context(self.certfile, self.keyfile, self.io_timeout)
+            except (OSError, ssl.SSLError) as exc:
+                if self._context is None:
+                    raise
+                log.warning("gpushard: keeping the current certificate: cannot load %s and %s yet: %s",
+                            self.certfile, self.keyfile, exc)
+                return self._context
+            if self._context is not None:
+                log.info("gpushard: serving the new certificate from %s", self.certfile)
+            self._context, self._stamp = fresh, stamp
+            return fresh
+
+    def __call__(self, conf, default_ssl_context_factory) -> ssl.SSLContext:
+        return self.current()
+
+
+def check_tls_files(certfile: str, keyfile: str) -> None:
+    """Fail with a message naming the file when the certificate or key cannot serve."""
+    for label, path in (("certificate", certfile), ("key", keyfile)):
+        try:
+            with open(path, "rb") as fh:
+                fh.read(1)
+        except OSError as exc:
+            raise SystemExit(f"gpushard: cannot read the serving {label} {path}: {exc.strerror}") from None
+    try:
+        server_context(certfile, keyfile)
+    except ssl.SSLError as exc:
+        raise SystemExit(f"gpushard: {certfile} and {keyfile} are not a PEM certificate and its key: "
+                         f"{exc.reason or exc}") from None
+
+
+def check_bind(bind: str) -> None:
+    """Fail with a message on a --bind that is no HOST:PORT (gunicorn would quietly add port 8000)."""
+    _host, sep, port = bind.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SystemExit(f"gpushard: --bind {bind!r} is not HOST:PORT")
+
+
+class _Server(gunicorn.app.base.BaseApplication):
+    def __init__(self, options: dict, config: str | None, cluster: str | None):
+        self.options, self.config, self.cluster = options, config, cluster
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        # Called in each worker after the fork (no preload): a view's watch threads and
+        # connections belong to the process that uses them.
+        ours = logging.getLogger("gpushard")
+        if not ours.handlers:
+            # gpushard's own messages (tracebacks of internal errors, certificate reloads) go
+            # where gunicorn's go, in the same format.
+            ours.handlers = list(logging.getLogger("gunicorn.error").handlers)
+            ours.setLevel(logging.INFO)
+            ours.propagate = False
+        return build_app(self.config, self.cluster)
+
+
+def _child_exit(server, worker) -> None:
+    from webhook.admission import metrics
+
+    metrics.worker_exited(worker.pid)
+
+
+def gunicorn_options(args: argparse.Namespace, context: ReloadingContext) -> dict:
+    """The gunicorn settings `gpushard serve` runs with."""
+    return {
+        "bind": [args.bind],
+        "workers": args.workers,
+        "worker_class": "gthread",
+        "threads": args.threads,
+        "timeout": args.timeout,
+        "graceful_timeout": getattr(args, "graceful_timeout", None) or GRACEFUL_TIMEOUT,
+        "keepalive": KEEPALIVE,
+        "certfile": args.cert,
+        "keyfile": args.key,
+        "ssl_context": context,
+        "preload_app": False,
+        # Only HTTP/1.1: the API server speaks it to every webhook that is not on loopback.
+        "http_protocols": "h1",
+        "accesslog": None,
+        "errorlog": "-",
+        "loglevel": "info",
+        "proc_name": "gpushard",
+        "control_socket_disable": True,
+        "child_exit": _child_exit,
+        "worker_tmp_dir": "/dev/shm" if os.path.isdir("/dev/shm") else None,
+    }
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the webhook until SIGTERM or SIGINT; the exit status."""
+    check_bind(args.bind)
+    check_tls_files(args.cert, args.key)
+    if args.workers < 1 or args.threads < 1 or args.timeout < 1:
+        raise SystemExit("gpushard: --workers, --threads and --timeout must be at least 1")
+    if args.cluster is not None:
+        # A static file is checked before the fork, so a typo stops the program with a
+        # message, not workers that fail to boot one after another.
+        from webhook import settings as settings_mod
+        from webhook.cluster import static
+
+        try:
+            static.load(args.cluster, settings_mod.load(args.config).policy.shares_per_card)
+        except static.ViewFileError as exc:
+            raise SystemExit(f"gpushard: bad cluster file: {exc}") from None
+    client_timeout = getattr(args, "client_timeout", None) or CLIENT_TIMEOUT
+    context = ReloadingContext(args.cert, args.key, client_timeout)
+    # Loaded once in the master: every worker starts from a good pair, even one whose first
+    # connection comes while a rotation is half done.
+    context.current()
+    prom_dir = tempfile.mkdtemp(prefix="gpushard-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
+    try:
+        _Server(gunicorn_options(args, context), args.config, args.cluster).run()
+    finally:
+        shutil.rmtree(prom_dir, ignore_errors=True)
+    return 0
