@@ -2,7 +2,7 @@
 - an allowed pod, once patched, is one the API server accepts (integer extended resources,
   requests equal limits, schema-valid);
 - each container ends with exactly one NVIDIA_VISIBLE_DEVICES, and all GPU containers name one card;
-- a second pass over gpushard's own output is an empty patch;
+- a second pass over gpushard's own output is an empty patch, and the input is never changed;
 - a denial is a 403 or 400 whose message starts with "gpushard:", and never an exception;
 - placing a stream of pods, each on the card chosen for it, never takes a card past its shares.
 """
@@ -73,7 +73,9 @@ def containers_of(obj):
 @given(pods())
 def test_admitted_pods_are_valid_pinned_and_stable(pod):
     pod = json.loads(json.dumps(pod))  # as the API server sends it: no object shared by two places
+    before = json.dumps(pod, sort_keys=True)
     d = decisions.decide(decisions.Request(pod, "Pod"), POLICY, VIEW)
+    assert json.dumps(pod, sort_keys=True) == before, "the input is never changed"
     if not d.allowed:
         assert d.code in (400, 403) and d.message.startswith("gpushard: ")
         return

@@ -2,11 +2,35 @@
 
 from __future__ import annotations
 
-import copy
-
 from webhook.core import names, placement, quantities
 from webhook.core import requests as req
 from webhook.core.policy import Policy
+
+# The rewrite copies only the path to what it changes and shares every untouched subtree with
+# the input (which it never changes). The admission server's patch walk then skips shared
+# subtrees by identity, so a review costs what gpushard changes, not the size of the pod.
+
+
+def _own(holder: dict, key: str) -> dict:
+    """Give ``holder`` its own shallow copy of the mapping under ``key`` (a new one if absent)."""
+    value = holder.get(key)
+    value = dict(value) if isinstance(value, dict) else {}
+    holder[key] = value
+    return value
+
+
+def _own_spec(holder: dict) -> dict:
+    spec = _own(holder, "spec")
+    for key, _group in req.CONTAINER_LISTS:
+        if isinstance(spec.get(key), list):
+            spec[key] = list(spec[key])
+    return spec
+
+
+def _own_container(spec: dict, ask: req.ContainerAsk) -> dict:
+    container = dict(spec[ask.list_key][ask.position])
+    spec[ask.list_key][ask.position] = container
+    return container
 
 
 def env_value(container: dict, name: str) -> list[object]:
@@ -32,9 +56,7 @@ def set_env(container: dict, name: str, value: str) -> None:
 def _set_resources(container: dict, policy: Policy, wanted: dict[str, str]) -> None:
     """Replace every GPU resource in limits and requests by ``wanted``, keeping the rest."""
     res = policy.resources
-    resources = container.get("resources")
-    if not isinstance(resources, dict):
-        resources = container["resources"] = {}
+    resources = _own(container, "resources")
     for part in ("limits", "requests"):
         current = resources.get(part)
         current = dict(current) if isinstance(current, dict) else {}
@@ -45,10 +67,6 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str]) -> N
         resources[part] = current
 
 
-def _container(obj_spec: dict, ask: req.ContainerAsk) -> dict:
-    return obj_spec[ask.list_key][ask.position]
-
-
 def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: int, policy: Policy,
         node: str | None = None) -> dict:
     """The pod as gpushard admits it: shares pinned to ``card``, env owned, metadata marked.
@@ -56,22 +74,22 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     ``node``, when placement found room there, becomes a soft preference: the scheduler may
     still pick any node whose card ``card`` has room, but packing follows the choice.
     """
-    new = copy.deepcopy(obj)
-    spec = new["spec"]
+    new = dict(obj)
+    spec = _own_spec(new)
     if node is not None and not spec.get("nodeName") and placement.preferred_node(spec) is None:
         _prefer_node(spec, node)
     res = policy.resources
     for ask in asks:
-        container = _container(spec, ask)
         if ask.holds_share:
+            container = _own_container(spec, ask)
             count = str(ask.shares)
             _set_resources(container, policy, {res.shares: count, res.card(card): count})
             set_env(container, names.VISIBLE_DEVICES_ENV, str(card))
             set_env(container, names.FRACTION_ENV, quantities.fraction_text(ask.shares, policy.shares_per_card))
         elif not ask.passthrough and policy.hide_unrequested_gpus:
-            set_env(container, names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
+            set_env(_own_container(spec, ask), names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
     if card is not None:
-        meta = new.setdefault("metadata", {})
+        meta = _own(new, "metadata")
         annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
         labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
         meta["annotations"] = {**annotations, names.CARD_ANNOTATION: str(card),
@@ -91,11 +109,14 @@ def _prefer_node(spec: dict, node: str) -> None:
 
 def template(obj: dict, path: tuple[str, ...], asks: list[req.ContainerAsk], policy: Policy) -> dict:
     """The workload with fractional asks turned into integer shares, so the API server accepts it."""
-    new = copy.deepcopy(obj)
-    spec = pod_template(new, path)["spec"]
+    new = dict(obj)
+    holder = new
+    for key in path:
+        holder = _own(holder, key)
+    spec = _own_spec(holder)
     for ask in asks:
         if ask.holds_share and ask.fraction is not None and ask.fraction < 1:
-            _set_resources(_container(spec, ask), policy, {policy.resources.shares: str(ask.shares)})
+            _set_resources(_own_container(spec, ask), policy, {policy.resources.shares: str(ask.shares)})
     return new
 
 
