@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,6 +27,8 @@ RES = policy_mod.Resources()
 CONFIGS = [{}, {"policy": {"wholeCards": "passthrough", "multiCard": "passthrough"}},
            {"sharesPerCard": 10, "policy": {"hideUnrequestedGpus": False, "placement": "spread"}}]
 _clients: dict[int, object] = {}
+# A bounded run in the suite; `make fuzz` runs a long one (GPUSHARD_FUZZ_EXAMPLES=20000).
+EXAMPLES = int(os.environ.get("GPUSHARD_FUZZ_EXAMPLES", "250"))
 
 
 def _client(config: int, view):
@@ -183,7 +186,7 @@ def _exercise(client, review: dict, envelope_intact: bool) -> None:
             _check_admitted(objects.patched(obj, response), kind)
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads(), dry_run=st.booleans(), operation=st.sampled_from(["CREATE", "CREATE", "UPDATE"]),
        config=st.integers(0, len(CONFIGS) - 1))
 def test_generated_workloads(view, workload, dry_run, operation, config):
@@ -202,7 +205,7 @@ def _paths(node, prefix=()):
             yield from _paths(value, (*prefix, i))
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(workload=workloads(), data=st.data(), config=st.integers(0, len(CONFIGS) - 1))
 def test_damaged_reviews(view, workload, data, config):
     client = _client(config, view)

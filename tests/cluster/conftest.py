@@ -30,3 +30,10 @@ def start_view(fake):
     yield start
     for view in views:
         view.close()
+
+
+@pytest.fixture(scope="module")
+def certs_dir(tmp_path_factory):
+    from tests.admission import objects
+
+    return objects.make_certs(tmp_path_factory.mktemp("certs") / "bundle")
