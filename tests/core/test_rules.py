@@ -9,6 +9,8 @@
 - a second pass over gpushard's own output changes nothing.
 """
 
+import dataclasses
+
 import pytest
 
 from tests import apiserver
@@ -279,3 +281,67 @@ def test_no_preference_without_room_or_for_a_pod_bound_to_a_node():
 def test_hostile_values_are_quoted_short():
     d = decide(pm.pod(pm.container("n" * 5000, "9" * 10000)))
     assert not d.allowed and len(d.message) < 300 and "..." in d.message
+
+
+def test_passthrough_containers_lose_a_user_visible_devices():
+    obj = pm.pod(pm.container("big", "1", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                                              {"name": "OTHER", "value": "1"}]), pm.container("log"))
+    d, new = admitted(obj, policy.Policy(whole_cards="passthrough"))
+    big, log = new["spec"]["containers"]
+    assert big["env"] == [{"name": "OTHER", "value": "1"}], "the device plugin's value must reach it"
+    assert big["resources"] == obj["spec"]["containers"][0]["resources"]
+    assert any("removed it" in w for w in d.warnings)
+    assert pm.env_of(log, names.VISIBLE_DEVICES_ENV) == ["void"]
+
+
+def test_ephemeral_debug_containers_are_hidden():
+    obj = admitted(pm.pod(pm.container("train", "0.5")))[1]
+    obj["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": "cuda",
+                                           "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]
+    req = decisions.Request(obj, "Pod", operation="UPDATE", sub_resource="ephemeralcontainers")
+    d = decisions.decide(req, POLICY, VIEW)
+    new = apiserver.admit(obj, apiserver.make_patch(obj, d.obj))
+    assert new["spec"]["ephemeralContainers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    assert new["spec"]["containers"] == obj["spec"]["containers"]
+    again = decisions.decide(dataclasses.replace(req, obj=new), POLICY, VIEW)
+    assert apiserver.make_patch(new, again.obj) == []
+    audit = decisions.decide(dataclasses.replace(req, mode="audit"), POLICY, VIEW)
+    assert [x.rule for x in audit.findings] == ["unhidden"]
+
+
+def test_reinvocation_keeps_the_card_without_placing_again():
+    d, new = admitted(pm.pod(pm.container("train", "0.6")))
+    # Another webhook added a container after gpushard; the card stays, no node is counted again.
+    new["spec"]["containers"].append(pm.container("mesh-proxy"))
+    full = placement.View(nodes=(placement.Node("node-a", cards=(placement.Card(0, 100, 100),
+                                                                   placement.Card(1, 100, 100))),))
+    again = decide(new, view=full)
+    assert again.allowed and again.card == d.card and again.node is None
+    assert not any(x.rule == "no-room" for x in again.findings)
+    assert pm.env_of(again.obj["spec"]["containers"][1], names.VISIBLE_DEVICES_ENV) == ["void"]
+
+
+@pytest.mark.parametrize("key", ["gpushard.io/card-01", "gpushard.io/card-\u00b3", "gpushard.io/card-" + "9" * 50,
+                                 "gpushard.io/card-x"])
+def test_card_resources_that_name_no_card_are_denied(key):
+    d = decide(pm.pod(pm.container("train", "20", resource="gpushard.io/gpu", extra={key: "20"})))
+    assert not d.allowed and d.code == 403 and "no card resource" in d.message
+
+
+def test_both_forms_are_denied_even_when_one_is_zero():
+    d = decide(pm.pod(pm.container("train", "0", extra={"gpushard.io/gpu": "50"})))
+    assert not d.allowed and "both" in d.message
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"affinity": {"nodeAffinity": [1]}}, "spec.affinity.nodeAffinity"),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": 5}}}}, "nodeSelectorTerms"),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": 5}]}}}}, "matchExpressions"),
+    ({"tolerations": {"key": "x"}}, "spec.tolerations"),
+    ({"nodeSelector": ["a"]}, "spec.nodeSelector"),
+])
+def test_malformed_scheduling_fields_are_a_400_naming_the_field(spec, field):
+    d = decide(pm.pod(pm.container("train", "0.5"), spec=spec))
+    assert not d.allowed and d.code == 400 and field in d.message

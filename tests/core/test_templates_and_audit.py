@@ -114,3 +114,31 @@ def test_warnings_stay_within_the_api_servers_limits():
     assert sum(len(w) for w in d.warnings) <= 4096
     assert "left out" in d.warnings[-1]
     assert all(len(k) <= 63 and "/" not in k for k in d.audit_annotations)
+
+
+def test_updates_that_leave_the_template_alone_pass_for_old_violators():
+    # A workload from before the namespace opted in: labels, scaling and deletion must still work.
+    old = workload("Deployment", pm.container("train", "2"))
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"] = {"team": "x"}
+    d = decisions.decide(decisions.Request(new, "Deployment", operation="UPDATE", old=old), POLICY, VIEW)
+    assert d.allowed and apiserver.make_patch(new, d.obj) == []
+    deleting = copy.deepcopy(new)
+    deleting["metadata"]["deletionTimestamp"] = "2026-11-29T10:00:00Z"
+    deleting["spec"]["template"]["spec"]["containers"][0]["image"] = "other"
+    d = decisions.decide(decisions.Request(deleting, "Deployment", operation="UPDATE", old=old), POLICY, VIEW)
+    assert d.allowed
+    # Changing the template is judged like a new one.
+    changed = copy.deepcopy(new)
+    changed["spec"]["template"]["spec"]["containers"][0]["image"] = "other"
+    d = decisions.decide(decisions.Request(changed, "Deployment", operation="UPDATE", old=old), POLICY, VIEW)
+    assert not d.allowed and "nvidia.com/gpu 2" in d.message
+
+
+def test_template_keeps_an_explicit_pin():
+    c = pm.container("train", "500m", extra={"gpushard.io/card-1": "50"})
+    obj = workload("Deployment", c)
+    d = decisions.decide(decisions.Request(obj, "Deployment"), POLICY, VIEW)
+    new = apiserver.admit(obj, apiserver.make_patch(obj, d.obj))
+    limits = apiserver.pod_spec(new)["containers"][0]["resources"]["limits"]
+    assert limits["gpushard.io/gpu"] == limits["gpushard.io/card-1"] == "50" and "nvidia.com/gpu" not in limits

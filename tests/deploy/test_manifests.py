@@ -223,6 +223,7 @@ def test_rules_cover_pods_and_exactly_the_template_kinds(base):
                     covered.setdefault(f"{group}/{resource}", set()).update(rule["operations"])
         expected = {name: {"CREATE", "UPDATE"} for name in plural.values()}
         expected["/pods"] = {"CREATE"}
+        expected["/pods/ephemeralcontainers"] = {"UPDATE"}
         assert covered == expected, hook["name"]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from webhook.core import findings as f
@@ -22,6 +23,8 @@ class Request:
     operation: str = "CREATE"
     mode: str = names.MODE_ENFORCE
     dry_run: bool = False
+    old: object = None  # the object before an UPDATE
+    sub_resource: str = ""
 
 
 @dataclass
@@ -123,6 +126,12 @@ def pod_rules(asks: list[req.ContainerAsk], policy: Policy) -> tuple[list[f.Find
     return found, shares, (pins[0] if len(pins) == 1 else None)
 
 
+def _shown(value: object) -> str:
+    if value is None:
+        return "''"
+    return value if isinstance(value, str) else "(from a reference)"
+
+
 def _visible_devices_findings(spec: dict, asks: list[req.ContainerAsk], card: int | None, mode: str,
                               policy: Policy) -> list[f.Finding]:
     """A user value for NVIDIA_VISIBLE_DEVICES that gpushard replaces (or would)."""
@@ -130,6 +139,13 @@ def _visible_devices_findings(spec: dict, asks: list[req.ContainerAsk], card: in
     verb = "replaced" if mode == names.MODE_ENFORCE else "would replace"
     for ask in asks:
         if ask.passthrough:
+            values = rewrite.env_value(spec[ask.list_key][ask.position], names.VISIBLE_DEVICES_ENV)
+            if values:
+                shown = _shown(values[0])
+                removed = "removed" if mode == names.MODE_ENFORCE else "would remove"
+                found.append(f.Finding(f.VISIBLE_DEVICES_SET, f.WARN, _clip(
+                    f"gpushard: container \"{ask.name}\" sets {names.VISIBLE_DEVICES_ENV}={shown}; {removed} it, "
+                    "so it sees only its own cards", WARNING_MAX), ask.name))
             continue
         if ask.holds_share:
             ours = str(card) if card is not None else None
@@ -139,7 +155,7 @@ def _visible_devices_findings(spec: dict, asks: list[req.ContainerAsk], card: in
             continue
         values = rewrite.env_value(spec[ask.list_key][ask.position], names.VISIBLE_DEVICES_ENV)
         if values and values != [ours]:
-            shown = values[0] if isinstance(values[0], str) else "(from a reference)"
+            shown = _shown(values[0])
             found.append(f.Finding(f.VISIBLE_DEVICES_SET, f.WARN, _clip(
                 f"gpushard: container \"{ask.name}\" sets {names.VISIBLE_DEVICES_ENV}={shown}; {verb} "
                 f"with {ours if ours is not None else 'its card'}", WARNING_MAX), ask.name))
@@ -166,6 +182,50 @@ def _audit_changes(spec: dict, asks: list[req.ContainerAsk], kind: str, policy: 
     return found
 
 
+EPHEMERAL = "ephemeralcontainers"
+
+
+def _placed_by_gpushard(obj: dict, pin: int) -> bool:
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    return annotations.get(names.CARD_ANNOTATION) == str(pin)
+
+
+def _template_untouched(request: Request, spec: dict) -> bool:
+    """An UPDATE that leaves the pod template alone, or one on an object being deleted.
+
+    Such updates (labels, scaling, status, a finalizer removed) must pass even for a workload
+    that predates the namespace's opt-in and breaks the rules, or it could never be deleted.
+    """
+    if request.kind == names.POD_KIND:
+        return False
+    meta = request.obj.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return True
+    if not isinstance(request.old, dict):
+        return False
+    try:
+        return spec_of(request.old, request.kind) == spec
+    except f.ObjectError:
+        return False
+
+
+def _ephemeral(obj: dict, spec: dict, audit: bool, policy: Policy) -> Decision:
+    """Debug containers added to a running pod hold no share: hide the node's cards from them."""
+    items = spec.get("ephemeralContainers")
+    if items is None or not policy.hide_unrequested_gpus:
+        return Decision(allowed=True, obj=None if audit else obj)
+    if not isinstance(items, list) or not all(isinstance(c, dict) for c in items):
+        raise f.ObjectError("spec.ephemeralContainers", "expected a list of mappings")
+    if audit:
+        found = [f.Finding(f.UNHIDDEN, f.WARN, (
+            f"gpushard: ephemeral container \"{c.get('name')}\" asks no GPU but may see every card of the node"),
+            str(c.get("name"))) for c in items
+            if rewrite.env_value(c, names.VISIBLE_DEVICES_ENV) != [names.VISIBLE_NONE]]
+        return Decision(allowed=True, findings=found)
+    return Decision(allowed=True, obj=rewrite.hide_ephemeral(obj, policy))
+
+
 def decide(request: Request, policy: Policy, view: placement.View | None) -> Decision:
     """The decision for one object, as /mutate and /audit answer and `gpushard review` prints."""
     kind, obj = request.kind, request.obj
@@ -176,11 +236,18 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         if not isinstance(obj.get("metadata", {}), dict):
             raise f.ObjectError("metadata", f"expected a mapping, got {type(obj['metadata']).__name__}")
         spec = spec_of(obj, kind)
-        if spec is None or (kind == names.POD_KIND and request.operation != "CREATE"):
+        if spec is None:
+            return Decision(allowed=True, obj=None if audit else obj)
+        if kind == names.POD_KIND and request.operation != "CREATE":
+            if request.sub_resource == EPHEMERAL:
+                return _ephemeral(obj, spec, audit, policy)
+            return Decision(allowed=True, obj=None if audit else obj)
+        if request.operation == "UPDATE" and _template_untouched(request, spec):
             return Decision(allowed=True, obj=None if audit else obj)
         asks = req.read_spec(spec, policy)
         if not asks:  # no containers: nothing to decide, and the API server will say what is missing
             return Decision(allowed=True, obj=None if audit else obj)
+        scheduling = placement.ask_from_spec(spec, 0, None) if kind == names.POD_KIND else None
     except f.ObjectError as exc:
         finding = f.Finding(f.UNREADABLE, f.DENY, str(exc))
         if audit:
@@ -209,8 +276,13 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         return Decision(allowed=True, obj=new, findings=found, shares=shares)
 
     card, node = None, None
-    if shares > 0:
-        choice = placement.choose(view, placement.ask_from_spec(spec, shares, pin), policy.placement)
+    if shares > 0 and pin is not None and _placed_by_gpushard(obj, pin):
+        # A reinvocation (another webhook changed the pod after gpushard did): keep the card,
+        # and neither place nor count the pod again.
+        card = pin
+    elif shares > 0:
+        ask = dataclasses.replace(scheduling, shares=shares, pin=pin)
+        choice = placement.choose(view, ask, policy.placement)
         card, node = choice.card, choice.node
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)

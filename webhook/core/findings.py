@@ -16,6 +16,7 @@ BOTH_FORMS = "both-forms"
 REQUESTS_DIFFER = "requests-differ"
 BAD_SHARES = "bad-shares"
 CONFLICTING_PINS = "conflicting-pins"
+BAD_CARD = "bad-card"
 PIN_MISMATCH = "pin-mismatch"
 POD_OVER_CARD = "pod-over-card"
 MIXED_PASSTHROUGH = "mixed-passthrough"
@@ -36,6 +37,7 @@ FIXES = {
     BOTH_FORMS: "use either the fraction or the shares resource, not both",
     REQUESTS_DIFFER: "set the same GPU value in requests and limits",
     BAD_SHARES: "ask a whole number of shares between 1 and sharesPerCard",
+    BAD_CARD: "name a card as gpushard.io/card-<index>, e.g. gpushard.io/card-1, or leave the choice to gpushard",
     CONFLICTING_PINS: "pin every container of the pod to the same card, or to none",
     PIN_MISMATCH: "give the card resource the same number as the shares resource",
     POD_OVER_CARD: "lower the containers' GPU asks so the pod fits on one card",

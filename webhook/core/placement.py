@@ -123,21 +123,47 @@ class Choice:
     findings: tuple[f.Finding, ...] = ()
 
 
+def _mapping(value: object, field: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise f.ObjectError(field, f"expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _dicts(value: object, field: str) -> tuple[dict, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise f.ObjectError(field, "expected a list of mappings")
+    return tuple(value)
+
+
 def ask_from_spec(spec: dict, shares: int, pin: int | None) -> Ask:
-    """Placement's view of a pod spec (tolerant of missing fields)."""
-    affinity = spec.get("affinity") or {}
-    node_aff = (affinity.get("nodeAffinity") or {}) if isinstance(affinity, dict) else {}
-    required = node_aff.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    terms = required.get("nodeSelectorTerms") or [] if isinstance(required, dict) else []
-    selector = spec.get("nodeSelector") or {}
-    tolerations = spec.get("tolerations") or []
+    """Placement's view of a pod spec; scheduling fields of the wrong shape are an ObjectError."""
+    affinity = _mapping(spec.get("affinity"), "spec.affinity")
+    node_aff = _mapping(affinity.get("nodeAffinity"), "spec.affinity.nodeAffinity")
+    required = _mapping(node_aff.get("requiredDuringSchedulingIgnoredDuringExecution"),
+                        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution")
+    terms = _dicts(required.get("nodeSelectorTerms"), "nodeSelectorTerms")
+    for i, term in enumerate(terms):
+        for part in ("matchExpressions", "matchFields"):
+            for expr in _dicts(term.get(part), f"nodeSelectorTerms[{i}].{part}"):
+                values = expr.get("values")
+                if values is not None and (not isinstance(values, list)
+                                           or not all(isinstance(v, str) for v in values)):
+                    raise f.ObjectError(f"nodeSelectorTerms[{i}].{part}.values", "expected a list of strings")
+    selector = _mapping(spec.get("nodeSelector"), "spec.nodeSelector")
+    node_name = spec.get("nodeName") or None
+    if node_name is not None and not isinstance(node_name, str):
+        raise f.ObjectError("spec.nodeName", f"expected a string, got {type(node_name).__name__}")
     return Ask(
         shares=shares,
         pin=pin,
-        node_name=spec.get("nodeName") or None,
-        node_selector=selector if isinstance(selector, dict) else {},
-        required_terms=tuple(t for t in terms if isinstance(t, dict)),
-        tolerations=tuple(t for t in tolerations if isinstance(t, dict)),
+        node_name=node_name,
+        node_selector={str(k): str(v) for k, v in selector.items()},
+        required_terms=terms,
+        tolerations=_dicts(spec.get("tolerations"), "spec.tolerations"),
     )
 
 
@@ -480,8 +506,9 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack") -> Choice:
     mask = view._topology.mask(ask) & (usage.has_any if ask.pin is None else usage.has_k.get(ask.pin, 0))
     if not mask:
         k = ask.pin if ask.pin is not None else 0
-        return Choice(k, findings=(_warn(f.NO_MATCHING_NODE, f"no shared node matches this pod's "
-                                         f"scheduling rules; card {k} chosen, the pod may stay Pending"),))
+        why = (f"no shared node with card {k} matches this pod's scheduling rules" if ask.pin is not None
+               else "no shared node matches this pod's scheduling rules")
+        return Choice(k, findings=(_warn(f.NO_MATCHING_NODE, f"{why}; card {k} chosen, the pod may stay Pending"),))
     hit = usage.search(mask, ask.pin, ask.shares, strategy)
     if hit is None:
         _pos, k = usage.most_free(mask, ask.pin)

@@ -25,7 +25,8 @@ class Resources:
         if not resource.startswith(self.card_prefix):
             return None
         tail = resource[len(self.card_prefix):]
-        if not tail.isdigit() or (len(tail) > 1 and tail.startswith("0")):
+        # ASCII digits only ("³" is a digit to str.isdigit), and few of them: no card index is huge.
+        if not (tail.isascii() and tail.isdigit()) or len(tail) > 9 or (len(tail) > 1 and tail.startswith("0")):
             return None
         return int(tail)
 

@@ -118,6 +118,12 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
 
     fraction, fraction_text = one_value(res.fraction)
     shares_q, shares_text = one_value(res.shares)
+    for key in sorted(set(limits) | set(requests)):
+        if isinstance(key, str) and key.startswith(res.card_prefix) and res.card_index(key) is None:
+            deny(f.BAD_CARD, f"names {_text(key)!r}, which is no card resource (cards are "
+                 f"{res.card_prefix}0, {res.card_prefix}1, ...)")
+    if ask.denied:
+        return ask
     pins = sorted(i for i in (res.card_index(k) for k in set(limits) | set(requests)) if i is not None)
     pin_values = {}
     for k in pins:
@@ -130,7 +136,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
     if len(pins) > 1:
         deny(f.CONFLICTING_PINS, f"names cards {', '.join(map(str, pins))}; a pod may use one card")
         return ask
-    if fraction is not None and shares_q is not None and fraction and shares_q:
+    if fraction is not None and shares_q is not None:
         deny(f.BOTH_FORMS, f"asks both {res.fraction} {fraction_text} and {res.shares} {shares_text}; use one")
         return ask
 

@@ -53,6 +53,22 @@ def set_env(container: dict, name: str, value: str) -> None:
     container["env"].append({"name": name, "value": value})
 
 
+def remove_env(container: dict, name: str) -> None:
+    env = container.get("env")
+    if isinstance(env, list):
+        container["env"] = [e for e in env if not (isinstance(e, dict) and e.get("name") == name)]
+
+
+def hide_ephemeral(obj: dict, policy: Policy) -> dict:
+    """The pod with NVIDIA_VISIBLE_DEVICES=void in every ephemeral (debug) container."""
+    new = dict(obj)
+    spec = _own(new, "spec")
+    spec["ephemeralContainers"] = [dict(c) for c in spec["ephemeralContainers"]]
+    for container in spec["ephemeralContainers"]:
+        set_env(container, names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
+    return new
+
+
 def _set_resources(container: dict, policy: Policy, wanted: dict[str, str]) -> None:
     """Replace every GPU resource in limits and requests by ``wanted``, keeping the rest."""
     res = policy.resources
@@ -86,7 +102,12 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
             _set_resources(container, policy, {res.shares: count, res.card(card): count})
             set_env(container, names.VISIBLE_DEVICES_ENV, str(card))
             set_env(container, names.FRACTION_ENV, quantities.fraction_text(ask.shares, policy.shares_per_card))
-        elif not ask.passthrough and policy.hide_unrequested_gpus:
+        elif ask.passthrough:
+            # Whole cards from another device plugin: its value must reach the container, not a
+            # user's "all" (the container's own env wins over the plugin's).
+            if env_value(spec[ask.list_key][ask.position], names.VISIBLE_DEVICES_ENV):
+                remove_env(_own_container(spec, ask), names.VISIBLE_DEVICES_ENV)
+        elif policy.hide_unrequested_gpus:
             set_env(_own_container(spec, ask), names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
     if card is not None:
         meta = _own(new, "metadata")
@@ -116,7 +137,10 @@ def template(obj: dict, path: tuple[str, ...], asks: list[req.ContainerAsk], pol
     spec = _own_spec(holder)
     for ask in asks:
         if ask.holds_share and ask.fraction is not None and ask.fraction < 1:
-            _set_resources(_own_container(spec, ask), policy, {policy.resources.shares: str(ask.shares)})
+            wanted = {policy.resources.shares: str(ask.shares)}
+            if ask.pin is not None:  # an explicit pin stays: every pod of the workload keeps it
+                wanted[policy.resources.card(ask.pin)] = str(ask.shares)
+            _set_resources(_own_container(spec, ask), policy, wanted)
     return new
 
 
