@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -129,16 +130,19 @@ def write_file(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
+MAX_DAYS = 3650
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
 def write_bundle(out: str | Path, service: str = "gpushard", namespace: str = "gpushard-system",
                  days: int = 365) -> list[Path]:
     """Make ``ca.crt``, ``tls.crt`` and ``tls.key`` (mode 0600) in ``out``; the paths written."""
     out = Path(out)
-    if days < 1:
-        raise CertificateError(f"gpushard: --days must be at least 1, got {days}")
+    if not 1 <= days <= MAX_DAYS:
+        raise CertificateError(f"gpushard: --days must be from 1 to {MAX_DAYS}, got {days}")
     for label, value in (("service", service), ("namespace", namespace)):
-        # A DNS label: what a Service or namespace name is.
-        if not value or len(value) > 63 or not all(c.isalnum() or c == "-" for c in value) \
-                or value[0] == "-" or value[-1] == "-" or value.lower() != value:
+        # A DNS label, as a Service or namespace name is (ASCII only: "ü" is alphanumeric to str).
+        if not _DNS_LABEL.match(value or ""):
             raise CertificateError(f"gpushard: --{label} {value!r} is not a DNS label (lowercase letters, "
                                    "digits and '-', at most 63 characters)")
     try:

@@ -71,7 +71,9 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
     prefix = res.get("cardPrefix", defaults.card_prefix)
     for key, value, pattern in (("fraction", fraction, _RESOURCE), ("shares", shares, _RESOURCE),
                                 ("cardPrefix", prefix, _PREFIX)):
-        if not isinstance(value, str) or not pattern.match(value) or value.startswith("kubernetes.io/"):
+        # The kubelet takes anything in the kubernetes.io domain (or a subdomain) as a native resource.
+        if not isinstance(value, str) or not pattern.match(value) or "kubernetes.io/" in value \
+                or value.startswith("requests."):
             raise SettingsError(f"resources.{key}: {value!r} is not an extended resource name (domain/name)")
     if len({fraction, shares}) < 2 or shares.startswith(prefix) or fraction.startswith(prefix):
         raise SettingsError("resources: fraction, shares and cardPrefix must name different resources")
@@ -108,4 +110,5 @@ def load(path: str | Path | None) -> Settings:
     try:
         return from_mapping(data, source=str(path))
     except SettingsError as exc:
-        raise SettingsError(f"{path}: {exc}") from None
+        message = str(exc)
+        raise SettingsError(message if message.startswith(f"{path}:") else f"{path}: {message}") from None

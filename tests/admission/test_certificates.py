@@ -106,9 +106,16 @@ def test_an_unwritable_place_is_a_gpushard_error(tmp_path):
     assert str(exc.value).startswith("gpushard:")
 
 
-@pytest.mark.parametrize("service, namespace", [("Bad_Name", "ns"), ("ok", "-x"), ("", "ns"), ("a" * 64, "ns")])
+@pytest.mark.parametrize("service, namespace", [("Bad_Name", "ns"), ("ok", "-x"), ("", "ns"), ("a" * 64, "ns"),
+                                                ("gp\u00fcshard", "ns")])
 def test_names_that_are_no_dns_labels_are_refused(tmp_path, service, namespace):
     with pytest.raises(certificates.CertificateError) as exc:
         certificates.write_bundle(tmp_path, service=service, namespace=namespace)
     assert str(exc.value).startswith("gpushard:")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("days", [0, -1, 10_000_000])
+def test_lifetimes_out_of_range_are_refused(tmp_path, days):
+    with pytest.raises(certificates.CertificateError, match="--days must be from 1 to"):
+        certificates.write_bundle(tmp_path, days=days)

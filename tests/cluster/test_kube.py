@@ -232,3 +232,16 @@ def test_odd_nodes_are_read_tolerantly():
     obj["metadata"]["annotations"] = {names.INVENTORY_ANNOTATION: '[{"index": 3, "uuid": "GPU-3"}, 7, {"index": -1}]'}
     assert [c.index for c in kube.read_node(obj, Policy()).cards] == [0, 1, 2, 3]
     assert kube.read_node(o.node("cpu"), Policy()) is None
+
+
+def test_an_unreadable_object_is_skipped_and_the_watch_goes_on(fake, start_view):
+    fake.put("nodes", o.node("gpu-a", {0: 100}))
+    broken = o.node("gpu-bad", {0: 100})
+    broken["status"]["allocatable"] = 5  # no mapping: reading it raises
+    fake.put("nodes", broken)  # in the first list
+    view = start_view()
+    o.wait_for(view.snapshot, what="the first sync despite an odd node")
+    fake.put("nodes", broken)  # and as a watch event
+    fake.put("nodes", o.node("gpu-b", {0: 100}))
+    o.wait_for(lambda: _node(view.snapshot(), "gpu-b"), what="events after the odd one")
+    assert _node(view.snapshot(), "gpu-a") is not None and _node(view.snapshot(), "gpu-bad") is None

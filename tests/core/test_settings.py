@@ -105,3 +105,24 @@ def test_bad_cluster_files_name_the_field(tmp_path, text, named):
     with pytest.raises(static.ViewFileError) as err:
         static.load(path, 100)
     assert named in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["example.kubernetes.io/gpu", "requests.example.com/gpu"])
+def test_resource_names_the_kubelet_would_refuse_are_refused(name):
+    with pytest.raises(settings.SettingsError, match="resources.shares"):
+        settings.from_mapping({"resources": {"shares": name}})
+
+
+def test_a_config_that_is_no_mapping_names_its_file_once(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("[1, 2]\n")
+    with pytest.raises(settings.SettingsError) as err:
+        settings.load(path)
+    assert str(err.value).count(str(path)) == 1
+
+
+def test_a_node_listed_twice_is_refused(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes: [{name: a, cards: [{index: 0}]}, {name: a, cards: [{index: 1}]}]\n")
+    with pytest.raises(static.ViewFileError, match=r"nodes\[1\].name: node 'a' is listed twice"):
+        static.load(path, 100)

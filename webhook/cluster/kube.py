@@ -95,7 +95,7 @@ def read_node(obj: dict, policy: Policy) -> placement.Node | None:
     inventory: dict[int, dict] = {}
     try:
         listed = json.loads((meta.get("annotations") or {}).get(names.INVENTORY_ANNOTATION) or "[]")
-    except ValueError:
+    except (ValueError, RecursionError):
         listed = []
     for item in listed if isinstance(listed, list) else ():
         if isinstance(item, dict) and isinstance(item.get("index"), int) and item["index"] >= 0:
@@ -379,7 +379,7 @@ class KubeView:
             if resource == NODES:
                 fresh = {}
                 for obj in items:
-                    node = read_node(obj, self._policy)
+                    node = _tolerant(read_node, obj, self._policy)
                     if node is not None:
                         fresh[node.name] = node
                 touched |= set(self._base) | set(fresh)
@@ -387,7 +387,7 @@ class KubeView:
             else:
                 seen = {}
                 for obj in items:
-                    seen[_uid(obj)] = read_pod(obj, self._policy)
+                    seen[_uid(obj)] = _tolerant(read_pod, obj, self._policy)
                 for uid in [u for u in self._pods if u not in seen]:
                     touched |= self._set_pod(uid, None)
                 for uid, pod in seen.items():
@@ -438,7 +438,12 @@ class KubeView:
                     raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self._apply_event(resource, kind, obj)
+                    try:
+                        self._apply_event(resource, kind, obj)
+                    except Exception:  # noqa: BLE001
+                        # One object the view cannot read must not stop the watch: resuming from
+                        # the same version would replay it for ever and freeze the view.
+                        log.exception("gpushard: skipped a %s event the view could not read", resource)
         finally:
             self._responses.pop(resource, None)
             response.release_conn()
@@ -469,6 +474,16 @@ class KubeView:
                             status or type(exc).__name__, delay)
                 self._stop.wait(delay)
                 delay = min(delay * 2, self._backoff[1])
+
+
+def _tolerant(reader, obj: dict, policy: Policy):
+    """``reader(obj, policy)``, or None (logged) for an object it cannot read: one odd object
+    must not make every list fail and the view never sync."""
+    try:
+        return reader(obj, policy)
+    except Exception:  # noqa: BLE001
+        log.exception("gpushard: the view skipped an object it could not read")
+        return None
 
 
 def _uid(obj: dict) -> str:

@@ -42,6 +42,7 @@ def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.
     if not isinstance(data, dict) or not isinstance(data.get("nodes", []), list):
         raise ViewFileError(f"{source}: expected a mapping with a list under 'nodes'")
     nodes = []
+    seen: set[str] = set()
     for i, raw in enumerate(data.get("nodes") or []):
         where = f"nodes[{i}]"
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
@@ -71,6 +72,9 @@ def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.
         indexes = [c.index for c in cards]
         if len(set(indexes)) != len(indexes):
             raise ViewFileError(f"{where}.cards: card indexes repeat: {indexes}")
+        if raw["name"] in seen:
+            raise ViewFileError(f"{where}.name: node {raw['name']!r} is listed twice")
+        seen.add(raw["name"])
         nodes.append(placement.Node(
             name=raw["name"],
             labels=_str_map(f"{where}.labels", raw.get("labels")),
@@ -115,8 +119,9 @@ class StaticView:
         return True
 
     def snapshot(self) -> placement.View:
-        entries = self._entries
-        if entries and entries[0][0] <= self._clock():
+        with self._lock:
+            due = bool(self._entries) and self._entries[0][0] <= self._clock()
+        if due:
             with self._lock:
                 now, touched = self._clock(), set()
                 while self._entries and self._entries[0][0] <= now:
