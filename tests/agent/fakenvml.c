@@ -2,7 +2,8 @@
  *
  * Controlled through files in $FAKE_NVML_DIR:
  *   cards          the number of cards (default 2); card k has UUID GPU-fake-000k
- *   lost-<k>       while it exists, card k answers NVML_ERROR_GPU_IS_LOST
+ *   lost-<k>       while it exists, card k answers NVML_ERROR_GPU_IS_LOST, and so does the event set's
+ *                  wait (as the real one does, without saying which card)
  *   xid-<k>        holds an Xid number; the event set reports it once for card k, then deletes the file
  */
 #include <stdint.h>
@@ -124,6 +125,8 @@ int nvmlEventSetWait_v2(void *set, event_data_t *data, unsigned int timeout_ms) 
     struct timespec step = {0, 10 * 1000 * 1000};
     (void)set;
     for (unsigned int waited = 0;; waited += 10) {
+        for (int k = 0; k < card_count(); k++)
+            if ((registered & (1ULL << k)) && lost(k)) return NVML_ERROR_GPU_IS_LOST;
         for (int k = 0; k < card_count(); k++) {
             char path[512];
             int xid;

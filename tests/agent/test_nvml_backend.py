@@ -2,6 +2,8 @@
 - discovery: index, UUID, model and memory in MiB for every card;
 - Xid events: application Xids are ignored, a critical Xid marks only its card Unhealthy, and it stays so;
 - a card that stops answering NVML is lost, and is Healthy again when it answers;
+- NVML's "a GPU is lost" from the event set: the cards are probed at once and only the silent one is lost;
+  another card's Xid survives that loss and its recovery, while the lost card's own Xid is cleared by it;
 - `gpushard agent` on that backend registers every card and pins Allocate to the card's UUID.
 The library is loaded by soname, so each check runs in a child process with LD_LIBRARY_PATH set.
 """
@@ -13,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -25,7 +28,7 @@ SOURCE = pathlib.Path(__file__).with_name("fakenvml.c")
 DRIVER = """
 import dataclasses, json, sys
 from webhook.agent import nvml
-devices = nvml.NvmlDevices(probe_interval=0.05)
+devices = nvml.NvmlDevices(probe_interval=float(sys.argv[1]))
 print(json.dumps([dataclasses.asdict(c) for c in devices.cards()]), flush=True)
 for line in sys.stdin:
     event = devices.wait_event(float(line))
@@ -59,8 +62,8 @@ def put(control: pathlib.Path, name: str, text: str = "") -> None:
 class Driver:
     """The backend in a child process: one wait_event per request, answered as a JSON line."""
 
-    def __init__(self, env):
-        self.proc = subprocess.Popen([sys.executable, "-c", DRIVER], cwd=ROOT, env=env, text=True,
+    def __init__(self, env, probe_interval: float = 0.05):
+        self.proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(probe_interval)], cwd=ROOT, env=env, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.cards = self._read()
 
@@ -74,6 +77,13 @@ class Driver:
         self.proc.stdin.write(f"{seconds}\n")
         self.proc.stdin.flush()
         return self._read()
+
+    def events(self, quiet: float = 0.3):
+        """Every event until none comes for ``quiet`` seconds, as (uuid, healthy, present)."""
+        found = []
+        while (event := self.wait_event(quiet)) is not None:
+            found.append((event["uuid"], event["healthy"], event["present"]))
+        return found
 
     def close(self):
         self.proc.stdin.close()
@@ -112,6 +122,43 @@ def test_discovery_and_health_through_nvml(fake_nvml):
 
         # Card 0's Xid is not forgotten while it keeps answering.
         assert driver.wait_event(0.3) is None
+    finally:
+        driver.close()
+
+
+def test_a_lost_card_leaves_another_card_s_xid_alone(fake_nvml):
+    env, control = fake_nvml
+    put(control, "cards", "3")
+    driver = Driver(env)
+    try:
+        put(control, "xid-0", "48")
+        assert driver.events() == [("GPU-fake-0000", False, True)]
+        put(control, "xid-2", "79")
+        assert driver.events() == [("GPU-fake-0002", False, True)]
+
+        # The event set says only that some GPU is lost; card 0 was never reset and stays Unhealthy.
+        put(control, "lost-1")
+        put(control, "lost-2")
+        assert sorted(driver.events()) == [("GPU-fake-0001", False, False), ("GPU-fake-0002", False, False)]
+        (control / "lost-1").unlink()
+        (control / "lost-2").unlink()
+        # Card 2 fell off the bus and came back, so it was reset: its Xid goes with it.
+        assert sorted(driver.events()) == [("GPU-fake-0001", True, True), ("GPU-fake-0002", True, True)]
+        assert driver.events(0.5) == []
+    finally:
+        driver.close()
+
+
+def test_a_lost_gpu_is_probed_at_once_and_only_it_is_lost(fake_nvml):
+    env, control = fake_nvml
+    put(control, "cards", "2")
+    # No probe is due for a minute: only the event set's answer can find the lost card in time.
+    driver = Driver(env, probe_interval=60)
+    try:
+        put(control, "lost-1")
+        started = time.monotonic()
+        assert driver.events() == [("GPU-fake-0001", False, False)]
+        assert time.monotonic() - started < 5
     finally:
         driver.close()
 
