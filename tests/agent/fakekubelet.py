@@ -27,23 +27,45 @@ def remove_tree(path: str) -> None:
 
 
 class FakeKubelet:
-    """Serves v1beta1.Registration on <directory>/kubelet.sock and records every RegisterRequest."""
+    """Serves v1beta1.Registration on <directory>/kubelet.sock and records every RegisterRequest.
 
-    def __init__(self, directory: str) -> None:
+    Like the real kubelet, it dials the plugin's endpoint as soon as a plugin registers and asks for its
+    options. A plugin that does not answer yet is refused with an error and noted in ``refused``; the
+    real kubelet would have dropped it for good, so ``wait_for`` fails on any refusal.
+    """
+
+    def __init__(self, directory: str, dial_timeout: float = 1.0) -> None:
         self.directory = directory
         self.path = os.path.join(directory, KUBELET_SOCKET)
+        self.dial_timeout = dial_timeout
         self.requests: list[pb.RegisterRequest] = []
+        self.refused: list[tuple[pb.RegisterRequest, str]] = []
         self._cond = threading.Condition()
         self._server: grpc.Server | None = None
+
+    def _options(self, request: pb.RegisterRequest) -> str | None:
+        """Why the plugin behind ``request`` cannot be used, or None when it answers."""
+        endpoint = os.path.join(self.directory, request.endpoint)
+        try:
+            with grpc.insecure_channel(f"unix://{endpoint}") as channel:
+                pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=self.dial_timeout)
+        except grpc.RpcError as exc:
+            return f"cannot reach {endpoint}: {exc.code().name} {exc.details()}"
+        return None
 
     def start(self) -> FakeKubelet:
         fake = self
 
         class Registration(pb_grpc.RegistrationServicer):
             def Register(self, request, context):
+                problem = fake._options(request)
                 with fake._cond:
                     fake.requests.append(request)
+                    if problem is not None:
+                        fake.refused.append((request, problem))
                     fake._cond.notify_all()
+                if problem is not None:
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
                 return pb.Empty()
 
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -62,10 +84,16 @@ class FakeKubelet:
             pass
 
     def wait_for(self, resource_names: set[str], timeout: float = 5.0) -> dict[str, pb.RegisterRequest]:
-        """The latest request for each name, once all have registered; fails after ``timeout``."""
+        """The latest request for each name, once all have registered; fails after ``timeout``.
+
+        Fails at once if any registration was refused because its plugin did not answer.
+        """
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
+                if self.refused:
+                    request, problem = self.refused[0]
+                    raise AssertionError(f"{request.resource_name} registered while not serving: {problem}")
                 latest = {r.resource_name: r for r in self.requests}
                 if resource_names <= set(latest):
                     return latest

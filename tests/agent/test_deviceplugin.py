@@ -1,5 +1,6 @@
 """We test, over real gRPC on real unix sockets, with a fake kubelet:
-- the agent serves first, then registers every resource with version v1beta1, its socket name and options;
+- the agent serves first, then registers every resource with version v1beta1, its socket name and options
+  (the fake kubelet dials each plugin as it registers, and refuses one that does not answer yet);
 - every RPC as the kubelet calls it: options, ListAndWatch, GetPreferredAllocation, Allocate, PreStartContainer;
 - Allocate's env for each card, none for the shares resource, INVALID_ARGUMENT for a foreign ID;
 - a health change (and its recovery) arriving on open ListAndWatch streams, and only where it matters;
@@ -16,6 +17,7 @@ import pytest
 
 from tests.agent import fakekubelet
 from webhook import settings
+from webhook.agent import kubelet as agent_kubelet
 from webhook.agent import nvml, running
 from webhook.agent.proto import deviceplugin_pb2 as pb
 
@@ -72,9 +74,20 @@ def test_every_resource_registers_with_version_endpoint_and_options(agent, kubel
         assert not os.path.isabs(request.endpoint)
         assert request.options.get_preferred_allocation_available is True
         assert request.options.pre_start_required is False
-        # Served before registering: the socket answers as soon as the registration is seen.
+        # Served before registering: the fake kubelet dialled it while registering, and it still answers.
         with fakekubelet.PluginClient(plugin_dir, endpoint) as c:
             assert c.stub.GetDevicePluginOptions(pb.Empty(), timeout=2) == request.options
+
+
+def test_the_fake_kubelet_refuses_a_plugin_that_is_not_serving(kubelet):
+    # Without this, the serve-before-register checks above could never fail.
+    with pytest.raises(grpc.RpcError) as err:
+        agent_kubelet.register(kubelet.path, "nobody-here.sock", "gpushard.io/gpu", timeout=5)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "nobody-here.sock" in err.value.details()
+    assert [r.endpoint for r, _ in kubelet.refused] == ["nobody-here.sock"]
+    with pytest.raises(AssertionError, match="gpushard.io/gpu registered while not serving"):
+        kubelet.wait_for({"gpushard.io/gpu"}, timeout=1)
 
 
 def test_list_and_watch_sends_each_resource_s_shares(agent, kubelet, plugin_dir):

@@ -78,10 +78,13 @@ class Driver:
         self.proc.stdin.flush()
         return self._read()
 
-    def events(self, quiet: float = 0.3):
-        """Every event until none comes for ``quiet`` seconds, as (uuid, healthy, present)."""
+    def events(self, quiet: float = 0.3, most: int = 8):
+        """Every event until none comes for ``quiet`` seconds, as (uuid, healthy, present).
+
+        Stops after ``most``, so that a card flapping between two states fails the test, not hangs it.
+        """
         found = []
-        while (event := self.wait_event(quiet)) is not None:
+        while len(found) < most and (event := self.wait_event(quiet)) is not None:
             found.append((event["uuid"], event["healthy"], event["present"]))
         return found
 

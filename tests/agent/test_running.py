@@ -4,6 +4,7 @@
 - without NVML and without a fake inventory it stops with a clear `gpushard:` message and status 3;
 - a bad inventory file, a bad poll interval, or publishing without a node name, stops it with status 2;
 - no API credentials while publishing stops it with status 4; a device-plugin folder it cannot make, status 1;
+- a socket it cannot bind (its path too long for a unix socket) stops it with a `gpushard:` message and status 1;
 - its flags and their defaults (the layering is checked for every module in tests/test_layers.py).
 """
 
@@ -135,6 +136,19 @@ def test_a_device_plugin_dir_it_cannot_create_exits_1(tmp_path):
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == running.EXIT_SERVE == 1
     assert "\ngpushard: cannot serve the device plugins in" in "\n" + err
+
+
+def test_a_socket_it_cannot_bind_exits_1_with_a_message(tmp_path):
+    # Too long for sockaddr_un: grpc refuses to bind, with an error of its own kind.
+    folder = tmp_path / ("d" * max(1, 110 - len(str(tmp_path))))
+    proc = agent_process("--allow-no-gpus", "--device-plugin-dir", str(folder), "--no-publish")
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == running.EXIT_SERVE == 1
+    assert "Traceback" not in err
+    assert "\ngpushard: cannot serve the device plugins in" in "\n" + err
+    assert "gpushard-io-gpu.sock" in err
+    assert "must be at most 107" in err
+    assert os.listdir(folder) == []
 
 
 def test_agent_flags_and_defaults():

@@ -84,6 +84,18 @@ class Servicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
+# sockaddr_un holds 108 bytes, the last one a NUL.
+MAX_SOCKET_PATH = 107
+
+
+def _bind_reason(path: str, grpc_reason: str) -> str:
+    # grpc's own message names no cause; a path too long is one we can tell for sure from here.
+    size = len(os.fsencode(path))
+    if size > MAX_SOCKET_PATH:
+        return f"the path is {size} bytes, and a unix socket path must be at most {MAX_SOCKET_PATH}"
+    return grpc_reason
+
+
 class PluginServer:
     """One resource's gRPC server on ``<directory>/<endpoint>``; restartable after the kubelet wipes it."""
 
@@ -114,7 +126,14 @@ class PluginServer:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers,
                                                         thread_name_prefix=f"dp-{self.resource.endpoint}"))
         pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
-        server.add_insecure_port(f"unix://{self.path}")
+        try:
+            bound = server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError as exc:  # grpc's word for any bind failure; callers expect an OSError
+            bound, reason = 0, str(exc)
+        else:
+            reason = "grpc could not bind it"
+        if not bound:
+            raise OSError(f"cannot listen on {self.path}: {_bind_reason(self.path, reason)}")
         server.start()
         self._server = server
         self.inode = os.stat(self.path).st_ino

@@ -293,7 +293,9 @@ class NvmlDevices:
             self._pending.append(HealthEvent(uuid, healthy=after[0], present=after[1], reason=reason))
 
     def _probe(self) -> None:
+        """Ask every card; the only place that marks a card lost or brings one back."""
         nv = self._nvml
+        self._next_probe = time.monotonic() + self._probe_interval
         for card in self._cards:
             try:
                 handle = nv.nvmlDeviceGetHandleByUUID(card.uuid)
@@ -302,7 +304,8 @@ class NvmlDevices:
                 self._set(card.uuid, f"card does not answer NVML: {exc}", lost=True)
                 continue
             if self._state[card.uuid]["lost"]:
-                # A card that comes back has been reset, which also clears an earlier Xid.
+                # This card was seen silent and answers again, so it has been reset, which also
+                # clears an earlier Xid. A card never seen silent keeps its Xid.
                 self._set(card.uuid, "card answers NVML again", lost=False, xid=False)
 
     def _wait_xid(self, timeout: float) -> None:
@@ -316,10 +319,10 @@ class NvmlDevices:
             if getattr(exc, "value", None) == nv.NVML_ERROR_TIMEOUT:
                 return
             if getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST:
-                # NVML cannot say which card; mark all lost and let the probe bring back the living.
+                # NVML does not say which card. Marking them all lost would pull every card out of
+                # service, and the living ones coming back would wrongly clear their Xids; ask each.
                 pending = len(self._pending)
-                for card in self._cards:
-                    self._set(card.uuid, "NVML reports a GPU is lost", lost=True)
+                self._probe()
                 if len(self._pending) == pending:
                     time.sleep(timeout)  # the set keeps answering at once; do not spin on it
                 return
@@ -345,7 +348,6 @@ class NvmlDevices:
             while not self._pending:
                 now = time.monotonic()
                 if now >= self._next_probe:
-                    self._next_probe = now + self._probe_interval
                     self._probe()
                     continue
                 remaining = deadline - now
