@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import textwrap
+import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
@@ -51,6 +52,24 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark else problem
 
 
+def _text_keys(value: object) -> object:
+    """Mapping keys as text, as kubectl writes YAML into JSON (`5:` becomes "5", `true:` "true"), so that
+    the audit reads what the API server would receive."""
+    if isinstance(value, dict):
+        return {_key_text(k): _text_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_text_keys(v) for v in value]
+    return value
+
+
+def _key_text(key: object) -> str:
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, (bool, int, float)):
+        return json.dumps(key)
+    return str(key)
+
+
 def parse_text(text: str, name: str, as_json: bool = False) -> list[audit.Located]:
     """The objects in one file's text: YAML documents (or one JSON value), List kinds expanded."""
     if as_json:
@@ -71,7 +90,7 @@ def parse_text(text: str, name: str, as_json: bool = False) -> list[audit.Locate
             raise UsageError(f"gpushard: {name}: document {number} is not valid YAML: {_yaml_problem(exc)}") from None
         if doc is None:
             continue  # an empty document, as helm leaves between templates
-        out += _expand(doc, f"{name}#{number}")
+        out += _expand(_text_keys(doc), f"{name}#{number}")
     return out
 
 
@@ -292,12 +311,30 @@ def audit_table(items: list[audit.Item], audited: int, width: int) -> str:
 
 def _audited(objects: list[audit.Located]) -> int:
     kinds = {audit.NAMESPACE_KIND, audit.NODE_KIND, names.POD_KIND, *names.TEMPLATE_PATHS}
-    return sum(1 for o in objects if o.obj.get("kind") in kinds)
+    return sum(1 for o in objects if isinstance(o.obj.get("kind"), str) and o.obj["kind"] in kinds)
+
+
+def _failed(command: str, exc: Exception, args: argparse.Namespace, err: IO[str]) -> int:
+    """An error nobody foresaw: one gpushard: line, the traceback only with --debug, and exit 2,
+    so that exit 1 keeps meaning "findings" to scripts and CI."""
+    debug = bool(getattr(args, "debug", False))
+    if debug:
+        traceback.print_exception(exc, file=err)
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" in {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    reason = " ".join(str(exc).split())
+    reason = f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
+    if len(reason) > 200:
+        reason = reason[:197] + "..."
+    hint = "" if debug else "; run it again with --debug for the traceback"
+    print(f"gpushard: {command} stopped by an unexpected error{where}: {reason}{hint}", file=err)
+    return EXIT_USAGE
 
 
 def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, out: IO[str] | None = None,
               err: IO[str] | None = None) -> int:
-    """`gpushard audit`: 1 when anything is found, 0 when clean, 2 when the input cannot be read."""
+    """`gpushard audit`: 1 when anything is found, 0 when clean, 2 when the input cannot be read or the
+    audit fails."""
     stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
     try:
         if args.files:
@@ -305,15 +342,18 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
         else:
             client = api_client(getattr(args, "kubeconfig", None), getattr(args, "context", None))
             objects, target = read_cluster(client, err), "cluster"
+        items = audit.audit(objects, settings.policy)
+        # The whole report is made before any of it is written: a failure leaves no half a report.
+        if args.output == "json":
+            text = json.dumps(audit_json(items, _audited(objects), target), indent=2) + "\n"
+        else:
+            text = audit_table(items, _audited(objects), _width())
+        out.write(text)
     except UsageError as exc:
         print(exc, file=err)
         return EXIT_USAGE
-    items = audit.audit(objects, settings.policy)
-    if args.output == "json":
-        json.dump(audit_json(items, _audited(objects), target), out, indent=2)
-        out.write("\n")
-    else:
-        out.write(audit_table(items, _audited(objects), _width()))
+    except Exception as exc:  # a bug or an input nobody foresaw: still not "findings"
+        return _failed("audit", exc, args, err)
     return EXIT_FOUND if items else EXIT_CLEAN
 
 
@@ -377,18 +417,20 @@ def status_table(use: audit.Usage, width: int) -> str:
 
 
 def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
-    """`gpushard status`: 0 when the cluster was read, 2 when it could not be."""
+    """`gpushard status`: 0 when the cluster was read, 2 when it could not be or the report fails."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
         client = api_client(getattr(args, "kubeconfig", None), getattr(args, "context", None))
         nodes, pods = read_usage_inputs(client)
+        use = audit.usage(nodes, pods, settings.policy)
+        if args.output == "json":
+            text = json.dumps(status_json(use, settings.policy.shares_per_card), indent=2) + "\n"
+        else:
+            text = status_table(use, _width())
+        out.write(text)
     except UsageError as exc:
         print(exc, file=err)
         return EXIT_USAGE
-    use = audit.usage(nodes, pods, settings.policy)
-    if args.output == "json":
-        json.dump(status_json(use, settings.policy.shares_per_card), out, indent=2)
-        out.write("\n")
-    else:
-        out.write(status_table(use, _width()))
+    except Exception as exc:  # a bug or an input nobody foresaw: never a traceback alone
+        return _failed("status", exc, args, err)
     return EXIT_CLEAN

@@ -34,10 +34,14 @@ def cmd_certs(args: argparse.Namespace) -> int:
     if args.install:
         from webhook import installing
 
-        outcome = installing.install(
-            installing.api_client(args.kubeconfig, args.context), namespace=args.namespace, service=args.service,
-            secret=args.secret, webhook_config=args.webhook_config, days=args.days,
-            renew_before=args.renew_before, force=args.force, out=args.out)
+        try:
+            outcome = installing.install(
+                installing.api_client(args.kubeconfig, args.context), namespace=args.namespace,
+                service=args.service, secret=args.secret, webhook_config=args.webhook_config, days=args.days,
+                renew_before=args.renew_before, force=args.force, out=args.out)
+        except installing.InstallError as exc:
+            print(exc.code, file=sys.stderr)
+            return exc.status
         for line in outcome.lines():
             print(line)
         return 0
@@ -173,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="gpushard config file")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
     p.add_argument("--context", help="kubeconfig context to use (default: the current context)")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("status", help="shares used and free per node and card, and who holds them")
@@ -180,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="gpushard config file")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
     p.add_argument("--context", help="kubeconfig context to use (default: the current context)")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
     p.set_defaults(func=cmd_status)
     return parser
 

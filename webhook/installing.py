@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import kubernetes
+import urllib3
 from cryptography import exceptions as crypto_exceptions
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -21,11 +23,18 @@ SECRET_TYPE = "kubernetes.io/tls"
 SECRET_KEYS = (certificates.CA_FILE, certificates.CERT_FILE, certificates.KEY_FILE)
 LABELS = {"app.kubernetes.io/name": "gpushard", "app.kubernetes.io/managed-by": "gpushard-certs"}
 TIMEOUT = 30.0
+REFUSED = 1  # exit status when the cluster refuses or lacks something, or the flags disagree
+UNREACHABLE = 2  # exit status when the API server cannot be reached, as `gpushard status` gives
 
 
 class InstallError(SystemExit):
-    """The cluster refused or lacks something; a SystemExit, so the command line prints the
-    ``gpushard:`` message and exits 1 without a traceback."""
+    """The cluster refused, lacks something, or cannot be reached; a SystemExit, so that even uncaught it
+    ends the program with the ``gpushard:`` message and no traceback. ``status`` is the exit status the
+    command line gives for it."""
+
+    def __init__(self, message: str, status: int = REFUSED):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,24 @@ def _api_error(what: str, exc: kubernetes.client.ApiException) -> InstallError:
     if exc.status == 403:
         reason += " (the account lacks the RBAC of deploy/base/certs-job.yaml)"
     return InstallError(f"gpushard: cannot {what}: HTTP {exc.status} {reason}".rstrip())
+
+
+def _transport_reason(exc: Exception) -> str:
+    # urllib3 wraps the failure that matters (refused, no such host, TLS) in MaxRetryError, and starts
+    # its text with the connection's repr, which says nothing the API address does not.
+    text = str(getattr(exc, "reason", None) or exc)
+    head, sep, tail = text.partition("): ")
+    return tail if sep and head.startswith(("HTTPConnection(", "HTTPSConnection(")) else text
+
+
+@contextlib.contextmanager
+def _reaching(api: kubernetes.client.ApiClient):
+    """Transport failures of the API calls inside, as an InstallError naming the API server."""
+    try:
+        yield
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise InstallError(f"gpushard: cannot reach the Kubernetes API at {api.configuration.host}: "
+                           f"{_transport_reason(exc)}", status=UNREACHABLE) from None
 
 
 def _pem_certificates(data: bytes) -> list[x509.Certificate]:
@@ -206,8 +233,9 @@ def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-syst
     core = kubernetes.client.CoreV1Api(api)
     admission = kubernetes.client.AdmissionregistrationV1Api(api)
 
-    config = _read_config(admission, webhook_config)
-    existing = _read_secret(core, namespace, secret)
+    with _reaching(api):
+        config = _read_config(admission, webhook_config)
+        existing = _read_secret(core, namespace, secret)
     if existing is not None and existing.type != SECRET_TYPE:
         # Checked before the caBundle changes: a Secret's type cannot change, so the new
         # certificate could never be stored.
@@ -234,9 +262,10 @@ def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-syst
             bundle += b"".join(certificates.cert_pem(ca) for ca in old)
         action = "created" if existing is None else "replaced"
 
-    updated = _patch_ca_bundle(admission, config, bundle)
-    if action != "kept":
-        _write_secret(core, namespace, secret, files, existing)
+    with _reaching(api):
+        updated = _patch_ca_bundle(admission, config, bundle)
+        if action != "kept":
+            _write_secret(core, namespace, secret, files, existing)
     not_after = x509.load_pem_x509_certificate(files[certificates.CERT_FILE]).not_valid_after_utc
     return Outcome(namespace=namespace, secret=secret, secret_action=action, why=why, not_after=not_after,
                    webhook_config=webhook_config, webhooks_updated=updated,

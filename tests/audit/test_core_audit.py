@@ -9,19 +9,25 @@ We test:
   node stopped offering kept with capacity 0;
 - the context rules on their own: annotation and pin, nvidia.com/gpu and unpinned shares on shared
   nodes, cards the node lacks, objects that cannot be read;
+- odd shapes (an env that is no list, entries that are no mappings, a kind that is no text) are
+  read without an exception, in objects, in a whole audit and in usage;
+- in an enforced namespace, what enforce mode rewrites is no finding in templates and in Pods still
+  to be created, but stays one, saying so, in Pods that already exist (uid, node or status);
 - every pass golden pod, once admitted in enforce mode, audits clean (gpushard's own writing is
-  never a finding);
+  never a finding), as a manifest and as the running pod it becomes;
 - the admission evaluator in audit mode on a pod gpushard itself admitted finds nothing.
 """
 
 from __future__ import annotations
 
+import copy
 import pathlib
 
 import pytest
 import yaml
 
 from webhook.core import audit, decisions, names, policy
+from webhook.core import findings as f
 
 POLICY = policy.Policy()
 GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "golden"
@@ -126,6 +132,87 @@ def test_objects_gpushard_cannot_read():
     assert audit.audit_object(gpu_less, not_opted_in, POLICY) == []
 
 
+PIN = {"limits": {"gpushard.io/gpu": "30", "gpushard.io/card-0": "30"}}
+
+
+@pytest.mark.parametrize("env", [5, "NVIDIA_VISIBLE_DEVICES=1", {"NVIDIA_VISIBLE_DEVICES": "1"}, [1, None, "x"],
+                                 [{"name": ["NVIDIA_VISIBLE_DEVICES"]}, {"value": "1"}], True])
+def test_odd_env_shapes_are_no_crash(env):
+    obj = {"kind": "Pod", "metadata": {"name": "p", "namespace": "ml"},
+           "spec": {"nodeName": "a", "containers": [{"name": "t", "resources": PIN, "env": env}, {"name": "side",
+                                                                                                "env": env}]}}
+    nodes = {"a": audit.node_cards(node("a", {0: "100"}), POLICY)}
+    for mode in (None, names.MODE_AUDIT, names.MODE_ENFORCE):
+        found = rules(audit.audit_object(obj, audit.NamespaceMode(mode), POLICY, nodes))
+        assert audit.PIN_ENV_MISMATCH not in found  # no list, or no entry naming the variable: nothing set
+    assert audit.usage([node("a", {0: "100"})], [obj], POLICY).used == 30
+    audit.audit([audit.Located(obj), audit.Located(node("a", {0: "100"}))], POLICY)
+
+
+@pytest.mark.parametrize("obj", [
+    {"kind": ["Pod"], "spec": {"containers": [{"name": "t", "resources": PIN}]}},
+    {"kind": "Pod", "metadata": ["p"], "spec": {"containers": [1, "two"]}},
+    {"kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": [{"name": "t", "resources": [PIN]}]}},
+    {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": {"initContainers": {}}}}},
+    {"kind": "Pod", "metadata": {"name": "p", "annotations": ["x"]}, "spec": {"nodeName": ["a"], "containers": [
+        {"name": "t", "resources": PIN, "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": ["1"]}]}]},
+     "status": "Running"},
+])
+def test_odd_object_shapes_are_no_crash(obj):
+    nodes = {"a": audit.node_cards(node("a", {0: "100"}), POLICY)}
+    for mode in (None, names.MODE_AUDIT, names.MODE_ENFORCE):
+        audit.audit_object(obj, audit.NamespaceMode(mode), POLICY, nodes)
+    audit.audit([audit.Located(obj), audit.Located(node("a", {0: "100"}))], POLICY)
+    audit.usage([node("a", {0: "100"})], [obj], POLICY)
+
+
+def test_a_pinned_container_with_an_env_that_is_no_list():
+    obj = {"kind": "Pod", "metadata": {"name": "p", "namespace": "ml"},
+           "spec": {"containers": [{"name": "t", "resources": PIN, "env": 5}]}}
+    assert audit.audit_object(obj, audit.NamespaceMode(names.MODE_ENFORCE), POLICY) == []
+
+
+def gpu_pod_with_proxy(**extra) -> dict:
+    obj = {"kind": "Pod", "metadata": {"name": "notebook", "namespace": "lab"},
+           "spec": {"containers": [{"name": "jupyter", "resources": PIN}, {"name": "proxy"}]}}
+    for key, value in extra.items():
+        if key == "uid":
+            obj["metadata"]["uid"] = value
+        elif key == "nodeName":
+            obj["spec"]["nodeName"] = value
+        else:
+            obj[key] = value
+    return obj
+
+
+@pytest.mark.parametrize("extra", [{"uid": "6f1c"}, {"nodeName": "a"}, {"status": {"phase": "Pending"}}])
+def test_enforce_mode_does_not_fix_pods_that_already_exist(extra):
+    enforce = audit.NamespaceMode(names.MODE_ENFORCE)
+    # To be created: the webhook will hide the proxy, so nothing to say.
+    assert audit.audit_object(gpu_pod_with_proxy(), enforce, POLICY) == []
+    assert audit.audit_object(gpu_pod_with_proxy(status={}), enforce, POLICY) == []  # as --dry-run writes it
+    # Already created: admission never sees it again, so the proxy still sees every card.
+    running = gpu_pod_with_proxy(**extra)
+    found = audit.audit_object(running, enforce, POLICY)
+    assert [(x.rule, x.container) for x in found] == [(f.UNHIDDEN, "proxy")]
+    assert found[0].message.startswith('gpushard: container "proxy" asks no GPU but may see every card')
+    assert found[0].message.endswith("so this pod stays as it is until it is recreated")
+    # In audit mode the plain finding, as before.
+    audited = audit.audit_object(running, audit.NamespaceMode(names.MODE_AUDIT), POLICY)
+    assert [x.message for x in audited] == [found[0].message.split("; ")[0]]
+
+
+def test_enforce_mode_still_fixes_templates_that_exist():
+    deployment = {"kind": "Deployment", "metadata": {"name": "d", "namespace": "ml", "uid": "1b2c"},
+                  "spec": {"template": {"spec": {"containers": [
+                      {"name": "t", "resources": {"limits": {"nvidia.com/gpu": "0.5"}}}, {"name": "side"}]}}},
+                  "status": {"replicas": 1}}
+    # Each new pod of it goes through admission: rewritten then.
+    assert audit.audit_object(deployment, audit.NamespaceMode(names.MODE_ENFORCE), POLICY) == []
+    assert rules(audit.audit_object(deployment, audit.NamespaceMode(names.MODE_AUDIT), POLICY)) == [
+        f.FRACTION_UNREWRITTEN]
+
+
 def admitted_pods():
     for path in sorted(GOLDEN.glob("*.pass.yaml")):
         if (GOLDEN / path.name.replace(".pass.yaml", ".config.yaml")).exists():
@@ -139,8 +226,12 @@ def admitted_pods():
 def test_what_gpushard_admits_audits_clean(obj):
     decision = decisions.decide(decisions.Request(obj, names.POD_KIND), POLICY, None)
     assert decision.allowed
+    running = copy.deepcopy(decision.obj)
+    running.setdefault("metadata", {})["uid"] = "0e4d"
+    running["status"] = {"phase": "Running"}
     for mode in (audit.UNKNOWN_NAMESPACE, audit.NamespaceMode(names.MODE_ENFORCE)):
         assert audit.audit_object(decision.obj, mode, POLICY) == []
+        assert audit.audit_object(running, mode, POLICY) == []
 
 
 def test_admission_audit_mode_accepts_what_enforce_mode_wrote():

@@ -10,6 +10,11 @@ We test:
   account, and --context picks a context; finished pods are left out by a field selector;
 - an unreachable API or an unreadable kubeconfig exits 2 with a gpushard: message;
 - a clean cluster exits 0;
+- a namespace relabelled from audit to enforce keeps the findings of its running pods, which
+  admission never sees again (a GPU-less sidecar still sees every card), with recreating the pod
+  as their fix;
+- an unexpected error in audit or status exits 2 with one gpushard: line, its traceback only with
+  --debug;
 - status: shares used and free per card and node, holders, totals, pending pods, finished pods
   not counted, and a card the node no longer offers kept visible with its holders; JSON too.
 """
@@ -22,6 +27,7 @@ import socket
 from tests import fakekube
 from tests.audit import world
 from webhook import cli
+from webhook.core import audit
 
 
 def audit_json(argv: list[str], capsys) -> tuple[int, dict, str]:
@@ -185,6 +191,40 @@ def test_clean_cluster_exits_0(tmp_path, capsys):
         code = cli.main(["audit", "--kubeconfig", str(path)])
     assert code == 0
     assert capsys.readouterr().out == "gpushard: no findings in 3 objects\n"
+
+
+def test_running_pods_keep_their_findings_once_the_namespace_enforces(kubeconfig, fake, capsys):
+    fake.put("namespaces", world.namespace("lab", "enforce"))
+    code, report, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    assert code == 1
+    assert found(report) == world.EXPECTED
+    unhidden = next(x for x in report["findings"] if x["rule"] == "unhidden")
+    assert (unhidden["name"], unhidden["container"]) == ("notebook", "proxy")
+    assert unhidden["message"].endswith("until it is recreated")
+    assert unhidden["fix"].startswith("recreate the pod")
+    # The lab Job's template is admitted again for each pod it makes: nothing to say about it.
+    assert not [x for x in report["findings"] if x["kind"] == "Job"]
+
+
+def boom(*_args, **_kwargs):
+    raise RuntimeError("unforeseen\nover two lines")
+
+
+def test_an_unexpected_error_exits_2_in_one_line(kubeconfig, monkeypatch, capsys):
+    monkeypatch.setattr(audit, "audit", boom)
+    monkeypatch.setattr(audit, "usage", boom)
+    for command in ("audit", "status"):
+        code = cli.main([command, "--kubeconfig", kubeconfig])
+        captured = capsys.readouterr()
+        assert (code, captured.out) == (2, "")
+        assert captured.err.count("\n") == 1
+        assert captured.err.startswith(f"gpushard: {command} stopped by an unexpected error in test_live.py:")
+        assert "RuntimeError: unforeseen over two lines; run it again with --debug" in captured.err
+        code = cli.main([command, "--kubeconfig", kubeconfig, "--debug"])
+        captured = capsys.readouterr()
+        assert (code, captured.out) == (2, "")
+        assert captured.err.startswith("Traceback (most recent call last):")
+        assert captured.err.splitlines()[-1].startswith(f"gpushard: {command} stopped by an unexpected error")
 
 
 # --- status ----------------------------------------------------------------------------------------

@@ -6,6 +6,11 @@ We test:
 - each finding names the file and document it came from;
 - a Namespace among the manifests gives its pods their mode; without one they are audited as if
   enforced (what enforce mode rewrites is no finding);
+- a Pod as it exists in a cluster (uid, node, status), without its Namespace, keeps what enforce
+  mode would have rewritten at its creation, with recreating the pod as its fix;
+- odd shapes are audited, not a crash: an env that is no list, entries that are no mappings,
+  mapping keys that are not text (read as kubectl sends them); an env entry without a value shows
+  as '';
 - exit 0 when clean, 1 when anything is found, 2 with a gpushard: message naming the file (and the
   document) for a missing file, bad YAML, bad JSON, a document that is no object, an empty folder,
   and a bad config file.
@@ -20,6 +25,7 @@ import textwrap
 import pytest
 
 from webhook import cli
+from webhook.core import audit
 
 FRACTION_POD = textwrap.dedent("""\
     apiVersion: v1
@@ -107,6 +113,52 @@ def test_namespace_manifests_give_the_mode(tmp_path, capsys):
     code, report, _err = run(["-f", str(path)], capsys)
     assert [r[:2] for r in rules(report)] == [("p", "not-opted-in"), ("p", "fraction-unrewritten"),
                                               ("p", "unhidden")]
+
+
+def test_an_exported_pod_keeps_what_enforce_mode_no_longer_fixes(tmp_path, capsys):
+    path = tmp_path / "pod.yaml"
+    path.write_text(pod("p", "0.5"))
+    assert run(["-f", str(path)], capsys)[0] == 0  # still to be created: the webhook will hide "logs"
+    path.write_text(pod("p", "0.5").replace("metadata: {name: p, namespace: ml}",
+                                            "metadata: {name: p, namespace: ml, uid: 7c9a}"))
+    code, report, _err = run(["-f", str(path)], capsys)
+    assert code == 1
+    assert [(x["rule"], x["container"]) for x in report["findings"]] == [
+        ("fraction-unrewritten", "train"), ("unhidden", "logs")]
+    assert {x["fix"] for x in report["findings"]} == {audit.RECREATE_FIX}
+
+
+PINNED_POD = textwrap.dedent("""\
+    apiVersion: v1
+    kind: Pod
+    metadata: {name: odd, namespace: ml}
+    spec:
+      containers:
+      - name: train
+        image: cuda:12
+        env: ENV
+        resources: {limits: {gpushard.io/gpu: 30, gpushard.io/card-0: 30, KEY: 1}}
+    """)
+
+
+@pytest.mark.parametrize("env, key", [("5", "example.com/fpga"), ("NVIDIA_VISIBLE_DEVICES=3", "example.com/fpga"),
+                                      ("[7, [8], {value: '3'}]", "example.com/fpga"),
+                                      ("[]", "7"), ("[]", "true"), ("[]", "null"), ("[]", "1.5")])
+def test_odd_shapes_are_audited_not_a_crash(tmp_path, capsys, env, key):
+    path = tmp_path / "odd.yaml"
+    path.write_text(PINNED_POD.replace("ENV", env).replace("KEY", key))
+    code, report, err = run(["-f", str(path)], capsys)
+    assert (code, report["findings"], err) == (0, [], "")
+    assert report["summary"]["objects"] == 1
+
+
+def test_an_env_entry_without_a_value_sets_the_variable_empty(tmp_path, capsys):
+    path = tmp_path / "odd.yaml"
+    path.write_text(PINNED_POD.replace("ENV", "[7, {name: NVIDIA_VISIBLE_DEVICES}]").replace("KEY", "x"))
+    code, report, _err = run(["-f", str(path)], capsys)
+    assert code == 1
+    assert [x["rule"] for x in report["findings"]] == ["pin-env-mismatch"]
+    assert "sets NVIDIA_VISIBLE_DEVICES=''," in report["findings"][0]["message"]
 
 
 def test_clean_manifests_exit_0_with_a_summary(tmp_path, capsys):

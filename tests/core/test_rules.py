@@ -345,3 +345,11 @@ def test_both_forms_are_denied_even_when_one_is_zero():
 def test_malformed_scheduling_fields_are_a_400_naming_the_field(spec, field):
     d = decide(pm.pod(pm.container("train", "0.5"), spec=spec))
     assert not d.allowed and d.code == 400 and field in d.message
+
+
+def test_resource_keys_that_are_not_text_are_no_gpu_asks():
+    # YAML reads `5: 1` with an integer key; the API server would refuse the name, gpushard need not crash.
+    obj = pm.pod(pm.container("train", "0.5"))
+    obj["spec"]["containers"][0]["resources"]["limits"][5] = "1"
+    d = decide(obj)
+    assert d.allowed and d.shares == 50

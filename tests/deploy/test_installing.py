@@ -9,6 +9,8 @@ We test:
   trusts both CAs until the next run, and that run drops the old one;
 - a missing webhook configuration, a Secret of another type and a refusal by RBAC stop it
   with a `gpushard:` message, before anything is written;
+- an API server that cannot be reached stops it with a `gpushard:` message naming its address
+  and exit status 2, as `gpushard status` gives, with no traceback and nothing written;
 - the command line: `gpushard certs --install` through $KUBECONFIG or --kubeconfig/--context,
   a kubeconfig that is not there, and `certs` without --out.
 """
@@ -191,6 +193,42 @@ def test_rbac_refusal_names_the_rbac_to_apply(kube):
     with pytest.raises(installing.InstallError) as err:
         _install(kube)
     assert "HTTP 403" in str(err.value.code) and "certs-job.yaml" in str(err.value.code)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _kubeconfig_to(tmp_path: Path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "me", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "me"}}]}))
+    return path
+
+
+def test_an_unreachable_api_server_is_named(tmp_path):
+    server = f"http://127.0.0.1:{_closed_port()}"
+    api = installing.api_client(str(_kubeconfig_to(tmp_path, server)))
+    with pytest.raises(installing.InstallError) as err:
+        installing.install(api, out=tmp_path / "bundle")
+    assert err.value.status == 2
+    assert str(err.value.code).startswith(f"gpushard: cannot reach the Kubernetes API at {server}: ")
+    assert "Connection refused" in str(err.value.code)
+    assert not (tmp_path / "bundle").exists()
+
+
+def test_command_line_unreachable_api_server_exits_2(tmp_path):
+    server = f"http://127.0.0.1:{_closed_port()}"
+    result = _gpushard("certs", "--install", "--kubeconfig", str(_kubeconfig_to(tmp_path, server)))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"gpushard: cannot reach the Kubernetes API at {server}: ")
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
+    assert result.stdout == ""
 
 
 def test_days_must_exceed_renew_before(kube):

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from webhook.core import decisions, names, quantities
+from webhook.core import decisions, names, quantities, rewrite
 from webhook.core import findings as f
 from webhook.core import requests as req
 from webhook.core.policy import Policy
@@ -35,8 +35,11 @@ FIXES = {
 }
 RULES = tuple(FIXES)
 
-# What enforce mode rewrites away on admission: in an enforced namespace these are no finding.
+# What enforce mode rewrites away on admission: in an enforced namespace these are no finding
+# in templates and in Pods still to be created, which the webhook will see.
 FIXED_BY_ENFORCE = frozenset({f.UNHIDDEN, f.FRACTION_UNREWRITTEN})
+# Their fix in a Pod that already exists there: the namespace is opted in, the pod predates it.
+RECREATE_FIX = "recreate the pod (delete it, or roll out its workload again) so that gpushard rewrites it"
 
 NAMESPACE_KIND = "Namespace"
 NODE_KIND = "Node"
@@ -67,10 +70,11 @@ class Item:
     ref: Ref
     finding: f.Finding
     source: str = ""
+    fix_here: str = ""  # a fix that fits this object better than the rule's own
 
     @property
     def fix(self) -> str:
-        return fix_for(self.finding.rule)
+        return self.fix_here or fix_for(self.finding.rule)
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,15 @@ def node_cards(node: dict, policy: Policy) -> NodeCards:
     )
 
 
+def existing_pod(obj: dict) -> bool:
+    """A Pod the API server already holds (it has a uid, a node or a status), as opposed to a manifest.
+
+    Admission acts only on CREATE, so enforce mode never rewrites such a pod again.
+    """
+    return obj.get("kind") == names.POD_KIND and bool(
+        _meta(obj).get("uid") or _dict(obj.get("spec")).get("nodeName") or _dict(obj.get("status")))
+
+
 def terminal(pod: dict) -> bool:
     """A pod that holds nothing any more: the scheduler and kubelet no longer count it."""
     return _dict(pod.get("status")).get("phase") in TERMINAL_PHASES
@@ -239,7 +252,8 @@ def _pin_env_rules(spec: dict, asks: list[req.ContainerAsk]) -> list[f.Finding]:
             continue
         values = _env(spec, ask)
         if values and values != [str(ask.pin)]:
-            shown = values[0] if isinstance(values[0], str) else "(from a reference)"
+            # No value sets the variable empty; a valueFrom is known only when the pod starts.
+            shown = values[0] if isinstance(values[0], str) else "''" if values[0] is None else "(from a reference)"
             found.append(_warn(PIN_ENV_MISMATCH, (
                 f"gpushard: container \"{ask.name}\" holds card {ask.pin} but sets "
                 f"{names.VISIBLE_DEVICES_ENV}={shown}, so it may see another card"), ask.name))
@@ -282,17 +296,27 @@ def _pod_rules(pod: dict, spec: dict, asks: list[req.ContainerAsk], policy: Poli
 
 
 def _env(spec: dict, ask: req.ContainerAsk) -> list[object]:
-    container = spec[ask.list_key][ask.position]
-    env = container.get("env") or []
-    return [e.get("value", e.get("valueFrom")) for e in env if isinstance(e, dict)
-            and e.get("name") == names.VISIBLE_DEVICES_ENV]
+    # read_spec checked the container lists; the env is read as admission reads it (no list: none).
+    return rewrite.env_value(spec[ask.list_key][ask.position], names.VISIBLE_DEVICES_ENV)
+
+
+def _created_unfixed(obj: dict, ns: NamespaceMode) -> bool:
+    """An existing Pod in an enforced namespace: what enforce mode rewrites stays as it is in it."""
+    return ns.mode == names.MODE_ENFORCE and existing_pod(obj)
+
+
+def _too_late(finding: f.Finding) -> f.Finding:
+    """A finding enforce mode would have rewritten away, in a pod that was created without it."""
+    return f.Finding(finding.rule, finding.severity, (
+        f"{finding.message}; gpushard rewrites pods only when they are created, so this pod stays as it is "
+        "until it is recreated"), finding.container)
 
 
 def audit_object(obj: dict, ns: NamespaceMode, policy: Policy,
                  nodes: Mapping[str, NodeCards] | None = None) -> list[f.Finding]:
     """Findings about one Pod or workload: the admission rules in audit mode, then the context rules."""
     kind = obj.get("kind")
-    if kind != names.POD_KIND and kind not in names.TEMPLATE_PATHS:
+    if not isinstance(kind, str) or (kind != names.POD_KIND and kind not in names.TEMPLATE_PATHS):
         return []
     try:
         spec = decisions.spec_of(obj, kind) or {}
@@ -303,7 +327,9 @@ def audit_object(obj: dict, ns: NamespaceMode, policy: Policy,
         return []  # gpushard never sees it and it asks for no GPU: none of our business
     decision = decisions.decide(decisions.Request(obj, kind, "CREATE", names.MODE_AUDIT), policy, None)
     found = list(decision.findings)
-    if ns.mode == names.MODE_ENFORCE:
+    if _created_unfixed(obj, ns):
+        found = [_too_late(x) if x.rule in FIXED_BY_ENFORCE else x for x in found]
+    elif ns.mode == names.MODE_ENFORCE:
         found = [x for x in found if x.rule not in FIXED_BY_ENFORCE]
     if ns.mode is None:
         ref = ref_of(obj)
@@ -373,8 +399,10 @@ def audit(objects: Iterable[Located], policy: Policy) -> list[Item]:
     for located in pods + workloads:
         ref = ref_of(located.obj)
         mode = modes.get(ref.namespace or "default", UNKNOWN_NAMESPACE)
+        recreate = _created_unfixed(located.obj, mode)
         for finding in audit_object(located.obj, mode, policy, nodes):
-            items.append(Item(ref, finding, located.source))
+            fix = RECREATE_FIX if recreate and finding.rule in FIXED_BY_ENFORCE else ""
+            items.append(Item(ref, finding, located.source, fix))
 
     sources = {ref_of(o.obj): o.source for o in pods}
     for (node_name, k), holders in sorted(_card_use((o.obj for o in pods), policy).items()):

@@ -20,9 +20,9 @@ class Resources:
     def card(self, index: int) -> str:
         return names.card_resource(self.card_prefix, index)
 
-    def card_index(self, resource: str) -> int | None:
+    def card_index(self, resource: object) -> int | None:
         """The card index named by a per-card resource, or None if it is not one."""
-        if not resource.startswith(self.card_prefix):
+        if not isinstance(resource, str) or not resource.startswith(self.card_prefix):
             return None
         tail = resource[len(self.card_prefix):]
         # ASCII digits only ("³" is a digit to str.isdigit), and few of them: no card index is huge.

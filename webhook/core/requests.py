@@ -118,7 +118,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
 
     fraction, fraction_text = one_value(res.fraction)
     shares_q, shares_text = one_value(res.shares)
-    for key in sorted(set(limits) | set(requests)):
+    for key in sorted(set(limits) | set(requests), key=str):
         if isinstance(key, str) and key.startswith(res.card_prefix) and res.card_index(key) is None:
             deny(f.BAD_CARD, f"names {_text(key)!r}, which is no card resource (cards are "
                  f"{res.card_prefix}0, {res.card_prefix}1, ...)")
