@@ -25,6 +25,8 @@ import uuid
 import jsonpatch
 import yaml
 
+from webhook.core import placement
+
 HERE = pathlib.Path(__file__).resolve().parent
 SERVICE, NAMESPACE = "gpushard", "gpushard-system"
 BOLD, GREEN, RED, YELLOW, DIM, RESET = (("\033[1m", "\033[32m", "\033[31m", "\033[33m", "\033[2m", "\033[0m")
@@ -100,7 +102,10 @@ def show(obj: dict, response: dict) -> None:
         new = jsonpatch.JsonPatch(json.loads(base64.b64decode(response["patch"]))).apply(obj)
     ann = (new.get("metadata") or {}).get("annotations") or {}
     if "gpushard.io/card" in ann:
-        print(f"  {GREEN}admitted{RESET}: {ann['gpushard.io/shares']} shares, pinned to card {ann['gpushard.io/card']}")
+        node = placement.preferred_node(new["spec"])
+        where = f" (node {node} preferred: its card has room)" if node else ""
+        print(f"  {GREEN}admitted{RESET}: {ann['gpushard.io/shares']} shares, pinned to card {ann['gpushard.io/card']}"
+              f"{where}")
     else:
         print(f"  {GREEN}admitted{RESET}")
     spec = new["spec"] if obj["kind"] == "Pod" else new["spec"]["template"]["spec"]

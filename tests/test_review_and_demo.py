@@ -82,7 +82,7 @@ def test_demo_runs_end_to_end():
     done = subprocess.run([sys.executable, str(EXAMPLES / "demo.py")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "admitted: 25 shares, pinned to card 0" in out
+    assert "admitted: 25 shares, pinned to card 0 (node gpu-node-a preferred" in out
     assert "denied (403): gpushard: container \"train\" asks nvidia.com/gpu 1.5" in out
     assert "'NVIDIA_VISIBLE_DEVICES': 'void'" in out
     assert 'outcome="denied"} 3.0' in out
