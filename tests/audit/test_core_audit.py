@@ -13,6 +13,10 @@ We test:
   read without an exception, in objects, in a whole audit and in usage;
 - in an enforced namespace, what enforce mode rewrites is no finding in templates and in Pods still
   to be created, but stays one, saying so, in Pods that already exist (uid, node or status);
+- existing GPU-less pods on shared nodes and ephemeral containers: `unhidden` per mode, wording and
+  container, none for hidden ones, for GPU-requesting containers, for unknown namespaces, for
+  ephemeral containers of pods still to be created, or with hideUnrequestedGpus off; odd
+  ephemeralContainers shapes are no crash;
 - every pass golden pod, once admitted in enforce mode, audits clean (gpushard's own writing is
   never a finding), as a manifest and as the running pod it becomes;
 - the admission evaluator in audit mode on a pod gpushard itself admitted finds nothing.
@@ -200,6 +204,66 @@ def test_enforce_mode_does_not_fix_pods_that_already_exist(extra):
     # In audit mode the plain finding, as before.
     audited = audit.audit_object(running, audit.NamespaceMode(names.MODE_AUDIT), POLICY)
     assert [x.message for x in audited] == [found[0].message.split("; ")[0]]
+
+
+def running_gpu_less(*containers: dict, ephemeral: object = None, node_name: str = "a") -> dict:
+    spec: dict = {"nodeName": node_name, "containers": list(containers) or [{"name": "web"}]}
+    if ephemeral is not None:
+        spec["ephemeralContainers"] = ephemeral
+    return {"kind": "Pod", "metadata": {"name": "web", "namespace": "ml", "uid": "3a7e"}, "spec": spec,
+            "status": {"phase": "Running"}}
+
+
+VOID = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+
+
+def test_existing_gpu_less_pods_on_shared_nodes():
+    nodes = {"a": audit.node_cards(node("a", {0: "100"}), POLICY),
+             "plain": audit.node_cards(node("plain", {}), POLICY)}
+    enforce, audited = audit.NamespaceMode(names.MODE_ENFORCE), audit.NamespaceMode(names.MODE_AUDIT)
+    obj = running_gpu_less({"name": "web"}, {"name": "logs", "env": VOID},
+                           ephemeral=[{"name": "dbg"}, {"name": "hid", "env": VOID}])
+    found = audit.audit_object(obj, enforce, POLICY, nodes)
+    assert [(x.rule, x.container) for x in found] == [(f.UNHIDDEN, "web"), (f.UNHIDDEN, "dbg")]
+    assert found[0].message == ('gpushard: container "web" asks no GPU but may see every card of shared node "a"; '
+                                "the pod was created before gpushard hid GPUs there and must be recreated")
+    assert found[1].message.startswith('gpushard: ephemeral container "dbg" asks no GPU')
+    assert [x.message for x in audit.audit_object(obj, audited, POLICY, nodes)] == [
+        'gpushard: container "web" asks no GPU but may see every card of shared node "a"',
+        'gpushard: ephemeral container "dbg" asks no GPU but may see every card of shared node "a"']
+    # Not opted in, not known to have opted in, off shared nodes, or gpushard hides nothing.
+    assert audit.audit_object(obj, audit.NamespaceMode(None), POLICY, nodes) == []
+    assert audit.audit_object(obj, audit.UNKNOWN_NAMESPACE, POLICY, nodes) == []
+    assert audit.audit_object(running_gpu_less(node_name="plain"), enforce, POLICY, nodes) == []
+    assert audit.audit_object(running_gpu_less(node_name="gone"), enforce, POLICY, nodes) == []
+    assert audit.audit_object(obj, enforce, policy.Policy(hide_unrequested_gpus=False), nodes) == []
+    # A GPU ask of zero is no GPU; a container asking a GPU makes it the GPU pods' business.
+    zero = running_gpu_less({"name": "web", "resources": {"limits": {"nvidia.com/gpu": "0"}}})
+    assert rules(audit.audit_object(zero, enforce, POLICY, nodes)) == [f.UNHIDDEN]
+
+
+def test_ephemeral_containers_of_gpu_pods():
+    nodes = {"a": audit.node_cards(node("a", {0: "100"}), POLICY)}
+    enforce = audit.NamespaceMode(names.MODE_ENFORCE)
+    gpu = gpu_pod_with_proxy(uid="9d2f", nodeName="a")
+    gpu["spec"]["containers"][1]["env"] = VOID
+    gpu["spec"]["ephemeralContainers"] = [{"name": "dbg"}]
+    found = audit.audit_object(gpu, enforce, POLICY, nodes)
+    assert [(x.rule, x.container) for x in found] == [(f.UNHIDDEN, "dbg")]
+    assert found[0].message.endswith("it was added before gpushard hid GPUs there, so the pod must be recreated")
+    assert rules(audit.audit_object(gpu, audit.NamespaceMode(None), POLICY, nodes)) == [audit.NOT_OPTED_IN]
+    # Still to be created: the webhook hides debug containers when they are added.
+    del gpu["metadata"]["uid"], gpu["spec"]["nodeName"]
+    assert audit.audit_object(gpu, enforce, POLICY, nodes) == []
+
+
+@pytest.mark.parametrize("ephemeral", [5, "dbg", [1, None, "x"], [{"name": ["dbg"], "env": 3}], {}])
+def test_odd_ephemeral_shapes_are_no_crash(ephemeral):
+    nodes = {"a": audit.node_cards(node("a", {0: "100"}), POLICY)}
+    obj = running_gpu_less(ephemeral=ephemeral)
+    for mode in (None, names.MODE_AUDIT, names.MODE_ENFORCE):
+        audit.audit_object(obj, audit.NamespaceMode(mode), POLICY, nodes)
+    audit.audit([audit.Located(obj), audit.Located(node("a", {0: "100"}))], POLICY)
 
 
 def test_enforce_mode_still_fixes_templates_that_exist():

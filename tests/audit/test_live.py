@@ -13,6 +13,11 @@ We test:
 - a namespace relabelled from audit to enforce keeps the findings of its running pods, which
   admission never sees again (a GPU-less sidecar still sees every card), with recreating the pod
   as their fix;
+- running pods that ask for no GPU on a shared node in an opted-in namespace, and ephemeral
+  containers of running GPU pods, are `unhidden` unless they carry NVIDIA_VISIBLE_DEVICES=void
+  (init containers, sidecars, app containers and ephemeral containers alike), naming node and
+  container; pods off shared nodes, not yet on a node, or in namespaces that have not opted in are
+  not, until their namespace opts in; hideUnrequestedGpus: false means no such finding;
 - an unexpected error in audit or status exits 2 with one gpushard: line, its traceback only with
   --debug;
 - status: shares used and free per card and node, holders, totals, pending pods, finished pods
@@ -47,12 +52,23 @@ def test_audit_reports_the_expected_findings(kubeconfig, capsys):
     assert err == ""
     assert found(report) == world.EXPECTED
     assert report["target"] == "cluster"
-    assert report["summary"]["findings"] == len(world.EXPECTED)
+    # One finding per rule and object, but ml/etl's three GPU-less containers each have their own.
+    assert report["summary"]["findings"] == len(report["findings"]) == len(world.EXPECTED) + 2
     by_rule = {x["rule"]: x for x in report["findings"]}
-    assert by_rule["unhidden"]["container"] == "proxy"
     assert by_rule["pin-env-mismatch"]["container"] == "train"
+    assert unhidden(report) == {"lab/notebook": ["proxy"], "lab/shell": ["shell"],
+                                "ml/etl": ["download", "metrics", "etl"], "ml/train-b": ["debug"]}
     assert all(x["fix"] and x["message"].startswith("gpushard: ") and x["source"] is None
                for x in report["findings"])
+
+
+def unhidden(report: dict) -> dict[str, list[str]]:
+    """The containers of each pod that the audit says may see every card, in report order."""
+    out: dict[str, list[str]] = {}
+    for x in report["findings"]:
+        if x["rule"] == "unhidden":
+            out.setdefault(f"{x['namespace']}/{x['name']}", []).append(x["container"])
+    return out
 
 
 def test_audit_table_groups_by_object(kubeconfig, capsys):
@@ -61,13 +77,14 @@ def test_audit_table_groups_by_object(kubeconfig, capsys):
     lines = table.splitlines()
     assert code == 1
     headers = [line for line in lines if line and not line.startswith(" ") and not line.startswith("gpushard:")]
-    assert headers == ["Namespace legacy", "Node gpu-2x", "Pod lab/notebook", "Pod legacy/batch", "Pod ml/loose",
-                       "Pod research/legacy", "Pod research/plain", "Deployment research/trainer"]
+    assert headers == ["Namespace legacy", "Node gpu-2x", "Pod lab/notebook", "Pod lab/shell", "Pod legacy/batch",
+                       "Pod ml/etl", "Pod ml/loose", "Pod ml/train-b", "Pod research/legacy", "Pod research/plain",
+                       "Deployment research/trainer"]
     research = lines[lines.index("Pod research/legacy") + 1:lines.index("Pod research/plain")]
     assert [line.split()[1] for line in research if line.startswith("  warn")] == [
         "not-opted-in", "nvidia-gpu-on-shared-node"]
     assert '  warn  unhidden  container "proxy"' in lines
-    assert lines[-1] == "gpushard: 9 findings (9 warn) in 8 of 24 objects"
+    assert lines[-1] == "gpushard: 14 findings (14 warn) in 11 of 31 objects"
     assert max(map(len, lines)) <= 120
 
 
@@ -198,12 +215,59 @@ def test_running_pods_keep_their_findings_once_the_namespace_enforces(kubeconfig
     code, report, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
     assert code == 1
     assert found(report) == world.EXPECTED
-    unhidden = next(x for x in report["findings"] if x["rule"] == "unhidden")
-    assert (unhidden["name"], unhidden["container"]) == ("notebook", "proxy")
-    assert unhidden["message"].endswith("until it is recreated")
-    assert unhidden["fix"].startswith("recreate the pod")
+    notebook = next(x for x in report["findings"] if x["rule"] == "unhidden" and x["name"] == "notebook")
+    assert notebook["container"] == "proxy"
+    assert notebook["message"].endswith("until it is recreated")
+    assert notebook["fix"].startswith("recreate the pod")
+    shell = next(x for x in report["findings"] if x["name"] == "shell")
+    assert shell["message"].endswith("the pod was created before gpushard hid GPUs there and must be recreated")
+    assert shell["fix"] == audit.RECREATE_FIX
     # The lab Job's template is admitted again for each pod it makes: nothing to say about it.
     assert not [x for x in report["findings"] if x["kind"] == "Job"]
+
+
+def test_gpu_less_pods_on_shared_nodes_that_predate_the_opt_in(kubeconfig, capsys):
+    _code, report, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    by_container = {(x["name"], x["container"]): x for x in report["findings"] if x["rule"] == "unhidden"}
+    # Enforce mode: created before gpushard hid GPUs in ml; init container, sidecar and app container.
+    for name in ("download", "metrics", "etl"):
+        x = by_container[("etl", name)]
+        assert x["message"] == (
+            f'gpushard: container "{name}" asks no GPU but may see every card of shared node "gpu-8x"; '
+            "the pod was created before gpushard hid GPUs there and must be recreated")
+        assert (x["severity"], x["fix"]) == ("warn", audit.RECREATE_FIX)
+    # A debug container added to a GPU pod before the namespace opted in.
+    debug = by_container[("train-b", "debug")]
+    assert debug["message"] == (
+        'gpushard: ephemeral container "debug" asks no GPU but may see every card of shared node "gpu-8x"; '
+        "it was added before gpushard hid GPUs there, so the pod must be recreated")
+    assert debug["fix"] == audit.RECREATE_FIX
+    # Audit mode hides nothing: opting in to enforce is the fix, as for the GPU pod's proxy.
+    shell = by_container[("shell", "shell")]
+    assert shell["message"] == (
+        'gpushard: container "shell" asks no GPU but may see every card of shared node "gpu-2x"')
+    assert shell["fix"] == audit.fix_for("unhidden")
+    # Hidden by gpushard (ml/fetch, ml/etl's "logs", ml/train-a's debug container), off shared nodes
+    # (ml/web), not yet on a node (ml/queued), or not opted in (research, kube-system): nothing.
+    assert not {x["name"] for x in report["findings"]} & {
+        "fetch", "train-a", "web", "queued", "tensorboard", "gpushard-agent-gpu-8x", "coredns"}
+    assert ("etl", "logs") not in by_container
+
+
+def test_gpu_less_pods_count_once_their_namespace_opts_in(kubeconfig, fake, capsys):
+    fake.put("namespaces", world.namespace("research", "audit"))
+    _code, report, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    assert unhidden(report)["research/tensorboard"] == ["tensorboard"]
+    assert "research/web" not in unhidden(report)  # on a node gpushard does not share
+    assert not [x for x in found(report) if x[2] == "not-opted-in"]
+
+
+def test_no_unhidden_finding_when_gpushard_does_not_hide(kubeconfig, tmp_path, capsys):
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\npolicy: {hideUnrequestedGpus: false}\n")
+    code, report, _err = audit_json(["--kubeconfig", kubeconfig, "--config", str(config)], capsys)
+    assert code == 1
+    assert found(report) == {x for x in world.EXPECTED if x[2] != "unhidden"}
 
 
 def boom(*_args, **_kwargs):

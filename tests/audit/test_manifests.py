@@ -8,6 +8,9 @@ We test:
   enforced (what enforce mode rewrites is no finding);
 - a Pod as it exists in a cluster (uid, node, status), without its Namespace, keeps what enforce
   mode would have rewritten at its creation, with recreating the pod as its fix;
+- a Pod that asks for no GPU is judged as the webhook would rewrite it: nothing to say while it is
+  still to be created, or without its Namespace and shared Node among the manifests; an exported
+  running one with both is `unhidden`, as in the live cluster;
 - odd shapes are audited, not a crash: an env that is no list, entries that are no mappings,
   mapping keys that are not text (read as kubectl sends them); an env entry without a value shows
   as '';
@@ -126,6 +129,47 @@ def test_an_exported_pod_keeps_what_enforce_mode_no_longer_fixes(tmp_path, capsy
     assert [(x["rule"], x["container"]) for x in report["findings"]] == [
         ("fraction-unrewritten", "train"), ("unhidden", "logs")]
     assert {x["fix"] for x in report["findings"]} == {audit.RECREATE_FIX}
+
+
+GPU_LESS = textwrap.dedent("""\
+    apiVersion: v1
+    kind: Namespace
+    metadata:
+      name: ml
+      labels: {gpushard.io/mode: enforce}
+    ---
+    apiVersion: v1
+    kind: Node
+    metadata:
+      name: gpu-8x
+      labels: {gpushard.io/cards: "8"}
+    ---
+    apiVersion: v1
+    kind: Pod
+    metadata: {name: etl, namespace: ml}
+    spec:
+      containers:
+      - name: etl
+        image: cuda:12
+    """)
+
+
+def test_gpu_less_pods_are_judged_as_the_webhook_rewrites_them(tmp_path, capsys):
+    path = tmp_path / "etl.yaml"
+    path.write_text(GPU_LESS)
+    assert run(["-f", str(path)], capsys)[0] == 0  # still to be created: the webhook will hide "etl"
+    running = GPU_LESS.replace("spec:\n", "spec:\n  nodeName: gpu-8x\n")
+    without_namespace = running.split("---\n", 1)[1]
+    path.write_text(without_namespace)
+    assert run(["-f", str(path)], capsys)[0] == 0  # nothing says that its namespace opted in
+    path.write_text(without_namespace.split("---\n", 1)[1])
+    assert run(["-f", str(path)], capsys)[0] == 0  # nothing says that its node is shared
+    path.write_text(running)
+    code, report, _err = run(["-f", str(path)], capsys)
+    assert code == 1
+    assert [(x["rule"], x["container"], x["fix"]) for x in report["findings"]] == [
+        ("unhidden", "etl", audit.RECREATE_FIX)]
+    assert 'every card of shared node "gpu-8x"' in report["findings"][0]["message"]
 
 
 PINNED_POD = textwrap.dedent("""\

@@ -56,13 +56,28 @@ def hidden(name: str) -> dict:
     return container(name, env={"NVIDIA_VISIBLE_DEVICES": "void"})
 
 
+def sidecar(name: str, env: dict | None = None) -> dict:
+    """An init container that keeps running beside the app containers."""
+    return container(name, env=env) | {"restartPolicy": "Always"}
+
+
+def debugger(name: str, env: dict | None = None) -> dict:
+    """An ephemeral container, as `kubectl debug` adds to a running pod (no resources allowed)."""
+    return container(name, env=env) | {"targetContainerName": "train"}
+
+
 def pod(ns: str, name: str, containers: list[dict], node: str | None = None, phase: str = "Running",
-        card: int | None = None, shares: int | None = None) -> dict:
+        card: int | None = None, shares: int | None = None, init: list[dict] | None = None,
+        ephemeral: list[dict] | None = None) -> dict:
     meta: dict = {"name": name, "namespace": ns}
     if card is not None:
         meta["annotations"] = {"gpushard.io/card": str(card), "gpushard.io/shares": str(shares)}
         meta["labels"] = {"gpushard.io/shared": "true"}
     spec: dict = {"containers": containers}
+    if init:
+        spec["initContainers"] = init
+    if ephemeral:
+        spec["ephemeralContainers"] = ephemeral
     if node:
         spec["nodeName"] = node
     return {"metadata": meta, "spec": spec, "status": {"phase": phase if node else "Pending"}}
@@ -84,9 +99,11 @@ def populate(fake: fakekube.FakeKube) -> None:
     fake.put("nodes", plain_node("cpu-1"))
 
     pods = [
-        # Admitted by gpushard in enforce mode: clean.
-        pod("ml", "train-a", [pinned("train", 0, 50), hidden("logs")], "gpu-8x", card=0, shares=50),
-        pod("ml", "train-b", [pinned("train", 0, 25)], "gpu-8x", card=0, shares=25),
+        # Admitted by gpushard in enforce mode: clean, and so is a debug container it hid.
+        pod("ml", "train-a", [pinned("train", 0, 50), hidden("logs")], "gpu-8x", card=0, shares=50,
+            ephemeral=[debugger("debug", {"NVIDIA_VISIBLE_DEVICES": "void"})]),
+        # A debug container added before the namespace opted in: it sees every card.
+        pod("ml", "train-b", [pinned("train", 0, 25)], "gpu-8x", card=0, shares=25, ephemeral=[debugger("debug")]),
         pod("ml", "infer-c", [pinned("server", 3, 100)], "gpu-8x", card=3, shares=100),
         # Finished pods hold nothing, whatever they once asked.
         pod("ml", "done", [pinned("train", 1, 100)], "gpu-8x", "Succeeded", card=1, shares=100),
@@ -97,6 +114,17 @@ def populate(fake: fakekube.FakeKube) -> None:
         pod("ml", "loose", [container("train", {"gpushard.io/gpu": "30"})], "gpu-2x"),
         # Audit mode: pinned by hand, and a GPU-less sidecar that can see every card.
         pod("lab", "notebook", [pinned("jupyter", 1, 40), container("proxy")], "gpu-2x"),
+        # Asking no GPU on a shared node: hidden by gpushard in enforce mode, made before the namespace
+        # opted in (init container, sidecar, app container), and in audit mode, where nothing is hidden.
+        pod("ml", "fetch", [hidden("fetch")], "gpu-8x"),
+        pod("ml", "etl", [container("etl"), hidden("logs")], "gpu-8x",
+            init=[container("download"), sidecar("metrics")]),
+        pod("lab", "shell", [container("shell")], "gpu-2x"),
+        # Asking no GPU and no business of this rule: off shared nodes, not opted in, not yet on a node.
+        pod("ml", "web", [container("nginx")], "cpu-1"),
+        pod("research", "tensorboard", [container("tensorboard")], "gpu-8x"),
+        pod("kube-system", "gpushard-agent-gpu-8x", [container("agent")], "gpu-8x"),
+        pod("ml", "queued", [container("etl")]),
         # Not opted in: one on a shared node through NVIDIA's plugin, one on a plain GPU node.
         pod("research", "legacy", [container("train", {"nvidia.com/gpu": "1"})], "gpu-2x"),
         pod("research", "plain", [container("train", {"nvidia.com/gpu": "1"})], "cpu-1"),
@@ -126,6 +154,9 @@ EXPECTED = {
     ("Node", "gpu-2x", "nvidia-plugin-on-shared-node"),
     ("Pod", "ml/loose", "unpinned"),
     ("Pod", "lab/notebook", "unhidden"),
+    ("Pod", "lab/shell", "unhidden"),
+    ("Pod", "ml/etl", "unhidden"),
+    ("Pod", "ml/train-b", "unhidden"),
     ("Pod", "research/legacy", "not-opted-in"),
     ("Pod", "research/legacy", "nvidia-gpu-on-shared-node"),
     ("Pod", "research/plain", "not-opted-in"),

@@ -295,6 +295,50 @@ def _pod_rules(pod: dict, spec: dict, asks: list[req.ContainerAsk], policy: Poli
     return found
 
 
+def _ephemeral_names(spec: dict) -> list[str]:
+    """Names of the pod's ephemeral (debug) containers; a list gpushard cannot read has none."""
+    items = spec.get("ephemeralContainers")
+    if not isinstance(items, list):
+        return []
+    return [str(c.get("name") or "") for c in items
+            if isinstance(c, dict) and rewrite.env_value(c, names.VISIBLE_DEVICES_ENV) != [names.VISIBLE_NONE]]
+
+
+def _unhidden_since_before(pod: dict, spec: dict, asks: list[req.ContainerAsk], ns: NamespaceMode,
+                           policy: Policy, nodes: Mapping[str, NodeCards]) -> list[f.Finding]:
+    """GPU-less containers of an existing pod that admission never hid: they may see every card.
+
+    Admission judges a GPU pod's own containers (decide); what it never sees here is a pod that
+    asks for no GPU at all, and the ephemeral containers added to a pod after it was created.
+    """
+    if not policy.hide_unrequested_gpus or ns.mode is None or not existing_pod(pod):
+        return []
+    node_name = str(spec.get("nodeName") or "")
+    node = nodes.get(node_name)
+    if any(a.holds_share for a in asks):
+        hidden_here = []  # decide already reports the GPU pod's init, sidecar and app containers
+    elif node is None or not node.shared or not ns.known or _asks_gpu(spec, policy):
+        # Off shared nodes the cards are not gpushard's to hide; and a namespace not among the
+        # manifests is no sign of opt-in for a GPU-less pod (kube-system would be flagged whole).
+        return []
+    else:
+        hidden_here = [a.name for a in asks if a.shares == 0 and not a.passthrough
+                       and _env(spec, a) != [names.VISIBLE_NONE]]
+    where = (f"{'shared node' if node is not None and node.shared else 'node'} \"{node_name}\""
+             if node_name else "its node")
+    enforced = ns.mode == names.MODE_ENFORCE
+    found = []
+    for label, name in [("container", n) for n in hidden_here] + [("ephemeral container", n)
+                                                                   for n in _ephemeral_names(spec)]:
+        message = f"gpushard: {label} \"{name}\" asks no GPU but may see every card of {where}"
+        if enforced and label == "container":
+            message += "; the pod was created before gpushard hid GPUs there and must be recreated"
+        elif enforced:
+            message += "; it was added before gpushard hid GPUs there, so the pod must be recreated"
+        found.append(f.Finding(f.UNHIDDEN, f.WARN, message, name))
+    return found
+
+
 def _env(spec: dict, ask: req.ContainerAsk) -> list[object]:
     # read_spec checked the container lists; the env is read as admission reads it (no list: none).
     return rewrite.env_value(spec[ask.list_key][ask.position], names.VISIBLE_DEVICES_ENV)
@@ -348,6 +392,7 @@ def audit_object(obj: dict, ns: NamespaceMode, policy: Policy,
         found += pinned
         if kind == names.POD_KIND:
             found += _pod_rules(obj, spec, asks, policy, nodes or {})
+            found += _unhidden_since_before(obj, spec, asks, ns, policy, nodes or {})
     return found
 
 
