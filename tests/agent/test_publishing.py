@@ -9,13 +9,13 @@
 import http.server
 import json
 import threading
-import time
 
 import kubernetes
 import pytest
 
 from tests import fakekube
 from tests.agent import fakekubelet
+from tests.cluster import kubeobjects
 from webhook import settings
 from webhook.agent import nvml, publishing, running
 from webhook.core import names
@@ -28,16 +28,6 @@ NODE = "gpu-node-1"
 def node(labels=None, annotations=None):
     return {"metadata": {"name": NODE, "labels": labels or {"kubernetes.io/hostname": NODE},
                          "annotations": annotations or {"keep": "me"}}}
-
-
-def wait_until(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def published(kube, count):
@@ -85,7 +75,7 @@ def test_the_agent_publishes_its_inventory_on_its_node(kube, plugin_dir):
     kube.put("nodes", node())
     agent = start_agent(kube, plugin_dir, nvml.FakeDevices(CARDS))
     try:
-        meta = wait_until(published(kube, 2))
+        meta = kubeobjects.wait_for(published(kube, 2))
     finally:
         agent.stop()
     assert json.loads(meta["annotations"][names.INVENTORY_ANNOTATION]) == [
@@ -103,15 +93,15 @@ def test_a_lost_card_is_unpublished_and_comes_back(kube, plugin_dir):
     devices = nvml.FakeDevices(CARDS)
     agent = start_agent(kube, plugin_dir, devices)
     try:
-        wait_until(published(kube, 2))
+        kubeobjects.wait_for(published(kube, 2))
         devices.inject(nvml.HealthEvent("GPU-aaaa", healthy=False, present=False, reason="fell off the bus"))
-        meta = wait_until(published(kube, 1))
+        meta = kubeobjects.wait_for(published(kube, 1))
         assert [c["uuid"] for c in json.loads(meta["annotations"][names.INVENTORY_ANNOTATION])] == ["GPU-bbbb"]
         # An unhealthy card is still there: the inventory does not change, so nothing is sent.
         patches_before = sum(1 for r in kube.requests if r[0] == "PATCH")
         devices.inject(nvml.HealthEvent("GPU-bbbb", healthy=False, reason="Xid 48"))
         devices.inject(nvml.HealthEvent("GPU-aaaa", healthy=True))
-        meta = wait_until(published(kube, 2))
+        meta = kubeobjects.wait_for(published(kube, 2))
         assert [c["index"] for c in json.loads(meta["annotations"][names.INVENTORY_ANNOTATION])] == [0, 1]
         assert sum(1 for r in kube.requests if r[0] == "PATCH") == patches_before + 1
     finally:
@@ -123,9 +113,9 @@ def test_failures_are_retried_until_the_patch_lands(kube, plugin_dir):
     agent = start_agent(kube, plugin_dir, nvml.FakeDevices(CARDS), retry=0.05)
     try:
         # First the two injected failures, then 404s: the Node is not registered yet.
-        wait_until(lambda: sum(1 for r in kube.requests if r[0] == "PATCH") >= 4)
+        kubeobjects.wait_for(lambda: sum(1 for r in kube.requests if r[0] == "PATCH") >= 4)
         kube.put("nodes", node())
-        wait_until(published(kube, 2))
+        kubeobjects.wait_for(published(kube, 2))
     finally:
         agent.stop()
 
@@ -134,7 +124,7 @@ def test_a_node_without_gpus_publishes_zero(kube, plugin_dir):
     kube.put("nodes", node(labels={names.CARDS_LABEL: "3"}))
     agent = start_agent(kube, plugin_dir, nvml.NullDevices())
     try:
-        meta = wait_until(published(kube, 0))
+        meta = kubeobjects.wait_for(published(kube, 0))
     finally:
         agent.stop()
     assert meta["annotations"][names.INVENTORY_ANNOTATION] == "[]"

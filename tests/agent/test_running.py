@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
-from tests.agent import fakekubelet
+from tests.agent import fakekubelet, test_nvml
 from webhook import cli
-from webhook.agent import nvml, running
+from webhook.agent import running
 from webhook.agent.proto import deviceplugin_pb2 as pb
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -43,13 +43,6 @@ def agent_process(*args, env=None):
     return subprocess.Popen([sys.executable, "-m", "webhook.cli", "agent", *args], cwd=ROOT, env=environment,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-
-def nvml_loads() -> bool:
-    try:
-        nvml.NvmlDevices().close()
-    except nvml.NvmlUnavailable:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -82,7 +75,7 @@ def test_the_agent_serves_registers_and_shuts_down_cleanly(tmp_path, plugin_dir,
 
 
 def test_without_nvml_the_agent_says_so_and_exits_3(plugin_dir):
-    if nvml_loads():
+    if test_nvml.nvml_loads():
         pytest.skip("NVML loads on this machine")
     proc = agent_process("--device-plugin-dir", plugin_dir, "--no-publish")
     out, err = proc.communicate(timeout=30)
