@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from fractions import Fraction
@@ -44,21 +45,36 @@ def parse(value: object) -> Fraction:
     if "e" in text and isinstance(value, float):
         mantissa, _, exp = text.partition("e")
         text = f"{mantissa}e{int(exp)}"
+    return _parse_text(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_text(text: str) -> Fraction:
+    """The exact value of quantity text. Cached: the same few asks ("250m", "0.5") come again
+    and again, and Fraction arithmetic is the dearest part of reading a pod."""
     match = _QUANTITY.match(text)
     if not match:
         raise QuantityError(f"{text!r} is not a quantity")
-    number = Fraction(match["number"] if not match["number"].endswith(".") else match["number"][:-1])
+    whole, _, frac = match["number"].partition(".")
+    numerator = int(whole or "0") * 10 ** len(frac) + int(frac or "0")
+    denominator = 10 ** len(frac)
     if match["sign"] == "-":
-        number = -number
+        numerator = -numerator
     suffix = match["suffix"] or ""
     if match["exp"] is not None:
         exponent = int(match["exp"])
         if abs(exponent) > MAX_EXPONENT:
             raise QuantityError(f"{text!r} is out of range")
-        return number * Fraction(10) ** exponent
-    if suffix in _BINARY_SI:
-        return number * (2 ** _BINARY_SI[suffix])
-    return number * Fraction(10) ** _DECIMAL_SI[suffix]
+    elif suffix in _BINARY_SI:
+        numerator <<= _BINARY_SI[suffix]
+        exponent = 0
+    else:
+        exponent = _DECIMAL_SI[suffix]
+    if exponent >= 0:
+        numerator *= 10 ** exponent
+    else:
+        denominator *= 10 ** -exponent
+    return Fraction(numerator, denominator)
 
 
 def to_shares(quantity: Fraction, shares_per_card: int) -> tuple[int, bool]:
@@ -78,6 +94,7 @@ def decimal_text(value: Fraction, places: int = 6) -> str:
     return f"{sign}{whole}.{frac:0{places}d}".rstrip("0")
 
 
+@functools.lru_cache(maxsize=4096)
 def fraction_text(shares: int, shares_per_card: int) -> str:
     """GPUSHARD_FRACTION for ``shares`` of a card."""
     return decimal_text(Fraction(shares, shares_per_card))
