@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench fuzz proto image kind clean
+.PHONY: demo test lint bench fuzz certs proto image kind clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ bench: $(STAMP)
 fuzz: $(STAMP)
 	GPUSHARD_FUZZ_EXAMPLES=$${GPUSHARD_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q -p no:cacheprovider \
 		--timeout 3600 tests/admission/test_fuzz.py
+
+certs: $(STAMP)
+	$(VENV)/bin/gpushard certs --out certs
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I webhook/agent/proto --python_out=webhook/agent/proto \
