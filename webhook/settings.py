@@ -94,19 +94,27 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
     return Settings(policy=policy, source=source)
 
 
+def read_yaml(path: Path, what: str, error: type[Exception], formats: str = "YAML") -> object:
+    """One YAML (or JSON) document from a file; ``error`` names the file and what went wrong.
+
+    Shared by every file gpushard reads at start: config, cluster view, card inventory.
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid {formats}: {exc}") from None
+
+
 def load(path: str | Path | None) -> Settings:
     """Read and validate the config file; ``None`` gives the defaults."""
     if path is None:
         return Settings()
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise SettingsError(f"{path}: cannot read the config file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"{path}: not valid YAML: {exc}") from None
+    data = read_yaml(path, "config file", SettingsError)
     try:
         return from_mapping(data, source=str(path))
     except SettingsError as exc:

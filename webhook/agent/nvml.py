@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
+from webhook import settings
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +132,7 @@ def parse_inventory(data: Any, source: str = "<inventory>") -> dict[str, tuple[C
 def load_inventory(path: str | Path) -> dict[str, tuple[Card, bool]]:
     """Read an inventory file (YAML or JSON)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InventoryError(f"{path}: cannot read the inventory file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InventoryError(f"{path}: not valid YAML or JSON: {exc}") from None
+    data = settings.read_yaml(path, "inventory file", InventoryError, formats="YAML or JSON")
     return parse_inventory(data, str(path))
 
 

@@ -9,8 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from webhook import settings
 from webhook.core import placement
 
 # How long a placement counts on its card; the live view (kube.py) uses the same.
@@ -88,12 +87,7 @@ def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.
 
 def load(path: str | Path, shares_per_card: int) -> placement.View:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ViewFileError(f"{path}: cannot read the cluster file: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ViewFileError(f"{path}: not valid YAML: {exc}") from None
+    data = settings.read_yaml(path, "cluster file", ViewFileError)
     return parse(data, shares_per_card, str(path))
 
 
