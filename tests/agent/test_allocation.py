@@ -71,14 +71,14 @@ def test_device_list_marks_each_card_s_shares_by_its_health():
 
 def test_allocate_for_a_card_points_at_its_uuid():
     _, card0, card1 = allocation.resources(CARDS, policy())
-    assert allocation.allocate_env(card0, ["card-0-3", "card-0-4"], CARDS, 100) == {
+    assert allocation.allocate(card0, ["card-0-3", "card-0-4"], CARDS, 100).envs == {
         names.VISIBLE_DEVICES_ENV: "GPU-aaaa"}
-    assert allocation.allocate_env(card1, ["card-1-0"], CARDS, 100) == {names.VISIBLE_DEVICES_ENV: "GPU-bbbb"}
+    assert allocation.allocate(card1, ["card-1-0"], CARDS, 100).envs == {names.VISIBLE_DEVICES_ENV: "GPU-bbbb"}
 
 
-def test_allocate_for_the_shares_resource_sets_no_env():
+def test_allocate_for_the_shares_resource_names_nothing():
     gpu = allocation.resources(CARDS, policy())[0]
-    assert allocation.allocate_env(gpu, ["card-1-5", "card-0-7"], CARDS, 100) == {}
+    assert allocation.allocate(gpu, ["card-1-5", "card-0-7"], CARDS, 100) == allocation.Allocation()
 
 
 @pytest.mark.parametrize("resource_index,device", [
@@ -90,7 +90,7 @@ def test_allocate_for_the_shares_resource_sets_no_env():
 def test_allocate_refuses_ids_the_resource_never_advertised(resource_index, device):
     resource = allocation.resources(CARDS, policy())[resource_index]
     with pytest.raises(allocation.AllocationError, match=device):
-        allocation.allocate_env(resource, [device], CARDS, 100)
+        allocation.allocate(resource, [device], CARDS, 100)
 
 
 def kubelet_merge(responses):
@@ -107,9 +107,9 @@ def test_a_container_with_both_resources_sees_only_its_card_in_any_merge_order(c
     gpu, *per_card = allocation.resources(CARDS, policy())
     other = 1 - card
     responses = [
-        allocation.allocate_env(per_card[card], [f"card-{card}-0"], CARDS, 100),
+        allocation.allocate(per_card[card], [f"card-{card}-0"], CARDS, 100).envs,
         # The kubelet may hand out shares of the shares resource that name the other card.
-        allocation.allocate_env(gpu, [f"card-{other}-0", f"card-{other}-1"], CARDS, 100),
+        allocation.allocate(gpu, [f"card-{other}-0", f"card-{other}-1"], CARDS, 100).envs,
     ]
     for order in itertools.permutations(responses):
         assert kubelet_merge(order)[names.VISIBLE_DEVICES_ENV] == CARDS[card].uuid

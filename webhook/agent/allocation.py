@@ -1,4 +1,4 @@
-"""What the agent advertises and hands out, as plain data: resources, share IDs, Allocate's env.
+"""What the agent advertises and hands out, as plain data: resources, share IDs, Allocate's answer.
 
 Nothing here knows gRPC or NVML calls; the device-plugin servicer translates to and from this.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from webhook.agent import nvml
 from webhook.core import names
@@ -83,21 +83,43 @@ def _check(resource: Resource, devices: Iterable[str], cards: Mapping[int, nvml.
     return touched
 
 
-def allocate_env(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Card],
-                 shares_per_card: int) -> dict[str, str]:
-    """The env one container gets for its devices of one resource.
+@dataclass(frozen=True)
+class Mount:
+    """A host path the runtime mounts into the container."""
+
+    container_path: str
+    host_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What one container gets for its devices of one resource.
+
+    Each part maps to a field of the kubelet's ContainerAllocateResponse; the servicer
+    translates it, so new answers (limits, more mounts) are added here and there only.
+    """
+
+    envs: dict[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names, vendor.com/class=name
+
+
+def allocate(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Card],
+             shares_per_card: int) -> Allocation:
+    """What one container gets for its devices of one resource.
 
     A per-card resource pins the container to its card by UUID. The node-wide shares
     resource is a sum for quotas: which share IDs the kubelet picked from it says nothing
-    about the card, so it sets no env at all. The kubelet merges the env of every resource
+    about the card, so it names no device at all. The kubelet merges the env of every resource
     in a container, keeping the first value of a key in an order it does not define, so
     any NVIDIA_VISIBLE_DEVICES from it could override the card's.
     """
     by_index = {c.index: c for c in cards}
     touched = _check(resource, devices, by_index, shares_per_card)
     if resource.card_index is None or not touched:
-        return {}
-    return {names.VISIBLE_DEVICES_ENV: by_index[resource.card_index].uuid}
+        return Allocation()
+    return Allocation(envs={names.VISIBLE_DEVICES_ENV: by_index[resource.card_index].uuid})
 
 
 def preferred(resource: Resource, available: Iterable[str], must_include: Iterable[str], size: int) -> list[str]:

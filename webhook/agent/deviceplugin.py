@@ -18,6 +18,15 @@ log = logging.getLogger(__name__)
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
 
+def container_response(answer: allocation.Allocation) -> pb.ContainerAllocateResponse:
+    """The kubelet's message for one container's allocation."""
+    return pb.ContainerAllocateResponse(
+        envs=answer.envs,
+        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                for m in answer.mounts],
+        cdi_devices=[pb.CDIDevice(name=name) for name in answer.cdi_devices])
+
+
 class Servicer(pb_grpc.DevicePluginServicer):
     """Answers the kubelet for one resource from the board's state."""
 
@@ -73,11 +82,11 @@ class Servicer(pb_grpc.DevicePluginServicer):
         responses = []
         for req in request.container_requests:
             try:
-                env = allocation.allocate_env(self.resource, req.devices_ids, self.cards, self.shares_per_card)
+                answer = allocation.allocate(self.resource, req.devices_ids, self.cards, self.shares_per_card)
             except allocation.AllocationError as exc:
                 log.warning("%s", exc)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            responses.append(pb.ContainerAllocateResponse(envs=env))
+            responses.append(container_response(answer))
         return pb.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request, context):
