@@ -48,13 +48,57 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
+# A namespace or ServiceAccount name: a DNS label (namespaces) or subdomain (service accounts).
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_ACCOUNT = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def _names(key: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise SettingsError(f"{key}: must be a list of names, got {value!r}")
+    return value
+
+
+def _exempt(value: Any) -> policy_mod.Exempt:
+    """policy.exempt: what is trusted with host access in enforce namespaces."""
+    ex = _mapping("policy.exempt", value)
+    _check_keys("policy.exempt.", ex, {"serviceAccounts", "namespaces"})
+    namespaces = _names("policy.exempt.namespaces", ex.get("namespaces"))
+    for name in namespaces:
+        if not _NAMESPACE.match(name):
+            raise SettingsError(f"policy.exempt.namespaces: {name!r} is not a namespace name")
+    accounts = _names("policy.exempt.serviceAccounts", ex.get("serviceAccounts"))
+    for entry in accounts:
+        namespace, _, account = entry.partition("/")
+        if not _NAMESPACE.match(namespace) or not _ACCOUNT.match(account):
+            raise SettingsError(f"policy.exempt.serviceAccounts: {entry!r} is not namespace/name")
+    return policy_mod.Exempt(service_accounts=frozenset(accounts), namespaces=frozenset(namespaces))
+
+
+def _device_list_strategy(value: Any) -> tuple[str, ...]:
+    """deviceListStrategy: one name or a list of them, as NVIDIA's device plugin takes it."""
+    if value is None:
+        return policy_mod.DEFAULT_DEVICE_LIST_STRATEGY
+    listed = [value] if isinstance(value, str) else value
+    if not isinstance(listed, list) or not listed:
+        raise SettingsError(f"deviceListStrategy: must be a non-empty list of "
+                            f"{', '.join(policy_mod.DEVICE_LIST_STRATEGIES)}, got {value!r}")
+    for name in listed:
+        _choice("deviceListStrategy", name, policy_mod.DEVICE_LIST_STRATEGIES)
+    if len(set(listed)) != len(listed):
+        raise SettingsError(f"deviceListStrategy: lists a strategy twice: {value!r}")
+    return tuple(listed)
+
+
 def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
     """Validate a parsed config document."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise SettingsError(f"{source}: the config must be a mapping, got {type(data).__name__}")
-    _check_keys("", data, {"version", "sharesPerCard", "resources", "policy"})
+    _check_keys("", data, {"version", "sharesPerCard", "resources", "policy", "deviceListStrategy"})
     version = data.get("version", VERSION)
     if version != VERSION:
         raise SettingsError(f"version: must be {VERSION!r}, got {version!r}")
@@ -79,7 +123,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         raise SettingsError("resources: fraction, shares and cardPrefix must name different resources")
 
     pol = _mapping("policy", data.get("policy"))
-    _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "hideUnrequestedGpus"})
+    _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "hideUnrequestedGpus", "exempt"})
     hide = pol.get("hideUnrequestedGpus", True)
     if not isinstance(hide, bool):
         raise SettingsError(f"policy.hideUnrequestedGpus: must be true or false, got {hide!r}")
@@ -90,6 +134,8 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         multi_card=_choice("policy.multiCard", pol.get("multiCard", "deny"), policy_mod.MULTI_CARD),
         placement=_choice("policy.placement", pol.get("placement", "binpack"), policy_mod.PLACEMENTS),
         hide_unrequested_gpus=hide,
+        exempt=_exempt(pol.get("exempt")),
+        device_list_strategy=_device_list_strategy(data.get("deviceListStrategy")),
     )
     return Settings(policy=policy, source=source)
 

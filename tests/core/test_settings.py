@@ -1,5 +1,6 @@
 """We test:
 - the config file of SPEC.md loads into the policy, and an absent file means the defaults;
+- policy.exempt and deviceListStrategy load, default to nothing exempt and [envvar, volume-mounts];
 - every bad key or value stops the program with a message naming the key and the value;
 - the static cluster file reads into a view, and its errors name the field.
 """
@@ -36,6 +37,17 @@ def test_other_values_load():
     assert p.resources.fraction == "example.com/gpu" and p.resources.shares == "gpushard.io/gpu"
 
 
+def test_exemptions_and_device_list_strategy_load():
+    defaults = settings.Settings().policy
+    assert defaults.device_list_strategy == ("envvar", "volume-mounts")
+    assert not defaults.exempt.service_accounts and not defaults.exempt.namespaces
+    p = settings.from_mapping({"deviceListStrategy": "cdi-cri", "policy": {"exempt": {
+        "serviceAccounts": ["gpu-monitoring/dcgm-exporter"], "namespaces": ["gpu-operator"]}}}).policy
+    assert p.device_list_strategy == ("cdi-cri",)
+    assert p.exempt.covers("gpu-monitoring", "dcgm-exporter") and p.exempt.covers("gpu-operator", "default")
+    assert not p.exempt.covers("ml", "dcgm-exporter")
+
+
 @pytest.mark.parametrize("data, named", [
     ({"version": "v2"}, "version: must be 'v1', got 'v2'"),
     ({"sharesPerCard": 0}, "sharesPerCard"),
@@ -51,6 +63,15 @@ def test_other_values_load():
     ({"resources": {"fraction": "kubernetes.io/gpu"}}, "resources.fraction"),
     ({"resources": {"shares": "nvidia.com/gpu"}}, "resources: fraction, shares and cardPrefix"),
     ({"policy": ["binpack"]}, "policy: must be a mapping"),
+    ({"policy": {"exempt": {"serviceAccounts": ["dcgm"]}}},
+     "policy.exempt.serviceAccounts: 'dcgm' is not namespace/name"),
+    ({"policy": {"exempt": {"serviceAccounts": "ns/sa"}}}, "policy.exempt.serviceAccounts: must be a list"),
+    ({"policy": {"exempt": {"namespaces": ["Kube_System"]}}}, "policy.exempt.namespaces: 'Kube_System'"),
+    ({"policy": {"exempt": {"users": []}}}, "policy.exempt.users: unknown key"),
+    ({"policy": {"exempt": ["ns/sa"]}}, "policy.exempt: must be a mapping"),
+    ({"deviceListStrategy": ["env"]}, "deviceListStrategy: must be one of envvar, volume-mounts, cdi-cri, got 'env'"),
+    ({"deviceListStrategy": []}, "deviceListStrategy: must be a non-empty list"),
+    ({"deviceListStrategy": ["envvar", "envvar"]}, "deviceListStrategy: lists a strategy twice"),
     ([1, 2], "must be a mapping"),
 ])
 def test_bad_config_names_the_key(data, named):

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from webhook.core import decisions, names, quantities, rewrite
+from webhook.core import decisions, hostaccess, names, quantities, rewrite
 from webhook.core import findings as f
 from webhook.core import requests as req
 from webhook.core.policy import Policy
@@ -376,6 +376,8 @@ def audit_object(obj: dict, ns: NamespaceMode, policy: Policy,
     elif ns.mode == names.MODE_ENFORCE:
         found = [x for x in found if x.rule not in FIXED_BY_ENFORCE]
     if ns.mode is None:
+        # Host access is gpushard's to judge only where a namespace opted in.
+        found = [x for x in found if x.rule not in hostaccess.RULES]
         ref = ref_of(obj)
         found.insert(0, _warn(NOT_OPTED_IN, (
             f"gpushard: the {kind} asks for a GPU in namespace \"{ref.namespace or 'default'}\", which has no "

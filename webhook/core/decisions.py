@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from webhook.core import findings as f
-from webhook.core import names, placement, rewrite
+from webhook.core import hostaccess, names, placement, rewrite
 from webhook.core import requests as req
 from webhook.core.policy import Policy
 
@@ -25,6 +25,7 @@ class Request:
     dry_run: bool = False
     old: object = None  # the object before an UPDATE
     sub_resource: str = ""
+    namespace: str = ""  # the request's namespace, when the object does not say it
 
 
 @dataclass
@@ -210,20 +211,58 @@ def _template_untouched(request: Request, spec: dict) -> bool:
         return False
 
 
-def _ephemeral(obj: dict, spec: dict, audit: bool, policy: Policy) -> Decision:
-    """Debug containers added to a running pod hold no share: hide the node's cards from them."""
+def _old_spec(request: Request) -> dict | None:
+    try:
+        return spec_of(request.old, names.POD_KIND) if isinstance(request.old, dict) else None
+    except f.ObjectError:
+        return None
+
+
+def _namespace(request: Request) -> str:
+    meta = request.obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    return namespace if isinstance(namespace, str) and namespace else request.namespace
+
+
+def _ephemeral(request: Request, spec: dict, audit: bool, policy: Policy) -> Decision:
+    """Debug containers added to a running pod hold no share: hide the node's cards from them.
+
+    Only the containers this UPDATE adds are judged and changed: the API server refuses any
+    change to an ephemeral container that already exists.
+    """
+    obj = request.obj
     items = spec.get("ephemeralContainers")
-    if items is None or not policy.hide_unrequested_gpus:
+    if items is None:
         return Decision(allowed=True, obj=None if audit else obj)
     if not isinstance(items, list) or not all(isinstance(c, dict) for c in items):
         raise f.ObjectError("spec.ephemeralContainers", "expected a list of mappings")
+    added = hostaccess.added_ephemeral(spec, _old_spec(request))
+    found = hostaccess.ephemeral_findings(spec, added, _namespace(request), policy)
+    if found and not audit:
+        return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
+    if not policy.hide_unrequested_gpus:
+        return Decision(allowed=True, obj=None if audit else obj, findings=found)
     if audit:
-        found = [f.Finding(f.UNHIDDEN, f.WARN, (
-            f"gpushard: ephemeral container \"{c.get('name')}\" asks no GPU but may see every card of the node"),
-            str(c.get("name"))) for c in items
-            if rewrite.env_value(c, names.VISIBLE_DEVICES_ENV) != [names.VISIBLE_NONE]]
+        found += [f.Finding(f.UNHIDDEN, f.WARN, (
+            f"gpushard: ephemeral container \"{items[i].get('name')}\" asks no GPU but may see every card of the node"),
+            str(items[i].get("name"))) for i in added
+            if rewrite.env_value(items[i], names.VISIBLE_DEVICES_ENV) != [names.VISIBLE_NONE]]
         return Decision(allowed=True, findings=found)
-    return Decision(allowed=True, obj=rewrite.hide_ephemeral(obj, policy))
+    return Decision(allowed=True, obj=rewrite.hide_ephemeral(obj, policy, added))
+
+
+def _host_access(request: Request, spec: dict, asks: list[req.ContainerAsk], policy: Policy) -> list[f.Finding]:
+    """Host access around the device plugin (core/hostaccess.py), in a Pod or a template."""
+    if request.kind == names.POD_KIND:
+        where, meta = "spec", request.obj.get("metadata") or {}
+        meta_where = "metadata.annotations"
+    else:
+        path = names.TEMPLATE_PATHS[request.kind]
+        template = rewrite.pod_template(request.obj, path)
+        where, meta = ".".join(path) + ".spec", template.get("metadata")
+        meta_where = ".".join(path) + ".metadata.annotations"
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    return hostaccess.pod_findings(spec, annotations, where, meta_where, _namespace(request), asks, policy)
 
 
 def decide(request: Request, policy: Policy, view: placement.View | None) -> Decision:
@@ -240,7 +279,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
             return Decision(allowed=True, obj=None if audit else obj)
         if kind == names.POD_KIND and request.operation != "CREATE":
             if request.sub_resource == EPHEMERAL:
-                return _ephemeral(obj, spec, audit, policy)
+                return _ephemeral(request, spec, audit, policy)
             return Decision(allowed=True, obj=None if audit else obj)
         if request.operation == "UPDATE" and _template_untouched(request, spec):
             return Decision(allowed=True, obj=None if audit else obj)
@@ -255,6 +294,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         return Decision(allowed=False, code=400, message=str(exc), findings=[finding])
 
     found = [x for a in asks for x in a.findings]
+    found += _host_access(request, spec, asks, policy)
     denied = any(x.severity == f.DENY for x in found)
     shares, pin = 0, None
     if not denied:

@@ -28,6 +28,14 @@ FRACTION_UNREWRITTEN = "fraction-unrewritten"
 NO_ROOM = "no-room"
 NO_VIEW = "no-view"
 NO_MATCHING_NODE = "no-matching-node"
+# Host access around the device plugin (core/hostaccess.py).
+PRIVILEGED = "privileged"
+ADDED_CAPABILITIES = "added-capabilities"
+HOST_PID = "host-pid"
+HOST_PATH = "host-path"
+DEVICE_LIST_MOUNT = "device-list-mount"
+DEVICE_ANNOTATION = "device-annotation"
+VISIBLE_DEVICES_FROM = "visible-devices-from"
 
 # What a user can do about each rule, for audit tables.
 FIXES = {
@@ -50,6 +58,13 @@ FIXES = {
     NO_ROOM: "wait for a card to free up, or ask for fewer shares",
     NO_VIEW: "check that the webhook can reach the Kubernetes API",
     NO_MATCHING_NODE: "check the pod's node selector, affinity and tolerations",
+    PRIVILEGED: "drop privileged: true, or exempt the service account in policy.exempt",
+    ADDED_CAPABILITIES: "drop SYS_ADMIN and ALL from capabilities.add, or exempt the service account",
+    HOST_PID: "drop hostPID: true, or exempt the service account in policy.exempt",
+    HOST_PATH: "use no hostPath of /dev, the kubelet's folders or the toolkit's device-list folder",
+    DEVICE_LIST_MOUNT: "mount nothing under /var/run/nvidia-container-devices; the device plugin does",
+    DEVICE_ANNOTATION: "remove the device annotation; GPUs come from the device plugin",
+    VISIBLE_DEVICES_FROM: "give the envFrom a prefix, or drop it, so it cannot set NVIDIA_VISIBLE_DEVICES",
 }
 
 

@@ -28,6 +28,24 @@ VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 FRACTION_ENV = "GPUSHARD_FRACTION"
 VISIBLE_NONE = "void"
 
+# Where NVIDIA's container toolkit reads a device list from mounts of /dev/null, and the CDI
+# kind its `nvidia-ctk cdi generate` names the cards by (nvidia.com/gpu=<uuid>).
+DEVICE_LIST_MOUNT_ROOT = "/var/run/nvidia-container-devices"
+DEVICE_LIST_MOUNT_SOURCE = "/dev/null"
+NVIDIA_CDI_KIND = "nvidia.com/gpu"
+
+# Host folders a pod must not reach in an enforce namespace: device nodes, the kubelet's
+# folders (device-plugin sockets, pod-resources), the toolkit's device-list folder.
+HOST_DEVICE_PATHS = ("/dev", "/var/lib/kubelet", DEVICE_LIST_MOUNT_ROOT, "/run/nvidia-container-devices")
+# Pod annotation keys (exact, or followed by "/" or ".") that make a runtime or an NRI plugin
+# inject devices or mounts: CDI (container toolkit, containerd, CRI-O), CRI-O's device
+# annotation (new and deprecated spelling), NRI's device-injector (new and deprecated domains).
+DEVICE_ANNOTATIONS = ("cdi.k8s.io", "devices.crio.io", "io.kubernetes.cri-o.Devices",
+                      "devices.noderesource.dev", "cdi-devices.noderesource.dev", "mounts.noderesource.dev",
+                      "devices.nri.io", "cdi-devices.nri.io", "mounts.nri.io")
+# Linux capabilities that open every device (the toolkit treats CAP_SYS_ADMIN as privileged).
+HOST_CAPABILITIES = ("SYS_ADMIN", "ALL")
+
 # Well-known Kubernetes labels and taints the placement honours.
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"

@@ -9,6 +9,14 @@ from webhook.core import names
 WHOLE_CARDS = ("share", "passthrough")
 MULTI_CARD = ("deny", "passthrough")
 PLACEMENTS = ("binpack", "spread")
+# How the card-k device plugin names its card to the container runtime (NVIDIA's plugin's words).
+ENVVAR = "envvar"
+VOLUME_MOUNTS = "volume-mounts"
+CDI_CRI = "cdi-cri"
+DEVICE_LIST_STRATEGIES = (ENVVAR, VOLUME_MOUNTS, CDI_CRI)
+# Works unchanged on a node with the toolkit's defaults (it reads the env) and on a hardened
+# node (it reads the mounts first and ignores the env); CDI needs a spec on the node.
+DEFAULT_DEVICE_LIST_STRATEGY = (ENVVAR, VOLUME_MOUNTS)
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,17 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class Exempt:
+    """What an operator trusts with host access in enforce namespaces (default: nothing)."""
+
+    service_accounts: frozenset[str] = frozenset()  # "namespace/name"
+    namespaces: frozenset[str] = frozenset()
+
+    def covers(self, namespace: str, service_account: str) -> bool:
+        return namespace in self.namespaces or f"{namespace}/{service_account}" in self.service_accounts
+
+
+@dataclass(frozen=True)
 class Policy:
     shares_per_card: int = 100
     resources: Resources = field(default_factory=Resources)
@@ -39,3 +58,5 @@ class Policy:
     multi_card: str = "deny"
     placement: str = "binpack"
     hide_unrequested_gpus: bool = True
+    exempt: Exempt = field(default_factory=Exempt)
+    device_list_strategy: tuple[str, ...] = DEFAULT_DEVICE_LIST_STRATEGY

@@ -59,13 +59,15 @@ def remove_env(container: dict, name: str) -> None:
         container["env"] = [e for e in env if not (isinstance(e, dict) and e.get("name") == name)]
 
 
-def hide_ephemeral(obj: dict, policy: Policy) -> dict:
-    """The pod with NVIDIA_VISIBLE_DEVICES=void in every ephemeral (debug) container."""
+def hide_ephemeral(obj: dict, policy: Policy, only: list[int] | None = None) -> dict:
+    """The pod with NVIDIA_VISIBLE_DEVICES=void in its ephemeral (debug) containers (those at ``only``)."""
     new = dict(obj)
     spec = _own(new, "spec")
-    spec["ephemeralContainers"] = [dict(c) for c in spec["ephemeralContainers"]]
-    for container in spec["ephemeralContainers"]:
-        set_env(container, names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
+    spec["ephemeralContainers"] = list(spec["ephemeralContainers"])
+    for i, container in enumerate(spec["ephemeralContainers"]):
+        if only is None or i in only:
+            container = spec["ephemeralContainers"][i] = dict(container)
+            set_env(container, names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
     return new
 
 

@@ -1,0 +1,193 @@
+"""We test, through the admission app as the API server calls it, host access in gpushard namespaces:
+- each way around the device plugin (privileged, also in init and debug containers; SYS_ADMIN/ALL;
+  hostPID; hostPath of /dev, the kubelet's folders, the toolkit's device-list folder and /dev/null
+  mounted under it; device-injecting annotations; envFrom in passthrough containers) is a 403
+  whose message names the container (or volume, annotation) and the field;
+- audit mode reports the same as warnings and audit annotations, and allows;
+- an exempt service account or namespace (policy.exempt) is let through, nobody else;
+- a debug container added next to an older one: only the new one is changed, and the patch
+  applies to the stored pod (the API server refuses changes to existing ephemeral containers).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.admission import objects
+from tests.admission.test_app import post
+from webhook import settings as settings_mod
+from webhook.admission import app as app_mod
+
+
+def _gpu_pod(**spec_extra) -> dict:
+    obj = objects.pod(objects.container("train", "0.5"), objects.container("sidecar"))
+    obj["spec"].update(spec_extra)
+    return obj
+
+
+def _denied(client, obj: dict, path: str = "/mutate") -> str:
+    response = post(client, path, objects.review(obj))
+    assert response["allowed"] is False
+    assert response["status"]["code"] == 403
+    return response["status"]["message"]
+
+
+def test_a_privileged_init_container_is_denied(client):
+    obj = _gpu_pod()
+    obj["spec"]["initContainers"] = [objects.container("setup", securityContext={"privileged": True})]
+    message = _denied(client, obj)
+    assert message == ('gpushard: init container "setup" is privileged '
+                       '(spec.initContainers[0].securityContext.privileged), so it would see every card of the node')
+
+
+@pytest.mark.parametrize("cap", ["SYS_ADMIN", "CAP_SYS_ADMIN", "ALL", "all"])
+def test_sys_admin_or_all_capabilities_are_denied(client, cap):
+    obj = _gpu_pod()
+    obj["spec"]["containers"][1]["securityContext"] = {"capabilities": {"add": ["NET_RAW", cap]}}
+    message = _denied(client, obj)
+    assert f'container "sidecar" adds capability {cap} (spec.containers[1].securityContext.capabilities.add)' in message
+
+
+def test_host_pid_is_denied(client):
+    assert "(spec.hostPID)" in _denied(client, _gpu_pod(hostPID=True))
+
+
+@pytest.mark.parametrize("path,exposes", [
+    ("/dev", "the node's device files"),
+    ("/dev/nvidia0", "the node's device files"),
+    ("/dev/null", "the node's device files"),
+    ("/var/lib/kubelet/device-plugins", "the kubelet's folders"),
+    ("/var/lib/kubelet/pod-resources/", "the kubelet's folders"),
+    ("//var/lib/./kubelet", "the kubelet's folders"),
+    ("/var/run/nvidia-container-devices", "the toolkit's device-list folder"),
+    ("/", "a folder holding /dev"),
+    ("/var/lib", "a folder holding /var/lib/kubelet"),
+])
+def test_host_paths_that_reach_devices_are_denied(client, path, exposes):
+    obj = _gpu_pod(volumes=[{"name": "host", "hostPath": {"path": path}}])
+    message = _denied(client, obj)
+    assert '"host" is hostPath' in message and "(spec.volumes[0].hostPath.path)" in message
+    assert exposes in message
+
+
+def test_dev_null_mounted_under_the_device_list_folder_is_denied(client):
+    # The toolkit (with volume mounts accepted) reads /dev/null at <root>/<id> as a request for <id>.
+    obj = _gpu_pod(volumes=[{"name": "null", "hostPath": {"path": "/dev/null", "type": "CharDevice"}}])
+    obj["spec"]["containers"][1]["volumeMounts"] = [
+        {"name": "null", "mountPath": "/var/run/nvidia-container-devices/all"}]
+    message = _denied(client, obj)
+    assert '"null" is hostPath /dev/null' in message
+    assert ('container "sidecar" mounts volume "null" at /var/run/nvidia-container-devices/all '
+            "(spec.containers[1].volumeMounts[0].mountPath)") in message
+
+
+@pytest.mark.parametrize("key", ["cdi.k8s.io/gpus", "devices.crio.io", "io.kubernetes.cri-o.Devices",
+                                 "devices.noderesource.dev/container.train", "cdi-devices.nri.io/pod"])
+def test_device_injecting_annotations_are_denied(client, key):
+    obj = _gpu_pod()
+    obj["metadata"]["annotations"] = {key: "nvidia.com/gpu=all"}
+    assert f'annotation "{key}" (metadata.annotations)' in _denied(client, obj)
+
+
+def test_the_same_holds_in_templates(client):
+    obj = objects.deployment(objects.container("train", "0.5", securityContext={"privileged": True}))
+    obj["spec"]["template"]["metadata"]["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=all"}
+    message = _denied(client, obj)
+    assert "(spec.template.spec.containers[0].securityContext.privileged)" in message
+    assert "(spec.template.metadata.annotations)" in message
+
+
+@pytest.fixture
+def passthrough_client(view):
+    settings = settings_mod.from_mapping({"policy": {"wholeCards": "passthrough"}})
+    return app_mod.create_app(settings, view).test_client()
+
+
+@pytest.mark.parametrize("prefix,denied", [(None, True), ("", True), ("NVIDIA_", True), ("APP_", False),
+                                           ("NVIDIA_VISIBLE_DEVICES_", False)])
+def test_env_from_in_a_passthrough_container(passthrough_client, prefix, denied):
+    source = {"configMapRef": {"name": "settings"}}
+    if prefix is not None:
+        source["prefix"] = prefix
+    obj = objects.pod(objects.container("train", "1", envFrom=[source]))
+    response = post(passthrough_client, "/mutate", objects.review(obj))
+    assert response["allowed"] is not denied
+    if denied:
+        assert ('container "train" takes env from configMap "settings"' in response["status"]["message"])
+        assert "(spec.containers[0].envFrom[0])" in response["status"]["message"]
+
+
+def test_env_from_in_a_container_that_holds_shares_is_harmless(client):
+    # gpushard's own env entry wins over envFrom there.
+    obj = objects.pod(objects.container("train", "0.5", envFrom=[{"secretRef": {"name": "s"}}]))
+    response = post(client, "/mutate", objects.review(obj))
+    assert response["allowed"] is True
+    new = objects.patched(obj, response)
+    assert objects.env_of(new["spec"]["containers"][0])["NVIDIA_VISIBLE_DEVICES"] == "0"
+
+
+def test_audit_mode_reports_the_same_and_allows(client):
+    obj = _gpu_pod(hostPID=True)
+    obj["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    response = post(client, "/audit", objects.review(obj))
+    assert response["allowed"] is True and "patch" not in response
+    assert set(response["auditAnnotations"]) >= {"privileged", "host-pid"}
+    assert any('container "train" is privileged' in w for w in response["warnings"])
+
+
+def _exempting(view, **exempt):
+    settings = settings_mod.from_mapping({"policy": {"exempt": exempt}})
+    return app_mod.create_app(settings, view).test_client()
+
+
+def test_exempt_service_accounts_and_namespaces_pass(view):
+    obj = _gpu_pod(hostPID=True, serviceAccountName="dcgm-exporter")
+    assert post(_exempting(view, serviceAccounts=["ml/dcgm-exporter"]), "/mutate",
+                objects.review(obj))["allowed"] is True
+    assert post(_exempting(view, namespaces=["ml"]), "/mutate", objects.review(obj))["allowed"] is True
+    # The same name in another namespace, or another account, is not exempt.
+    assert post(_exempting(view, serviceAccounts=["monitoring/dcgm-exporter", "ml/other"]), "/mutate",
+                objects.review(obj))["allowed"] is False
+    no_account = _gpu_pod(hostPID=True)
+    assert post(_exempting(view, serviceAccounts=["ml/dcgm-exporter"]), "/mutate",
+                objects.review(no_account))["allowed"] is False
+
+
+def _debug_review(old: dict, new: dict) -> dict:
+    review = objects.review(new, operation="UPDATE")
+    review["request"]["subResource"] = "ephemeralcontainers"
+    review["request"]["oldObject"] = old
+    return review
+
+
+def test_a_sysadmin_debug_container_is_denied(client):
+    # `kubectl debug --profile=sysadmin` asks privileged: true.
+    old = _gpu_pod()
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [{"name": "debugger-x", "image": "busybox",
+                                           "securityContext": {"privileged": True}}]
+    response = post(client, "/mutate", _debug_review(old, new))
+    assert response["allowed"] is False and response["status"]["code"] == 403
+    assert response["status"]["message"] == (
+        'gpushard: ephemeral container "debugger-x" is privileged '
+        "(spec.ephemeralContainers[0].securityContext.privileged), so it would see every card of the node")
+
+
+def test_a_second_debug_container_changes_only_itself(client):
+    # The first was added before (here: by a cluster without gpushard, so it has no env at all).
+    first = {"name": "debugger-a", "image": "busybox", "targetContainerName": "train"}
+    old = _gpu_pod()
+    old["spec"]["ephemeralContainers"] = [first]
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"].append({"name": "debugger-b", "image": "cuda"})
+    response = post(client, "/mutate", _debug_review(old, new))
+    assert response["allowed"] is True
+    stored = objects.patched(new, response)
+    assert stored["spec"]["ephemeralContainers"][0] == first, "an existing ephemeral container was changed"
+    assert objects.env_of(stored["spec"]["ephemeralContainers"][1]) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    # An older privileged debug container (from before the opt-in) does not block a new one.
+    old["spec"]["ephemeralContainers"][0]["securityContext"] = {"privileged": True}
+    new["spec"]["ephemeralContainers"][0]["securityContext"] = {"privileged": True}
+    assert post(client, "/mutate", _debug_review(old, new))["allowed"] is True

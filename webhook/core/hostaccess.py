@@ -1,0 +1,202 @@
+"""Host access that reaches cards around the device plugin: what a pod in an enforce namespace may not ask.
+
+A container that is privileged, holds CAP_SYS_ADMIN, shares the node's PID namespace, mounts
+/dev, the kubelet's folders or the toolkit's device-list folder, or carries an annotation
+that makes the runtime inject devices, can see cards that no share was counted for, however
+the device plugin and the env name its card. Each is a finding that names the container and
+the field; enforce mode denies them, audit mode reports them. What the operator trusts
+(``policy.exempt``) is left alone.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable
+
+from webhook.core import findings as f
+from webhook.core import names
+from webhook.core import requests as req
+from webhook.core.policy import Policy
+
+# Every container list of a pod spec, with the word a message uses for its containers.
+CONTAINER_LISTS = (("initContainers", "init container"), ("containers", "container"),
+                   ("ephemeralContainers", "ephemeral container"))
+DEFAULT_SERVICE_ACCOUNT = "default"
+RULES = frozenset({f.PRIVILEGED, f.ADDED_CAPABILITIES, f.HOST_PID, f.HOST_PATH, f.DEVICE_LIST_MOUNT,
+                   f.DEVICE_ANNOTATION, f.VISIBLE_DEVICES_FROM})
+
+
+def _dict(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: object) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _deny(rule: str, message: str, container: str | None = None) -> f.Finding:
+    return f.Finding(rule, f.DENY, message, container)
+
+
+def service_account(spec: dict) -> str:
+    """The pod's service account as the API server defaults it."""
+    for key in ("serviceAccountName", "serviceAccount"):
+        value = spec.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return DEFAULT_SERVICE_ACCOUNT
+
+
+def exempt(spec: dict, namespace: str, policy: Policy) -> bool:
+    return policy.exempt.covers(namespace, service_account(spec))
+
+
+def normal_path(path: object) -> str | None:
+    """An absolute path with '..', '.' and repeated '/' resolved, as the node would; None if no text."""
+    if not isinstance(path, str) or not path:
+        return None
+    # The kubelet runs from "/", so a relative hostPath is one below it.
+    cleaned = posixpath.normpath("/" + path)
+    return "/" + cleaned.lstrip("/")
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _exposed(path: str) -> str | None:
+    """What a hostPath of ``path`` exposes, or None when it is none of gpushard's concern."""
+    for root in names.HOST_DEVICE_PATHS:
+        if _under(path, root):
+            return _what(root)
+        if _under(root, path):  # a parent: a subPath reaches the folder below it
+            return f"a folder holding {root}"
+    return None
+
+
+def _what(root: str) -> str:
+    if root == "/dev":
+        return "the node's device files"
+    if root == "/var/lib/kubelet":
+        return "the kubelet's folders (device-plugin sockets, pod-resources)"
+    return "the toolkit's device-list folder"
+
+
+def _annotation_denied(key: str) -> bool:
+    lowered = key.lower()
+    for base in names.DEVICE_ANNOTATIONS:
+        base = base.lower()
+        if lowered == base or lowered.startswith(base + "/") or lowered.startswith(base + "."):
+            return True
+    return False
+
+
+def _container(container: dict, label: str, where: str) -> list[f.Finding]:
+    name = str(container.get("name") or "")
+    found = []
+    security = _dict(container.get("securityContext"))
+    if security.get("privileged") is True:
+        found.append(_deny(f.PRIVILEGED, (
+            f"gpushard: {label} \"{name}\" is privileged ({where}.securityContext.privileged), "
+            "so it would see every card of the node"), name))
+    added = _list(_dict(security.get("capabilities")).get("add"))
+    for cap in added:
+        text = str(cap).upper().removeprefix("CAP_")
+        if text in names.HOST_CAPABILITIES:
+            found.append(_deny(f.ADDED_CAPABILITIES, (
+                f"gpushard: {label} \"{name}\" adds capability {cap} ({where}.securityContext.capabilities.add), "
+                "so it could reach every card of the node"), name))
+    for i, mount in enumerate(_list(container.get("volumeMounts"))):
+        mount = _dict(mount)
+        path = normal_path(mount.get("mountPath"))
+        if path is not None and _under(path, names.DEVICE_LIST_MOUNT_ROOT):
+            found.append(_deny(f.DEVICE_LIST_MOUNT, (
+                f"gpushard: {label} \"{name}\" mounts volume \"{mount.get('name')}\" at {path} "
+                f"({where}.volumeMounts[{i}].mountPath), the toolkit's device-list folder"), name))
+    return found
+
+
+def container_findings(spec: dict, where: str, only: Iterable[tuple[str, int]] | None = None) -> list[f.Finding]:
+    """Findings about each container (or only the (list, position) pairs in ``only``)."""
+    chosen = set(only) if only is not None else None
+    found = []
+    for key, label in CONTAINER_LISTS:
+        for i, container in enumerate(_list(spec.get(key))):
+            if isinstance(container, dict) and (chosen is None or (key, i) in chosen):
+                found += _container(container, label, f"{where}.{key}[{i}]")
+    return found
+
+
+def _volumes(spec: dict, where: str) -> list[f.Finding]:
+    found = []
+    for i, volume in enumerate(_list(spec.get("volumes"))):
+        volume = _dict(volume)
+        host = volume.get("hostPath")
+        if host is None:
+            continue
+        path = normal_path(_dict(host).get("path"))
+        exposed = _exposed(path) if path is not None else None
+        if exposed:
+            found.append(_deny(f.HOST_PATH, (
+                f"gpushard: volume \"{volume.get('name')}\" is hostPath {path} ({where}.volumes[{i}].hostPath.path), "
+                f"which exposes {exposed}")))
+    return found
+
+
+def _annotations(annotations: dict, where: str) -> list[f.Finding]:
+    return [_deny(f.DEVICE_ANNOTATION, (
+        f"gpushard: annotation \"{key}\" ({where}) makes the container runtime inject devices"))
+        for key in sorted(map(str, annotations)) if _annotation_denied(key)]
+
+
+def _env_from(spec: dict, asks: list[req.ContainerAsk], where: str) -> list[f.Finding]:
+    """envFrom in a passthrough container: gpushard removes its own env entry, so this would win."""
+    found = []
+    for ask in asks:
+        if not ask.passthrough:
+            continue
+        container = spec[ask.list_key][ask.position]
+        for i, source in enumerate(_list(container.get("envFrom"))):
+            source = _dict(source)
+            prefix = source.get("prefix") or ""
+            if isinstance(prefix, str) and not names.VISIBLE_DEVICES_ENV.startswith(prefix):
+                continue
+            ref = next((f"{kind[:-3]} \"{_dict(source[kind]).get('name')}\"" for kind in ("configMapRef", "secretRef")
+                        if kind in source), "a source")
+            shown = f" with prefix \"{prefix}\"" if prefix else ""
+            found.append(_deny(f.VISIBLE_DEVICES_FROM, (
+                f"gpushard: container \"{ask.name}\" takes env from {ref}{shown} "
+                f"({where}.{ask.list_key}[{ask.position}].envFrom[{i}]), which could set "
+                f"{names.VISIBLE_DEVICES_ENV} over NVIDIA's plugin's value"), ask.name))
+    return found
+
+
+def pod_findings(spec: dict, annotations: object, where: str, annotations_where: str, namespace: str,
+                 asks: list[req.ContainerAsk], policy: Policy) -> list[f.Finding]:
+    """Every host-access finding of a Pod's or a template's pod spec (none when it is exempt)."""
+    if exempt(spec, namespace, policy):
+        return []
+    found = []
+    if spec.get("hostPID") is True:
+        found.append(_deny(f.HOST_PID, (
+            f"gpushard: the pod shares the node's process namespace ({where}.hostPID), "
+            "so it could reach other pods' cards through their processes")))
+    found += _volumes(spec, where)
+    found += _annotations(_dict(annotations), annotations_where)
+    found += container_findings(spec, where)
+    found += _env_from(spec, asks, where)
+    return found
+
+
+def added_ephemeral(spec: dict, old_spec: dict | None) -> list[int]:
+    """Positions of the ephemeral containers that an UPDATE adds (by name: names are unique in a pod)."""
+    before = {c.get("name") for c in _list((old_spec or {}).get("ephemeralContainers")) if isinstance(c, dict)}
+    return [i for i, c in enumerate(_list(spec.get("ephemeralContainers")))
+            if isinstance(c, dict) and c.get("name") not in before]
+
+
+def ephemeral_findings(spec: dict, added: list[int], namespace: str, policy: Policy) -> list[f.Finding]:
+    """Host-access findings of the debug containers an UPDATE adds to a running pod."""
+    if exempt(spec, namespace, policy):
+        return []
+    return container_findings(spec, "spec", [("ephemeralContainers", i) for i in added])
