@@ -1,7 +1,7 @@
 """We test:
 - the resources the agent advertises (names from the config, socket names, card order);
 - share IDs: at most 63 characters, parsed back, and health per card in the device list;
-- Allocate's env: card k's UUID for gpushard.io/card-<k>, nothing for gpushard.io/gpu, errors for foreign IDs;
+- Allocate: card k's UUID for gpushard.io/card-<k>, nothing for gpushard.io/gpu, errors for foreign IDs;
 - the env a container holding both resources ends with after the kubelet merges them, in either order;
 - the preferred allocation: required IDs first, then the lowest shares.
 """

@@ -2,7 +2,8 @@
 - the agent serves first, then registers every resource with version v1beta1, its socket name and options
   (the fake kubelet dials each plugin as it registers, and refuses one that does not answer yet);
 - every RPC as the kubelet calls it: options, ListAndWatch, GetPreferredAllocation, Allocate, PreStartContainer;
-- Allocate's env for each card, none for the shares resource, INVALID_ARGUMENT for a foreign ID;
+- Allocate's env and device-list mount for each card, nothing for the shares resource, INVALID_ARGUMENT for a
+  foreign ID;
 - a health change (and its recovery) arriving on open ListAndWatch streams, and only where it matters;
 - a kubelet restart (sockets wiped, new kubelet.sock): served and registered again within seconds;
 - a kubelet that starts after the agent, a recreated kubelet.sock, a stale socket from an earlier run;
@@ -117,8 +118,11 @@ def test_allocate_pins_each_card_by_uuid(agent, kubelet, plugin_dir):
             response = c.stub.Allocate(request, timeout=2)
             assert len(response.container_responses) == 2
             for container in response.container_responses:
+                # The default device-list strategy: envvar and volume-mounts (test_device_lists.py).
                 assert dict(container.envs) == {"NVIDIA_VISIBLE_DEVICES": card.uuid}
-                assert not container.mounts and not container.devices and not container.cdi_devices
+                assert [(m.host_path, m.container_path, m.read_only) for m in container.mounts] == [
+                    ("/dev/null", f"/var/run/nvidia-container-devices/{card.uuid}", True)]
+                assert not container.devices and not container.cdi_devices
 
 
 def test_allocate_of_the_shares_resource_leaves_the_card_env_alone(agent, kubelet, plugin_dir):
@@ -127,7 +131,7 @@ def test_allocate_of_the_shares_resource_leaves_the_card_env_alone(agent, kubele
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["card-1-2"])])
         response = c.stub.Allocate(request, timeout=2)
     assert len(response.container_responses) == 1
-    assert dict(response.container_responses[0].envs) == {}
+    assert response.container_responses[0] == pb.ContainerAllocateResponse()
 
 
 def test_allocate_refuses_a_share_of_another_card(agent, kubelet, plugin_dir):

@@ -105,21 +105,35 @@ class Allocation:
     cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names, vendor.com/class=name
 
 
-def allocate(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Card],
-             shares_per_card: int) -> Allocation:
+def allocate(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Card], shares_per_card: int,
+             strategy: Iterable[str] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY) -> Allocation:
     """What one container gets for its devices of one resource.
 
-    A per-card resource pins the container to its card by UUID. The node-wide shares
-    resource is a sum for quotas: which share IDs the kubelet picked from it says nothing
-    about the card, so it names no device at all. The kubelet merges the env of every resource
-    in a container, keeping the first value of a key in an order it does not define, so
-    any NVIDIA_VISIBLE_DEVICES from it could override the card's.
+    A per-card resource names its card by UUID in each strategy of ``strategy``, with the
+    meanings of NVIDIA's device plugin: ``envvar`` NVIDIA_VISIBLE_DEVICES; ``volume-mounts``
+    /dev/null at <device-list folder>/<uuid>, which NVIDIA's toolkit reads before the env when
+    accept-nvidia-visible-devices-as-volume-mounts is on, and which an author cannot write
+    around (an env the container sets can); ``cdi-cri`` the CDI device nvidia.com/gpu=<uuid>.
+
+    The node-wide shares resource is a sum for quotas: which share IDs the kubelet picked
+    from it says nothing about the card, so it names no device at all. The kubelet merges the
+    env of every resource in a container, keeping the first value of a key in an order it does
+    not define, so any NVIDIA_VISIBLE_DEVICES from it could override the card's.
     """
     by_index = {c.index: c for c in cards}
     touched = _check(resource, devices, by_index, shares_per_card)
     if resource.card_index is None or not touched:
         return Allocation()
-    return Allocation(envs={names.VISIBLE_DEVICES_ENV: by_index[resource.card_index].uuid})
+    uuid = by_index[resource.card_index].uuid
+    strategy = tuple(strategy)
+    envs, mounts, cdi = {}, (), ()
+    if policy_mod.ENVVAR in strategy:
+        envs[names.VISIBLE_DEVICES_ENV] = uuid
+    if policy_mod.VOLUME_MOUNTS in strategy:
+        mounts = (Mount(f"{names.DEVICE_LIST_MOUNT_ROOT}/{uuid}", names.DEVICE_LIST_MOUNT_SOURCE, read_only=True),)
+    if policy_mod.CDI_CRI in strategy:
+        cdi = (f"{names.NVIDIA_CDI_KIND}={uuid}",)
+    return Allocation(envs=envs, mounts=mounts, cdi_devices=cdi)
 
 
 def preferred(resource: Resource, available: Iterable[str], must_include: Iterable[str], size: int) -> list[str]:

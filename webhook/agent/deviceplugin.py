@@ -12,6 +12,7 @@ import grpc
 from webhook.agent import allocation, health, nvml
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import deviceplugin_pb2_grpc as pb_grpc
+from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +32,10 @@ class Servicer(pb_grpc.DevicePluginServicer):
     """Answers the kubelet for one resource from the board's state."""
 
     def __init__(self, resource: allocation.Resource, cards: list[nvml.Card], board: health.Board,
-                 shares_per_card: int, tick: float = 1.0) -> None:
+                 shares_per_card: int, tick: float = 1.0,
+                 strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY) -> None:
         self.resource = resource
+        self.strategy = strategy
         self.cards = list(cards)
         self.board = board
         self.shares_per_card = shares_per_card
@@ -82,7 +85,8 @@ class Servicer(pb_grpc.DevicePluginServicer):
         responses = []
         for req in request.container_requests:
             try:
-                answer = allocation.allocate(self.resource, req.devices_ids, self.cards, self.shares_per_card)
+                answer = allocation.allocate(self.resource, req.devices_ids, self.cards, self.shares_per_card,
+                                             self.strategy)
             except allocation.AllocationError as exc:
                 log.warning("%s", exc)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -109,10 +113,11 @@ class PluginServer:
     """One resource's gRPC server on ``<directory>/<endpoint>``; restartable after the kubelet wipes it."""
 
     def __init__(self, directory: str, resource: allocation.Resource, cards: list[nvml.Card],
-                 board: health.Board, shares_per_card: int, tick: float = 1.0, workers: int = 8) -> None:
+                 board: health.Board, shares_per_card: int, tick: float = 1.0, workers: int = 8,
+                 strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY) -> None:
         self.directory = directory
         self.resource = resource
-        self._servicer_args = (resource, list(cards), board, shares_per_card, tick)
+        self._servicer_args = (resource, list(cards), board, shares_per_card, tick, strategy)
         self._workers = workers
         self.servicer: Servicer | None = None
         self._server: grpc.Server | None = None

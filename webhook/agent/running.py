@@ -33,7 +33,8 @@ class Agent:
         self.cards = devices.cards()
         self.board = health.Board(self.cards)
         self.resources = allocation.resources(self.cards, policy)
-        self.plugins = [deviceplugin.PluginServer(directory, r, self.cards, self.board, policy.shares_per_card, tick)
+        self.plugins = [deviceplugin.PluginServer(directory, r, self.cards, self.board, policy.shares_per_card, tick,
+                                                  strategy=policy.device_list_strategy)
                         for r in self.resources]
         self.keeper = kubelet.Keeper(directory, self.plugins, poll=poll, timeout=register_timeout)
         self.publisher = publisher(self.present_cards) if publisher is not None else None

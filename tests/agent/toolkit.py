@@ -1,0 +1,108 @@
+"""What a container sees on a node, worked out as the kubelet and NVIDIA's container toolkit do it.
+
+A test peer that cannot run here (no GPU, no runtime): the rules restated from their sources.
+- The kubelet: the env of every device-plugin allocation first, then the container's own env;
+  the runtime keeps the last value of a name (the image's env comes before both). Mounts and
+  CDI devices of every allocation are added as they are.
+- NVIDIA's container toolkit (nvidia-container-toolkit internal/config/image/cuda_image.go,
+  CUDA.VisibleDevices): device requests from mounts of /dev/null under
+  /var/run/nvidia-container-devices/ first, when accept-nvidia-visible-devices-as-volume-mounts
+  is on; otherwise NVIDIA_VISIBLE_DEVICES, honoured only for privileged containers or when
+  accept-nvidia-visible-devices-envvar-when-unprivileged is on (its default); "void", "none" and
+  an empty value name nothing, "all" every card.
+- CDI devices named by the CRI field are injected by the runtime itself (containerd, CRI-O).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+
+ROOT = "/var/run/nvidia-container-devices"
+
+
+@dataclass(frozen=True)
+class Node:
+    """The toolkit's two settings that decide whose word counts."""
+
+    accept_envvar_unprivileged: bool = True  # the toolkit's default
+    accept_volume_mounts: bool = False  # the toolkit's default
+    cdi_kind: str = "nvidia.com/gpu"
+
+
+DEFAULT_NODE = Node()
+HARDENED_NODE = Node(accept_envvar_unprivileged=False, accept_volume_mounts=True)
+
+
+@dataclass
+class Container:
+    """What the runtime is asked to create: env in order, mounts (host, container), CDI names."""
+
+    env: list[tuple[str, str]]
+    mounts: list[tuple[str, str]]
+    cdi_devices: list[str]
+    privileged: bool = False
+
+
+def container(allocations, own_env: dict[str, str] | None = None, image_env: dict[str, str] | None = None,
+              privileged: bool = False) -> Container:
+    """The container the kubelet asks for, from Allocate's ContainerAllocateResponses (protobuf messages)."""
+    env = list((image_env or {}).items())
+    mounts, cdi = [], []
+    for response in allocations:
+        env += sorted(response.envs.items())
+        mounts += [(m.host_path, m.container_path) for m in response.mounts]
+        cdi += [d.name for d in response.cdi_devices]
+    env += list((own_env or {}).items())
+    return Container(env, mounts, cdi, privileged)
+
+
+def _from_mounts(mounts: list[tuple[str, str]]) -> list[str]:
+    found = []
+    for host, path in mounts:
+        path = posixpath.normpath(path)
+        if posixpath.normpath(host) == "/dev/null" and path.startswith(ROOT + "/"):
+            found.append(path[len(ROOT) + 1:])
+    return found
+
+
+def _last_env(env: list[tuple[str, str]], name: str) -> str | None:
+    value = None
+    for key, text in env:
+        if key == name:
+            value = text
+    return value
+
+
+def requested(c: Container, node: Node) -> list[str]:
+    """The device names the toolkit acts on for this container (before resolving them to cards)."""
+    if node.accept_volume_mounts:
+        from_mounts = _from_mounts(c.mounts)
+        if from_mounts:
+            return from_mounts
+    value = _last_env(c.env, "NVIDIA_VISIBLE_DEVICES")
+    if value is None:
+        return []
+    names = [x.strip() for x in value.split(",") if x.strip()]
+    if not names or "void" in names or "none" in names:
+        return []
+    return names if (c.privileged or node.accept_envvar_unprivileged) else []
+
+
+def visible_cards(c: Container, node: Node, cards: list[tuple[int, str]]) -> set[str]:
+    """UUIDs of the cards the container sees; ``cards`` is the node's (index, uuid) list."""
+    by_name = {str(i): uuid for i, uuid in cards} | {uuid: uuid for _, uuid in cards}
+    seen = set()
+    for name in requested(c, node):
+        if name == "all":
+            seen |= {uuid for _, uuid in cards}
+        elif name in by_name:
+            seen.add(by_name[name])
+        else:
+            raise ValueError(f"the toolkit fails the container: unknown device {name!r}")
+    prefix = node.cdi_kind + "="
+    for name in c.cdi_devices:
+        if not name.startswith(prefix) or name[len(prefix):] not in by_name:
+            raise ValueError(f"the runtime fails the container: unresolvable CDI device {name!r}")
+        seen.add(by_name[name[len(prefix):]])
+    return seen
