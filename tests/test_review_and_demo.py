@@ -1,5 +1,8 @@
 """We test:
 - `gpushard review` prints each manifest as admitted, with its card, or its denial, and exits 1 on a denial;
+- the namespace's mode: a Namespace among the files decides for its objects (no label: nothing
+  rewritten and the output says so; gpushard.io resources there are denied as the opt-in policy
+  does; audit: unchanged), `--mode none` for the rest;
 - placements in one review run count against the view, as in the webhook, so pods pack;
 - unreadable files exit 2 with a message naming the file; a bad config stops before any work;
 - `make demo`'s script runs end to end against the real server and shows rewrites and denials.
@@ -34,6 +37,64 @@ def test_review_prints_admitted_objects_and_denials():
     docs = [d for d in yaml.safe_load_all(text) if d]
     notebook = next(d for d in docs if d["metadata"]["name"] == "notebook")
     assert notebook["metadata"]["annotations"]["gpushard.io/card"] == "0"
+
+
+NAMESPACES = """\
+apiVersion: v1
+kind: Namespace
+metadata: {name: web}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: lab, labels: {gpushard.io/mode: audit}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: site, namespace: web}
+spec:
+  containers: [{name: nginx, image: nginx}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: grab, namespace: web}
+spec:
+  containers:
+  - {name: train, image: cuda, resources: {limits: {gpushard.io/card-1: 10}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: quarter, namespace: lab}
+spec:
+  containers:
+  - {name: train, image: cuda, resources: {limits: {nvidia.com/gpu: "0.25"}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: quarter, namespace: ml}
+spec:
+  containers:
+  - {name: train, image: cuda, resources: {limits: {nvidia.com/gpu: "0.25"}}}
+"""
+
+
+def test_review_follows_the_namespace_mode(tmp_path):
+    manifest = tmp_path / "ns.yaml"
+    manifest.write_text(NAMESPACES)
+    code, text = review(manifest)
+    assert code == 1
+    headers = [line for line in text.splitlines() if line.startswith("# gpushard: Pod")]
+    assert headers[0].endswith(': not rewritten: namespace "web" has no gpushard.io/mode label, so the webhook '
+                               "never sees it")
+    assert 'Pod web/grab' in headers[1] and 'denied (403): gpushard: container "train" asks gpushard.io/*' in headers[1]
+    assert "label the namespace gpushard.io/mode=enforce" in headers[1]
+    assert headers[2].endswith("allowed unchanged, 1 finding(s)")
+    assert "admitted: 25 shares of card" in headers[3], "a namespace not among the files takes --mode"
+    docs = [d for d in yaml.safe_load_all(text) if d and d.get("kind") == "Pod"]
+    assert [d["metadata"]["name"] for d in docs] == ["site", "quarter"]
+    assert docs[0] == yaml.safe_load(NAMESPACES.split("---")[2]), "an object outside enforce is printed unchanged"
+    # --mode none: the same for objects whose namespace is not among the files.
+    code, text = review(manifest, mode="none")
+    assert "Pod ml/quarter" in text and "not rewritten: review ran with --mode none" in text
 
 
 def test_review_packs_pods_of_one_run(tmp_path):

@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("review", help="decide offline what the webhook would do to manifests")
     p.add_argument("files", nargs="+", help="YAML manifests (- for standard input)")
     p.add_argument("--cluster", help="static cluster view file for card choice")
-    p.add_argument("--mode", choices=("enforce", "audit"), default="enforce")
+    p.add_argument("--mode", choices=("enforce", "audit", "none"), default="enforce",
+                   help="the namespace's gpushard.io/mode, for objects whose Namespace is not among the files "
+                        "(none: not opted in; default: enforce)")
     p.add_argument("--config", help="gpushard config file")
     p.set_defaults(func=cmd_review)
 

@@ -9,7 +9,14 @@ from typing import IO
 import yaml
 
 from webhook import settings as settings_mod
-from webhook.core import decisions, names
+from webhook.core import audit, decisions, names
+from webhook.core import findings as f
+from webhook.core import requests as req
+from webhook.core.policy import Policy
+
+# `--mode none`: the namespace did not opt in, so the webhook never sees the object.
+OUTSIDE = "none"
+MODES = (*names.MODES, OUTSIDE)
 
 
 class ManifestError(ValueError):
@@ -61,26 +68,91 @@ def summary(decision: decisions.Decision, mode: str) -> str:
     return "admitted"
 
 
+def _namespace_modes(items: list[tuple[str, int, object]]) -> dict[str, audit.NamespaceMode]:
+    """The mode of every Namespace among the manifests, read as the webhook's selector reads the label."""
+    modes = {}
+    for _path, _number, obj in items:
+        if isinstance(obj, dict) and obj.get("kind") == audit.NAMESPACE_KIND:
+            ref = audit.ref_of(obj)
+            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+            modes[ref.name] = audit.namespace_mode(ref.name, meta.get("labels"))
+    return modes
+
+
+def _mode_for(obj: object, modes: dict[str, audit.NamespaceMode], default: str) -> tuple[str, str]:
+    """(mode, why) for an object: its Namespace among the manifests decides, else ``default``."""
+    if not isinstance(obj, dict):
+        return default, ""
+    namespace = audit.ref_of(obj).namespace or "default"
+    ns = modes.get(namespace)
+    if ns is None:
+        why = f"review ran with --mode {OUTSIDE}" if default == OUTSIDE else ""
+        return default, why
+    if ns.problem:
+        return OUTSIDE, f"namespace \"{namespace}\" has a {names.MODE_LABEL} value the webhook does not act on"
+    if ns.mode is None:
+        return OUTSIDE, f"namespace \"{namespace}\" has no {names.MODE_LABEL} label"
+    return ns.mode, ""
+
+
+def _asks_gpushard(obj: dict, kind: str, policy: Policy) -> str | None:
+    """The first container that names the shares or a card resource, as the opt-in guard checks it."""
+    try:
+        spec = decisions.spec_of(obj, kind)
+        listed = req.containers(spec) if spec else []
+    except f.ObjectError:
+        return None
+    res = policy.resources
+    for _key, _i, container in listed:
+        resources = container.get("resources") if isinstance(container.get("resources"), dict) else {}
+        for part in ("limits", "requests"):
+            asked = resources.get(part) if isinstance(resources.get(part), dict) else {}
+            if any(str(k) == res.shares or str(k).startswith(res.card_prefix) for k in asked):
+                return str(container.get("name") or "")
+    return None
+
+
+def _outside(obj: object, kind: str, why: str, policy: Policy) -> decisions.Decision:
+    """An object in a namespace that did not opt in: nothing rewrites it; the opt-in guard may deny it."""
+    name = _asks_gpushard(obj, kind, policy) if isinstance(obj, dict) else None
+    if name is not None:
+        return decisions.Decision(allowed=False, code=403, message=(
+            f"gpushard: container \"{name}\" asks gpushard.io/* resources in a namespace that does not enforce "
+            f"gpushard ({why}); the opt-in policy denies it: label the namespace {names.MODE_LABEL}=enforce"))
+    return decisions.Decision(allowed=True, obj=obj, message=f"not rewritten: {why}, so the webhook never sees it")
+
+
 def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: str, out: IO[str]) -> int:
-    """Print each object as gpushard admits it, or its denial. Exit 1 if any is denied, 2 if unreadable."""
+    """Print each object as gpushard admits it, or its denial. Exit 1 if any is denied, 2 if unreadable.
+
+    A Namespace among the manifests sets the mode of the objects in it (``mode`` is for the
+    rest): without the label, nothing is rewritten, and the output says so.
+    """
     denied = False
     try:
         items = list(documents(paths))
     except ManifestError as exc:
         print(exc, file=sys.stderr)
         return 2
+    modes = _namespace_modes(items)
     first = True
     for path, number, obj in items:
         kind = obj.get("kind", "") if isinstance(obj, dict) else ""
-        request = decisions.Request(obj, kind if isinstance(kind, str) else "", mode=mode)
-        decision = decisions.decide(request, settings.policy, view.snapshot() if view else None)
+        kind = kind if isinstance(kind, str) else ""
+        here, why = _mode_for(obj, modes, mode)
+        if here == OUTSIDE:
+            decision = _outside(obj, kind, why or "the namespace did not opt in", settings.policy)
+        else:
+            request = decisions.Request(obj, kind, mode=here)
+            decision = decisions.decide(request, settings.policy, view.snapshot() if view else None)
         if decision.allowed and decision.node is not None and view is not None:
             view.remember(decision.node, decision.card, decision.shares)
         denied = denied or not decision.allowed
         if not first:
             out.write("---\n")
         first = False
-        out.write(f"# gpushard: {describe(obj)} ({path}, document {number}): {summary(decision, mode)}\n")
+        line = decision.message if here == OUTSIDE and decision.allowed else summary(decision, here)
+        out.write(f"# gpushard: {describe(obj)} ({path}, document {number}): {line}\n")
         for warning in decision.warnings:
             out.write(f"# warning: {warning}\n")
         if decision.allowed and decision.obj is not None:
