@@ -18,6 +18,9 @@ We test:
   (init containers, sidecars, app containers and ephemeral containers alike), naming node and
   container; pods off shared nodes, not yet on a node, or in namespaces that have not opted in are
   not, until their namespace opts in; hideUnrequestedGpus: false means no such finding;
+- host access in running pods of opted-in namespaces (a privileged debug container, hostPID, a
+  hostPath of /dev) is reported by rule and container; the same in a namespace that did not opt
+  in is not gpushard's to judge;
 - an unexpected error in audit or status exits 2 with one gpushard: line, its traceback only with
   --debug;
 - status: shares used and free per card and node, holders, totals, pending pods, finished pods
@@ -268,6 +271,26 @@ def test_no_unhidden_finding_when_gpushard_does_not_hide(kubeconfig, tmp_path, c
     code, report, _err = audit_json(["--kubeconfig", kubeconfig, "--config", str(config)], capsys)
     assert code == 1
     assert found(report) == {x for x in world.EXPECTED if x[2] != "unhidden"}
+
+
+def test_host_access_in_running_pods(kubeconfig, fake, capsys):
+    debug = {"name": "debugger-x", "image": "busybox", "securityContext": {"privileged": True}}
+    grabbing = world.pod("ml", "grab", [world.hidden("peek")], "gpu-8x", ephemeral=[debug])
+    grabbing["spec"]["hostPID"] = True
+    grabbing["spec"]["volumes"] = [{"name": "dev", "hostPath": {"path": "/dev"}}]
+    fake.put("pods", grabbing)
+    outside = world.pod("research", "grab", [world.container("t", {"nvidia.com/gpu": "1"})], "cpu-1",
+                        ephemeral=[debug])
+    fake.put("pods", outside)
+    code, report, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    assert code == 1
+    mine = {(x["rule"], x["container"]) for x in report["findings"] if x["namespace"] == "ml" and x["name"] == "grab"}
+    assert mine == {("privileged", "debugger-x"), ("host-pid", None), ("host-path", None), ("unhidden", "debugger-x")}
+    privileged = next(x for x in report["findings"] if x["rule"] == "privileged")
+    assert privileged["message"] == (
+        'gpushard: ephemeral container "debugger-x" is privileged '
+        "(spec.ephemeralContainers[0].securityContext.privileged), so it would see every card of the node")
+    assert not [x for x in report["findings"] if x["namespace"] == "research" and x["rule"] == "privileged"]
 
 
 def boom(*_args, **_kwargs):
