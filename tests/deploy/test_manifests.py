@@ -16,7 +16,8 @@ We test:
 - the webhook pod is "restricted", probes /readyz and /healthz over HTTPS, mounts the Secret
   as a folder, has /tmp writable, two replicas spread over nodes and a PDB of minAvailable 1;
 - the agent: shared nodes only, the kubelet folders it uses and no others, NODE_NAME from the
-  downward API, every card visible through the NVIDIA runtime, node-critical priority;
+  downward API, every card visible through the NVIDIA runtime (by env and by a device-list
+  mount, so also on nodes whose toolkit ignores the env), node-critical priority;
 - the overlays: cert-manager injects the CA of a Certificate for the same Service and Secret
   and drops the certs Job; audit-only keeps only the audit webhook;
 - every gpushard.io name in deploy/ and examples/ is one names.py knows (or the node label
@@ -34,6 +35,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.agent import toolkit
 from tests.deploy import rendering
 from webhook import cli, settings
 from webhook.core import names
@@ -312,7 +314,20 @@ def test_agent_mounts_exactly_the_kubelet_folders_it_uses(base):
     wanted = {kubelet.DEVICE_PLUGIN_DIR}
     if "pod-resources" in source:
         wanted.add("/var/lib/kubelet/pod-resources")
-    assert set(mounted.values()) == wanted
+    assert set(mounted.values()) - {"/dev/null"} == wanted
+    # The one other host path: /dev/null as the device-list request for every card.
+    assert {p for p, h in mounted.items() if h == "/dev/null"} == {names.DEVICE_LIST_MOUNT_ROOT + "/all"}
+
+
+@pytest.mark.parametrize("node", [toolkit.DEFAULT_NODE, toolkit.HARDENED_NODE], ids=["default", "hardened"])
+def test_the_agent_sees_every_card_on_both_kinds_of_node(base, node):
+    pod = _agent_pod(base)
+    (container,) = pod["containers"]
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    seen = toolkit.container([], own_env={e["name"]: e.get("value") for e in container["env"] if "value" in e})
+    seen.mounts = [(host[m["name"]], m["mountPath"]) for m in container["volumeMounts"] if m["name"] in host]
+    cards = [(0, "GPU-a"), (1, "GPU-b")]
+    assert toolkit.visible_cards(seen, node, cards) == {"GPU-a", "GPU-b"}
 
 
 # --- overlays ------------------------------------------------------------------------------
