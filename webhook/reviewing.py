@@ -117,7 +117,7 @@ def _outside(obj: object, kind: str, why: str, policy: Policy) -> decisions.Deci
     name = _asks_gpushard(obj, kind, policy) if isinstance(obj, dict) else None
     if name is not None:
         return decisions.Decision(allowed=False, code=403, message=(
-            f"gpushard: container \"{name}\" asks gpushard.io/* resources in a namespace that does not enforce "
+            f"gpushard: container \"{name}\" asks {names.DOMAIN}/* resources in a namespace that does not enforce "
             f"gpushard ({why}); the opt-in policy denies it: label the namespace {names.MODE_LABEL}=enforce"))
     return decisions.Decision(allowed=True, obj=obj, message=f"not rewritten: {why}, so the webhook never sees it")
 

@@ -154,3 +154,6 @@ def test_rules_cover_pods_and_exactly_the_template_kinds(guard):
                                            for k in names.TEMPLATE_PATHS for op in ("CREATE", "UPDATE")}
     assert covered == expected
     assert policy["spec"]["failurePolicy"] == "Fail"
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["prefix"] == f"'{names.DOMAIN}/'"
+    assert f"'{names.MODE_LABEL}'" in variables["enforced"] and f"'{names.MODE_ENFORCE}'" in variables["enforced"]
