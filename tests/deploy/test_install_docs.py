@@ -65,7 +65,9 @@ def test_quota_example_limits_shares():
     assert list(quota["spec"]["hard"]) == [f"requests.{names.SHARES_RESOURCE}"]
     namespace = yaml.safe_load((ROOT / "examples/namespace-enforce.yaml").read_text())
     assert quota["metadata"]["namespace"] == namespace["metadata"]["name"]
-    assert namespace["metadata"]["labels"] == {names.MODE_LABEL: names.MODE_ENFORCE}
+    assert namespace["metadata"]["labels"][names.MODE_LABEL] == names.MODE_ENFORCE
+    # docs/security.md's recommendation: Pod Security baseline at least.
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] in ("baseline", "restricted")
 
 
 def test_the_kind_example_is_marked_as_not_run_by_the_tests():
