@@ -54,7 +54,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         data = {}
     if not isinstance(data, dict):
         raise SettingsError(f"{source}: the config must be a mapping, got {type(data).__name__}")
-    _check_keys("", data, {"version", "sharesPerCard", "resources", "policy"})
+    _check_keys("", data, {"version", "sharesPerCard", "resources", "policy", "isolation"})
     version = data.get("version", VERSION)
     if version != VERSION:
         raise SettingsError(f"version: must be {VERSION!r}, got {version!r}")
@@ -90,6 +90,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         multi_card=_choice("policy.multiCard", pol.get("multiCard", "deny"), policy_mod.MULTI_CARD),
         placement=_choice("policy.placement", pol.get("placement", "binpack"), policy_mod.PLACEMENTS),
         hide_unrequested_gpus=hide,
+        isolation=_choice("isolation", data.get("isolation", "none"), policy_mod.ISOLATIONS),
     )
     return Settings(policy=policy, source=source)
 

@@ -28,6 +28,8 @@ FRACTION_UNREWRITTEN = "fraction-unrewritten"
 NO_ROOM = "no-room"
 NO_VIEW = "no-view"
 NO_MATCHING_NODE = "no-matching-node"
+LIMIT_ENV_SET = "limit-env-set"
+LIMIT_ENV_FROM = "limit-env-from"
 
 # What a user can do about each rule, for audit tables.
 FIXES = {
@@ -50,6 +52,8 @@ FIXES = {
     NO_ROOM: "wait for a card to free up, or ask for fewer shares",
     NO_VIEW: "check that the webhook can reach the Kubernetes API",
     NO_MATCHING_NODE: "check the pod's node selector, affinity and tolerations",
+    LIMIT_ENV_SET: "remove NVIDIA_GPU_MEMORY_* and CUDA_MPS_* from GPU containers; the device plugin sets them",
+    LIMIT_ENV_FROM: "give the envFrom a prefix (e.g. APP_) so it cannot set NVIDIA_GPU_MEMORY_* or CUDA_MPS_*",
 }
 
 

@@ -28,6 +28,23 @@ VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 FRACTION_ENV = "GPUSHARD_FRACTION"
 VISIBLE_NONE = "void"
 
+# Isolation: the limits the card-k device plugin hands each container (see docs/isolation.md).
+# Read by NVIDIA's container toolkit's apply-cuda-memory-limits CDI hook, in whole MiB.
+GPU_MEMORY_LIMIT_ENV = "NVIDIA_GPU_MEMORY_LIMIT"
+GPU_MEMORY_REQUEST_ENV = "NVIDIA_GPU_MEMORY_REQUEST"
+# Read by the CUDA driver in an MPS client.
+MPS_PIPE_DIRECTORY_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_LOG_DIRECTORY_ENV = "CUDA_MPS_LOG_DIRECTORY"
+MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_PINNED_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+CUDA_VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+# Names a container author may not set in a GPU container: they would override the plugin's limits
+# (older toolkit builds also read the plural NVIDIA_GPU_MEMORY_LIMITS/_REQUESTS, hence a prefix).
+LIMIT_ENV_PREFIXES = ("NVIDIA_GPU_MEMORY_", "CUDA_MPS_")
+# Where an MPS client finds its card's daemon inside the container.
+MPS_CLIENT_PIPE_DIR = "/run/gpushard/mps/pipe"
+MPS_CLIENT_SHM_DIR = "/dev/shm"
+
 # Well-known Kubernetes labels and taints the placement honours.
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"

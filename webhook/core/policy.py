@@ -9,6 +9,7 @@ from webhook.core import names
 WHOLE_CARDS = ("share", "passthrough")
 MULTI_CARD = ("deny", "passthrough")
 PLACEMENTS = ("binpack", "spread")
+ISOLATIONS = ("none", "memory", "mps")
 
 
 @dataclass(frozen=True)
@@ -39,3 +40,4 @@ class Policy:
     multi_card: str = "deny"
     placement: str = "binpack"
     hide_unrequested_gpus: bool = True
+    isolation: str = "none"  # none | memory | mps: what each container's fraction is held to
