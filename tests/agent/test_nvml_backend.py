@@ -4,7 +4,9 @@
 - a card that stops answering NVML is lost, and is Healthy again when it answers;
 - NVML's "a GPU is lost" from the event set: the cards are probed at once and only the silent one is lost;
   another card's Xid survives that loss and its recovery, while the lost card's own Xid is cleared by it;
-- `gpushard agent` on that backend registers every card and pins Allocate to the card's UUID.
+- `gpushard agent` on that backend registers every card and pins Allocate to the card's UUID;
+- what isolation needs from NVML: driver version, MIG mode, compute mode read and set (and refused),
+  and whether the driver exports the memory-limit call.
 The library is loaded by soname, so each check runs in a child process with LD_LIBRARY_PATH set.
 """
 
@@ -190,3 +192,45 @@ def test_the_agent_on_nvml_registers_and_pins_cards(fake_nvml):
             proc.communicate()
         kubelet.stop()
         fakekubelet.remove_tree(plugin_dir)
+
+
+CARD_CALLS = """
+import json, os
+from webhook.agent import nvml
+devices = nvml.NvmlDevices()
+out = {"driver": devices.driver_version(), "memory_limits": devices.memory_limits_supported(),
+       "mig": [devices.mig_enabled(c.uuid) for c in devices.cards()],
+       "modes": [devices.compute_mode(c.uuid) for c in devices.cards()]}
+devices.set_compute_mode("GPU-fake-0001", nvml.COMPUTE_EXCLUSIVE_PROCESS)
+out["after"] = [devices.compute_mode(c.uuid) for c in devices.cards()]
+open(os.environ["FAKE_NVML_DIR"] + "/no-permission", "w").close()
+try:
+    devices.set_compute_mode("GPU-fake-0001", nvml.COMPUTE_DEFAULT)
+except nvml.DeviceError as exc:
+    out["refused"] = str(exc)
+try:
+    devices.compute_mode("GPU-nope")
+except nvml.DeviceError as exc:
+    out["unknown"] = str(exc)
+devices.close()
+print(json.dumps(out))
+"""
+
+
+def test_what_isolation_asks_of_nvml(fake_nvml):
+    env, control = fake_nvml
+    put(control, "cards", "2")
+    put(control, "mig-0")
+    put(control, "driver", "615.12.01")
+    done = subprocess.run([sys.executable, "-c", CARD_CALLS], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["driver"] == "615.12.01"
+    assert out["memory_limits"] is True
+    assert out["mig"] == [True, False]
+    assert out["modes"] == [0, 0] and out["after"] == [0, 3]
+    assert (control / "compute-1").read_text().strip() == "3"
+    assert out["refused"] == ("card GPU-fake-0001: cannot set the compute mode to Default: "
+                              "Insufficient Permissions")
+    assert out["unknown"].startswith("card GPU-nope: ")
