@@ -9,7 +9,7 @@ from concurrent import futures
 
 import grpc
 
-from webhook.agent import allocation, health, nvml
+from webhook.agent import allocation, health, isolation, nvml
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import deviceplugin_pb2_grpc as pb_grpc
 
@@ -22,8 +22,9 @@ class Servicer(pb_grpc.DevicePluginServicer):
     """Answers the kubelet for one resource from the board's state."""
 
     def __init__(self, resource: allocation.Resource, cards: list[nvml.Card], board: health.Board,
-                 shares_per_card: int, tick: float = 1.0) -> None:
+                 shares_per_card: int, tick: float = 1.0, limits: isolation.Limits | None = None) -> None:
         self.resource = resource
+        self.limits = limits
         self.cards = list(cards)
         self.board = board
         self.shares_per_card = shares_per_card
@@ -77,11 +78,21 @@ class Servicer(pb_grpc.DevicePluginServicer):
             except allocation.AllocationError as exc:
                 log.warning("%s", exc)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            responses.append(pb.ContainerAllocateResponse(envs=env))
+            limits = self.limits.for_request(self.resource, req.devices_ids, self.cards) if self.limits else None
+            responses.append(_with_limits(pb.ContainerAllocateResponse(envs=env), limits))
         return pb.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request, context):
         return pb.PreStartContainerResponse()
+
+
+def _with_limits(response: pb.ContainerAllocateResponse,
+                 limits: isolation.Answer | None) -> pb.ContainerAllocateResponse:
+    if limits is not None:
+        response.envs.update(limits.envs)
+        response.mounts.extend(pb.Mount(container_path=m.container_path, host_path=m.host_path,
+                                        read_only=m.read_only) for m in limits.mounts)
+    return response
 
 
 # sockaddr_un holds 108 bytes, the last one a NUL.
@@ -100,10 +111,11 @@ class PluginServer:
     """One resource's gRPC server on ``<directory>/<endpoint>``; restartable after the kubelet wipes it."""
 
     def __init__(self, directory: str, resource: allocation.Resource, cards: list[nvml.Card],
-                 board: health.Board, shares_per_card: int, tick: float = 1.0, workers: int = 8) -> None:
+                 board: health.Board, shares_per_card: int, tick: float = 1.0, workers: int = 8,
+                 limits: isolation.Limits | None = None) -> None:
         self.directory = directory
         self.resource = resource
-        self._servicer_args = (resource, list(cards), board, shares_per_card, tick)
+        self._servicer_args = (resource, list(cards), board, shares_per_card, tick, limits)
         self._workers = workers
         self.servicer: Servicer | None = None
         self._server: grpc.Server | None = None

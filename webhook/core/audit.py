@@ -157,7 +157,7 @@ def _inventory(annotation: object) -> dict[int, dict]:
         return {}
     out = {}
     for card in cards if isinstance(cards, list) else []:
-        if isinstance(card, dict) and isinstance(card.get("index"), int):
+        if isinstance(card, dict) and isinstance(card.get("index"), int) and "excluded" not in card:
             out[card["index"]] = card
     return out
 
