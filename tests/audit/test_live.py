@@ -322,9 +322,10 @@ def test_status_table(kubeconfig, capsys):
     assert cli.main(["status", "--kubeconfig", kubeconfig]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["NODE", "CARD", "MODEL", "USED", "FREE", "TOTAL", "USE%", "PODS"]
-    row = next(line for line in lines if line.startswith("gpu-8x") and line.split()[1] == "0")
-    assert row.split()[-12:] == ["75", "25", "100", "75%", "ml/train-a", "(50,", "40779", "MiB),", "ml/train-b",
-                                 "(25,", "20389", "MiB)"]
+    at = next(i for i, line in enumerate(lines) if line.startswith("gpu-8x") and line.split()[1] == "0")
+    # The holders wrap under PODS; each shows its shares and its memory cap.
+    assert (lines[at] + lines[at + 1]).split()[-12:] == [
+        "75", "25", "100", "75%", "ml/train-a", "(50,", "40779", "MiB),", "ml/train-b", "(25,", "20389", "MiB)"]
     assert [line.split()[:6] for line in lines if line.startswith("TOTAL")] == [
         ["TOTAL", "10", "275", "725", "1000", "27%"]]
     assert lines[-1] == "pending: ml/waiting waits for card 5 (20 shares)"
