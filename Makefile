@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench fuzz certs proto image kind clean
+.PHONY: demo test lint bench fuzz certs proto image kind clean gpu-check gpu-wheels
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,29 @@ proto: $(STAMP)
 
 image:
 	docker build -t gpushard:dev .
+
+# Every gpu-marked test, as one command on a machine with a GPU. With wheels in .whl/ (make gpu-wheels,
+# carried along) it installs offline into /tmp/gpushard-site; otherwise it uses the venv.
+GPU_TESTS = $(shell grep -rl 'mark.gpu' tests --include='test_*.py')
+GPU_WHEELS = pytest pytest-timeout nvidia-ml-py PyYAML
+WHEELS ?= .whl
+GPU_PYTHON_VERSION ?= 3.12
+
+gpu-check:
+	@if ls $(WHEELS)/*.whl >/dev/null 2>&1; then \
+		rm -rf /tmp/gpushard-site && \
+		$(PYTHON) -m pip install -q --no-index --find-links $(WHEELS) --target /tmp/gpushard-site $(GPU_WHEELS) && \
+		PYTHONPATH=/tmp/gpushard-site:$(CURDIR) $(PYTHON) -m pytest -q -rA -s -p no:cacheprovider -m gpu $(GPU_TESTS); \
+	else \
+		$(MAKE) --no-print-directory $(STAMP) && \
+		PYTHONPATH=$(CURDIR) $(PY) -m pytest -q -rA -s -p no:cacheprovider -m gpu $(GPU_TESTS); \
+	fi
+
+gpu-wheels:
+	$(PYTHON) -m pip download -q --dest $(WHEELS) --only-binary=:all: --python-version $(GPU_PYTHON_VERSION) \
+		--implementation cp \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+		$(GPU_WHEELS)
 
 kind:
 	bash examples/kind/run.sh

@@ -15,7 +15,7 @@ from typing import IO
 
 import yaml
 
-from webhook.core import audit, names
+from webhook.core import audit, isolation, names
 from webhook.core import findings as f
 
 EXIT_CLEAN = 0
@@ -359,8 +359,10 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
 
 def status_json(use: audit.Usage, shares_per_card: int) -> dict:
     """The `-o json` document of `gpushard status` (fields documented in docs/audit.md)."""
-    def holders(hs):
-        return [{"namespace": h.namespace, "name": h.name, "shares": h.shares} for h in hs]
+    def holders(hs, memory_mib):
+        # memoryMiB: the memory cap such a share gets under isolation memory or mps (null when unknown).
+        return [{"namespace": h.namespace, "name": h.name, "shares": h.shares,
+                 "memoryMiB": _cap(h.shares, memory_mib, shares_per_card)} for h in hs]
 
     return {
         "apiVersion": REPORT_API_VERSION,
@@ -369,7 +371,7 @@ def status_json(use: audit.Usage, shares_per_card: int) -> dict:
         "nodes": [{
             "name": n.name, "capacity": n.capacity, "used": n.used, "free": n.free,
             "cards": [{"index": c.index, "model": c.model or None, "uuid": c.uuid or None,
-                       "capacity": c.capacity, "used": c.used, "free": c.free, "pods": holders(c.holders)}
+                       "capacity": c.capacity, "used": c.used, "free": c.free, "pods": holders(c.holders, c.memory_mib)}
                       for c in n.cards],
         } for n in use.nodes],
         "pending": [{"namespace": h.namespace, "name": h.name, "card": k, "shares": h.shares}
@@ -379,12 +381,25 @@ def status_json(use: audit.Usage, shares_per_card: int) -> dict:
     }
 
 
+def _cap(shares: int, memory_mib: int, shares_per_card: int) -> int | None:
+    return isolation.memory_cap_mib(shares, memory_mib, shares_per_card) if memory_mib else None
+
+
+def _held(shares: int, memory_mib: int, shares_per_card: int) -> str:
+    cap = _cap(shares, memory_mib, shares_per_card)
+    return f"{shares}" if cap is None else f"{shares}, {cap} MiB"
+
+
 def _percent(used: int, capacity: int) -> str:
     return f"{100 * used // capacity}%" if capacity else "-"
 
 
-def status_table(use: audit.Usage, width: int) -> str:
-    """One row per card, a total row per node and for the cluster; holders wrap under PODS."""
+def status_table(use: audit.Usage, width: int, shares_per_card: int = 100) -> str:
+    """One row per card, a total row per node and for the cluster; holders wrap under PODS.
+
+    Each holder shows its shares and, where the card's memory is known, the memory cap those shares
+    get under isolation (shares x the card's memory / sharesPerCard, floored).
+    """
     node_w = max([len("NODE")] + [len(n.name) for n in use.nodes] + [len("TOTAL")])
     model_w = min(24, max([len("MODEL")] + [len(c.model) for n in use.nodes for c in n.cards]))
     head = (f"{'NODE':<{node_w}}  {'CARD':>4}  {'MODEL':<{model_w}}  {'USED':>5}  {'FREE':>5}  {'TOTAL':>5}  "
@@ -401,7 +416,8 @@ def status_table(use: audit.Usage, width: int) -> str:
 
     for n in use.nodes:
         for c in n.cards:
-            pods = ", ".join(f"{h.namespace}/{h.name} ({h.shares})" for h in c.holders) or "-"
+            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, c.memory_mib, shares_per_card)})"
+                             for h in c.holders) or "-"
             row(n.name, str(c.index), c.model, c.used, c.free, c.capacity, pods)
         if len(n.cards) > 1:
             count = sum(len(c.holders) for c in n.cards)
@@ -426,7 +442,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
         if args.output == "json":
             text = json.dumps(status_json(use, settings.policy.shares_per_card), indent=2) + "\n"
         else:
-            text = status_table(use, _width())
+            text = status_table(use, _width(), settings.policy.shares_per_card)
         out.write(text)
     except UsageError as exc:
         print(exc, file=err)

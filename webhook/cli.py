@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not write the inventory annotation and label on the Node")
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS",
                    help="how often to check for a restarted kubelet (default: 1)")
+    p.add_argument("--mps-root", default="/run/gpushard/mps", metavar="DIR",
+                   help="with isolation: mps, the host folder for each card's MPS pipe and log folders and the "
+                        "shared shm folder, mounted at the same path in the agent (default: /run/gpushard/mps)")
     p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("audit", help="audit manifests, or the live cluster, against gpushard's rules")

@@ -98,7 +98,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         data = {}
     if not isinstance(data, dict):
         raise SettingsError(f"{source}: the config must be a mapping, got {type(data).__name__}")
-    _check_keys("", data, {"version", "sharesPerCard", "resources", "policy", "deviceListStrategy"})
+    _check_keys("", data, {"version", "sharesPerCard", "resources", "policy", "deviceListStrategy", "isolation"})
     version = data.get("version", VERSION)
     if version != VERSION:
         raise SettingsError(f"version: must be {VERSION!r}, got {version!r}")
@@ -136,6 +136,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         hide_unrequested_gpus=hide,
         exempt=_exempt(pol.get("exempt")),
         device_list_strategy=_device_list_strategy(data.get("deviceListStrategy")),
+        isolation=_choice("isolation", data.get("isolation", "none"), policy_mod.ISOLATIONS),
     )
     return Settings(policy=policy, source=source)
 

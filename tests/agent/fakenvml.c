@@ -5,6 +5,11 @@
  *   lost-<k>       while it exists, card k answers NVML_ERROR_GPU_IS_LOST, and so does the event set's
  *                  wait (as the real one does, without saying which card)
  *   xid-<k>        holds an Xid number; the event set reports it once for card k, then deletes the file
+ *   mig-<k>        while it exists, card k is in MIG mode
+ *   compute-<k>    card k's compute mode (a number; absent: 0, Default); nvmlDeviceSetComputeMode writes it
+ *   no-permission  while it exists, nvmlDeviceSetComputeMode answers NVML_ERROR_NO_PERMISSION
+ *   driver         the driver version string (default 615.00-fake)
+ * It also exports nvmlDeviceSetMemoryLimits_v1, as drivers that can cap a cgroup's memory do.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +20,8 @@
 
 #define NVML_SUCCESS 0
 #define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_NO_PERMISSION 4
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_GPU_IS_LOST 15
@@ -66,6 +73,8 @@ const char *nvmlErrorString(int result) {
     case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
     default: return "Unknown Error";
     }
 }
@@ -147,4 +156,64 @@ int nvmlEventSetWait_v2(void *set, event_data_t *data, unsigned int timeout_ms) 
         if (waited >= timeout_ms) return NVML_ERROR_TIMEOUT;
         nanosleep(&step, NULL);
     }
+}
+
+static int control_file(const char *name, int k, char *path, size_t size) {
+    if (k >= 0) return snprintf(path, size, "%s/%s-%d", dir(), name, k);
+    return snprintf(path, size, "%s/%s", dir(), name);
+}
+
+int nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    char path[512];
+    control_file("driver", -1, path, sizeof path);
+    FILE *f = fopen(path, "r");
+    snprintf(version, length, "615.00-fake");
+    if (f) {
+        if (!fgets(version, (int)length, f)) snprintf(version, length, "615.00-fake");
+        version[strcspn(version, "\n")] = 0;
+        fclose(f);
+    }
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetMigMode(void *device, unsigned int *current, unsigned int *pending) {
+    char path[512];
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    control_file("mig", k, path, sizeof path);
+    *current = *pending = access(path, F_OK) == 0 ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetComputeMode(void *device, int *mode) {
+    char path[512];
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    control_file("compute", k, path, sizeof path);
+    FILE *f = fopen(path, "r");
+    *mode = 0;
+    if (f) {
+        if (fscanf(f, "%d", mode) != 1) *mode = 0;
+        fclose(f);
+    }
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceSetComputeMode(void *device, int mode) {
+    char path[512];
+    int k = index_of(device);
+    if (k < 0 || mode < 0 || mode > 3) return NVML_ERROR_INVALID_ARGUMENT;
+    control_file("no-permission", -1, path, sizeof path);
+    if (access(path, F_OK) == 0) return NVML_ERROR_NO_PERMISSION;
+    control_file("compute", k, path, sizeof path);
+    FILE *f = fopen(path, "w");
+    if (!f) return NVML_ERROR_INVALID_ARGUMENT;
+    fprintf(f, "%d\n", mode);
+    fclose(f);
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceSetMemoryLimits_v1(void *device, void *limits) {
+    (void)limits;
+    return index_of(device) < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
 }

@@ -4,7 +4,12 @@
 - a card that stops answering NVML is lost, and is Healthy again when it answers;
 - NVML's "a GPU is lost" from the event set: the cards are probed at once and only the silent one is lost;
   another card's Xid survives that loss and its recovery, while the lost card's own Xid is cleared by it;
-- `gpushard agent` on that backend registers every card and pins Allocate to the card's UUID.
+- `gpushard agent` on that backend registers every card and pins Allocate to the card's UUID;
+- what isolation needs from NVML: driver version, MIG mode, compute mode read and set (and refused),
+  and whether the driver exports the memory-limit call;
+- `gpushard agent` with isolation mps on that backend and a stand-in MPS binary: the MIG card left out,
+  the others exclusive-process while their daemons run and back to their earlier mode after SIGTERM,
+  and Allocate's MPS answer.
 The library is loaded by soname, so each check runs in a child process with LD_LIBRARY_PATH set.
 """
 
@@ -19,7 +24,7 @@ import time
 
 import pytest
 
-from tests.agent import fakekubelet
+from tests.agent import fakekubelet, mpsstandin
 from webhook.agent.proto import deviceplugin_pb2 as pb
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -184,6 +189,94 @@ def test_the_agent_on_nvml_registers_and_pins_cards(fake_nvml):
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=15)
         assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        kubelet.stop()
+        fakekubelet.remove_tree(plugin_dir)
+
+
+CARD_CALLS = """
+import json, os
+from webhook.agent import nvml
+devices = nvml.NvmlDevices()
+out = {"driver": devices.driver_version(), "memory_limits": devices.memory_limits_supported(),
+       "mig": [devices.mig_enabled(c.uuid) for c in devices.cards()],
+       "modes": [devices.compute_mode(c.uuid) for c in devices.cards()]}
+devices.set_compute_mode("GPU-fake-0001", nvml.COMPUTE_EXCLUSIVE_PROCESS)
+out["after"] = [devices.compute_mode(c.uuid) for c in devices.cards()]
+open(os.environ["FAKE_NVML_DIR"] + "/no-permission", "w").close()
+try:
+    devices.set_compute_mode("GPU-fake-0001", nvml.COMPUTE_DEFAULT)
+except nvml.DeviceError as exc:
+    out["refused"] = str(exc)
+try:
+    devices.compute_mode("GPU-nope")
+except nvml.DeviceError as exc:
+    out["unknown"] = str(exc)
+devices.close()
+print(json.dumps(out))
+"""
+
+
+def test_what_isolation_asks_of_nvml(fake_nvml):
+    env, control = fake_nvml
+    put(control, "cards", "2")
+    put(control, "mig-0")
+    put(control, "driver", "615.12.01")
+    done = subprocess.run([sys.executable, "-c", CARD_CALLS], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["driver"] == "615.12.01"
+    assert out["memory_limits"] is True
+    assert out["mig"] == [True, False]
+    assert out["modes"] == [0, 0] and out["after"] == [0, 3]
+    assert (control / "compute-1").read_text().strip() == "3"
+    assert out["refused"] == ("card GPU-fake-0001: cannot set the compute mode to Default: "
+                              "Insufficient Permissions")
+    assert out["unknown"].startswith("card GPU-nope: ")
+
+
+def test_the_agent_on_nvml_with_mps_and_a_mig_card(fake_nvml, tmp_path):
+    env, control = fake_nvml
+    put(control, "cards", "3")
+    put(control, "mig-1")
+    put(control, "compute-2", "2")  # Prohibited before MPS: restored so, not to Default
+    bin_dir, log = mpsstandin.install(tmp_path / "standin")
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", MPS_STANDIN_LOG=str(log))
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nsharesPerCard: 10\nisolation: mps\n")
+    mps_root = tmp_path / "mps"
+    plugin_dir = fakekubelet.short_tempdir()
+    kubelet = fakekubelet.FakeKubelet(plugin_dir).start()
+    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "agent", "--config", str(config),
+                             "--device-plugin-dir", plugin_dir, "--no-publish", "--poll-interval", "0.1",
+                             "--mps-root", str(mps_root)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        requests = kubelet.wait_for({"gpushard.io/gpu", "gpushard.io/card-0", "gpushard.io/card-2"}, timeout=20)
+        assert "gpushard.io/card-1" not in requests
+        # Registered only once the daemons answer, with each card exclusive-process meanwhile.
+        assert [(control / f"compute-{k}").read_text().strip() for k in (0, 2)] == ["3", "3"]
+        assert not (control / "compute-1").exists()
+        with fakekubelet.PluginClient(plugin_dir, requests["gpushard.io/card-2"].endpoint) as c:
+            response = c.stub.Allocate(pb.AllocateRequest(container_requests=[
+                pb.ContainerAllocateRequest(devices_ids=["card-2-0", "card-2-1", "card-2-2"])]), timeout=5)
+        answer = response.container_responses[0]
+        assert dict(answer.envs) == {"NVIDIA_VISIBLE_DEVICES": "GPU-fake-0002",
+                                     "CUDA_MPS_PIPE_DIRECTORY": "/run/gpushard/mps/pipe",
+                                     "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+                                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={3 * 16384 // 10}M"}
+        assert str(mps_root / "GPU-fake-0002" / "pipe") in [m.host_path for m in answer.mounts]
+        assert [c["gpu"] for c in mpsstandin.calls(log) if c["call"] == "-f"] == ["GPU-fake-0000", "GPU-fake-0002"]
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "card 1 (GPU-fake-0001) left out: MIG mode is on" in err
+        assert [(control / f"compute-{k}").read_text().strip() for k in (0, 2)] == ["0", "2"]
+        assert [c["call"] for c in mpsstandin.calls(log)].count("quit") == 2
     finally:
         if proc.poll() is None:
             proc.kill()

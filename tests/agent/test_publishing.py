@@ -1,6 +1,7 @@
 """We test, against a real local HTTP server speaking the Kubernetes API (tests/fakekube.py):
-- the Node gets the inventory annotation (index, uuid, model, memoryMiB) and the cards label by merge patch,
-  and keeps its other labels and annotations;
+- the Node gets the inventory annotation (index, uuid, model, memoryMiB, what isolation each card gives)
+  and the cards label by merge patch, and keeps its other labels and annotations;
+- a card in MIG mode is left out of the plugins and the count, and listed with the reason;
 - a lost card updates both; a card coming back restores them;
 - an API server that fails, or a Node not there yet, is retried until the patch lands;
 - the patch body itself is a merge patch of our two keys only.
@@ -18,7 +19,8 @@ from tests.agent import fakekubelet
 from tests.cluster import kubeobjects
 from webhook import settings
 from webhook.agent import nvml, publishing, running
-from webhook.core import names
+from webhook.cluster import kube as kube_view
+from webhook.core import audit, names
 
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559),
          nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)]
@@ -78,9 +80,10 @@ def test_the_agent_publishes_its_inventory_on_its_node(kube, plugin_dir):
         meta = kubeobjects.wait_for(published(kube, 2))
     finally:
         agent.stop()
+    given = {"isolation": {"mode": "none", "driver": "fake", "memoryLimits": False}}
     assert json.loads(meta["annotations"][names.INVENTORY_ANNOTATION]) == [
-        {"index": 0, "uuid": "GPU-aaaa", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559},
-        {"index": 1, "uuid": "GPU-bbbb", "model": "NVIDIA L4", "memoryMiB": 22491}]
+        {"index": 0, "uuid": "GPU-aaaa", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559, **given},
+        {"index": 1, "uuid": "GPU-bbbb", "model": "NVIDIA L4", "memoryMiB": 22491, **given}]
     assert meta["annotations"]["keep"] == "me"
     assert meta["labels"]["kubernetes.io/hostname"] == NODE
     patches = [(path, json.loads(body)) for method, path, body in kube.requests if method == "PATCH"]
@@ -159,3 +162,23 @@ def test_the_patch_goes_out_as_a_json_merge_patch():
         server.shutdown()
         server.server_close()
     assert seen == [(f"/api/v1/nodes/{NODE}", "application/merge-patch+json", publishing.node_patch(CARDS[:1]))]
+
+
+def test_a_mig_card_is_left_out_and_listed_with_the_reason(kube, plugin_dir):
+    kube.put("nodes", node())
+    devices = nvml.FakeDevices(CARDS, mig=frozenset({"GPU-aaaa"}), driver="615.10", memory_limits=True)
+    agent = start_agent(kube, plugin_dir, devices)
+    try:
+        meta = kubeobjects.wait_for(published(kube, 1))
+        assert [r.name for r in agent.resources] == ["gpushard.io/gpu", "gpushard.io/card-1"]
+    finally:
+        agent.stop()
+    listed = json.loads(meta["annotations"][names.INVENTORY_ANNOTATION])
+    assert listed[0] == {"index": 0, "uuid": "GPU-aaaa", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559,
+                         "excluded": "MIG mode is on: not shared as a whole card (turn MIG off to share it)"}
+    assert listed[1]["isolation"] == {"mode": "none", "driver": "615.10", "memoryLimits": True}
+    # The webhook's cluster view and the audit read the same annotation and skip the left-out card.
+    view_node = kube_view.read_node({"metadata": meta, "status": {"allocatable": {"gpushard.io/card-1": "100"}}},
+                                    settings.Settings().policy)
+    assert [c.index for c in view_node.cards] == [1]
+    assert list(audit.node_cards({"metadata": meta}, settings.Settings().policy).inventory) == [1]

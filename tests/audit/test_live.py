@@ -328,13 +328,14 @@ def test_status_counts_shares_per_card(kubeconfig, capsys):
     big = {c["index"]: c for c in nodes["gpu-8x"]["cards"]}
     assert len(big) == 8
     assert (big[0]["used"], big[0]["free"], big[0]["capacity"]) == (75, 25, 100)
-    assert big[0]["pods"] == [{"namespace": "ml", "name": "train-a", "shares": 50},
-                              {"namespace": "ml", "name": "train-b", "shares": 25}]
+    # Each holder's memory cap under isolation: its shares of the card's 81559 MiB, floored.
+    assert big[0]["pods"] == [{"namespace": "ml", "name": "train-a", "shares": 50, "memoryMiB": 40779},
+                              {"namespace": "ml", "name": "train-b", "shares": 25, "memoryMiB": 20389}]
     assert big[1]["used"] == 0  # ml/done finished
     assert big[0]["model"] == world.H100 and big[0]["uuid"] == "GPU-gpu-8x-0"
     assert (nodes["gpu-8x"]["used"], nodes["gpu-8x"]["free"], nodes["gpu-8x"]["capacity"]) == (235, 565, 800)
     small = {c["index"]: c for c in nodes["gpu-2x"]["cards"]}
-    assert small[1]["pods"] == [{"namespace": "lab", "name": "notebook", "shares": 40}]
+    assert small[1]["pods"] == [{"namespace": "lab", "name": "notebook", "shares": 40, "memoryMiB": 32623}]
     assert report["totals"] == {"nodes": 2, "cards": 10, "capacity": 1000, "used": 275, "free": 725}
     assert report["pending"] == [{"namespace": "ml", "name": "waiting", "card": 5, "shares": 20}]
     assert report["sharesPerCard"] == 100
@@ -344,8 +345,10 @@ def test_status_table(kubeconfig, capsys):
     assert cli.main(["status", "--kubeconfig", kubeconfig]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["NODE", "CARD", "MODEL", "USED", "FREE", "TOTAL", "USE%", "PODS"]
-    row = next(line for line in lines if line.startswith("gpu-8x") and line.split()[1] == "0")
-    assert row.split()[-8:] == ["75", "25", "100", "75%", "ml/train-a", "(50),", "ml/train-b", "(25)"]
+    at = next(i for i, line in enumerate(lines) if line.startswith("gpu-8x") and line.split()[1] == "0")
+    # The holders wrap under PODS; each shows its shares and its memory cap.
+    assert (lines[at] + lines[at + 1]).split()[-12:] == [
+        "75", "25", "100", "75%", "ml/train-a", "(50,", "40779", "MiB),", "ml/train-b", "(25,", "20389", "MiB)"]
     assert [line.split()[:6] for line in lines if line.startswith("TOTAL")] == [
         ["TOTAL", "10", "275", "725", "1000", "27%"]]
     assert lines[-1] == "pending: ml/waiting waits for card 5 (20 shares)"
@@ -358,6 +361,6 @@ def test_a_card_the_node_no_longer_offers_keeps_its_holders(kubeconfig, fake, ca
     fake.put("nodes", node)
     card = status_json(kubeconfig, capsys)["nodes"][1]["cards"][3]
     assert (card["capacity"], card["used"], card["free"]) == (0, 100, 0)
-    assert card["pods"] == [{"namespace": "ml", "name": "infer-c", "shares": 100}]
+    assert card["pods"] == [{"namespace": "ml", "name": "infer-c", "shares": 100, "memoryMiB": 81559}]
     _code, report, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
     assert ("Node", "gpu-8x", "card-oversubscribed") in found(report)

@@ -357,6 +357,21 @@ def test_audit_only_overlay_keeps_only_the_audit_webhook(base):
     assert hooks[0]["failurePolicy"] == "Ignore"
 
 
+def test_isolation_mps_overlay_configures_both_and_gives_the_agent_its_folders(base):
+    objects = rendering.render(DEPLOY / "overlays/isolation-mps")
+    config_map = _find(objects, "ConfigMap", "gpushard-config")
+    assert settings.from_mapping(yaml.safe_load(config_map["data"]["config.yaml"])).policy.isolation == "mps"
+    pod = _agent_pod(objects)
+    agent = pod["containers"][0]
+    assert _args(agent).mps_root == "/run/gpushard/mps"
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert "compute" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
+    mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host[mounts["/run/gpushard/mps"]] == "/run/gpushard/mps"  # host paths in Allocate hold inside too
+    assert host[mounts["/dev/shm"]] == "/run/gpushard/mps/shm"
+
+
 def test_kind_overlay_runs_the_agent_on_the_fake_inventory():
     from webhook.agent import nvml
 

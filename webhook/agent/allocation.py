@@ -105,6 +105,12 @@ class Allocation:
     cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names, vendor.com/class=name
 
 
+def combined(first: Allocation, second: Allocation) -> Allocation:
+    """Both answers for one container, as the kubelet would merge them: env keys of ``second`` win."""
+    return Allocation({**first.envs, **second.envs}, first.mounts + second.mounts,
+                      first.cdi_devices + second.cdi_devices)
+
+
 def allocate(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Card], shares_per_card: int,
              strategy: Iterable[str] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY) -> Allocation:
     """What one container gets for its devices of one resource.

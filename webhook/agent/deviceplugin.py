@@ -9,7 +9,7 @@ from concurrent import futures
 
 import grpc
 
-from webhook.agent import allocation, health, nvml
+from webhook.agent import allocation, health, isolation, nvml
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import deviceplugin_pb2_grpc as pb_grpc
 from webhook.core import policy as policy_mod
@@ -33,9 +33,11 @@ class Servicer(pb_grpc.DevicePluginServicer):
 
     def __init__(self, resource: allocation.Resource, cards: list[nvml.Card], board: health.Board,
                  shares_per_card: int, tick: float = 1.0,
-                 strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY) -> None:
+                 strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY,
+                 limits: isolation.Limits | None = None) -> None:
         self.resource = resource
         self.strategy = strategy
+        self.limits = limits
         self.cards = list(cards)
         self.board = board
         self.shares_per_card = shares_per_card
@@ -90,6 +92,9 @@ class Servicer(pb_grpc.DevicePluginServicer):
             except allocation.AllocationError as exc:
                 log.warning("%s", exc)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            if self.limits is not None:
+                answer = allocation.combined(answer, self.limits.for_request(self.resource, req.devices_ids,
+                                                                               self.cards))
             responses.append(container_response(answer))
         return pb.AllocateResponse(container_responses=responses)
 
@@ -114,10 +119,11 @@ class PluginServer:
 
     def __init__(self, directory: str, resource: allocation.Resource, cards: list[nvml.Card],
                  board: health.Board, shares_per_card: int, tick: float = 1.0, workers: int = 8,
-                 strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY) -> None:
+                 strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY,
+                 limits: isolation.Limits | None = None) -> None:
         self.directory = directory
         self.resource = resource
-        self._servicer_args = (resource, list(cards), board, shares_per_card, tick, strategy)
+        self._servicer_args = (resource, list(cards), board, shares_per_card, tick, strategy, limits)
         self._workers = workers
         self.servicer: Servicer | None = None
         self._server: grpc.Server | None = None

@@ -29,12 +29,32 @@ class Board:
         self._cards = {c.uuid: c for c in cards}
         self._healthy = {c.index: True for c in cards}
         self._present = {c.index: True for c in cards}
+        self._holds: dict[int, str] = {}  # card index -> why the agent keeps it Unhealthy (its MPS daemon is down)
         self._version = 0
         self._closed = False
         self._cond = threading.Condition()
 
     def _snapshot(self) -> Snapshot:
-        return Snapshot(self._version, dict(self._healthy), dict(self._present), self._closed)
+        healthy = {k: ok and k not in self._holds for k, ok in self._healthy.items()}
+        return Snapshot(self._version, healthy, dict(self._present), self._closed)
+
+    def hold(self, index: int, reason: str | None) -> bool:
+        """Keep card ``index`` Unhealthy for ``reason`` (None lifts it); True when that changed anything.
+
+        NVML's view of the card is kept apart: a card held for its MPS daemon that the driver also
+        reports bad stays Unhealthy when the daemon recovers.
+        """
+        with self._cond:
+            if index not in self._healthy or self._holds.get(index) == reason:
+                return False
+            if reason is None:
+                del self._holds[index]
+            else:
+                self._holds[index] = reason
+            self._version += 1
+            self._cond.notify_all()
+        log.warning("gpushard: card %d %s", index, f"held Unhealthy: {reason}" if reason else "no longer held")
+        return True
 
     def snapshot(self) -> Snapshot:
         with self._cond:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import queue
@@ -31,6 +32,22 @@ class NvmlUnavailable(RuntimeError):
 
 class InventoryError(ValueError):
     """A fake inventory file gpushard cannot use; the message names the entry."""
+
+
+class DeviceError(RuntimeError):
+    """A card refused a query or a setting (no permission, not supported, gone); the message says which."""
+
+
+# Compute modes, by NVML's numbers (nvmlComputeMode_t). MPS needs EXCLUSIVE_PROCESS while it runs:
+# then only the MPS server holds a context on the card, and every client goes through it.
+COMPUTE_DEFAULT = 0
+COMPUTE_PROHIBITED = 2
+COMPUTE_EXCLUSIVE_PROCESS = 3
+COMPUTE_MODE_NAMES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+
+# The NVML call behind the container toolkit's apply-cuda-memory-limits hook: a driver whose NVML
+# exports it can cap a container's memory on its cgroup.
+MEMORY_LIMITS_SYMBOL = "nvmlDeviceSetMemoryLimits_v1"
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,21 @@ class Devices(Protocol):
     def close(self) -> None:
         """Release the backend; no call follows."""
 
+    def driver_version(self) -> str:
+        """The driver's version as NVML reports it ("" when there is no driver)."""
+
+    def mig_enabled(self, uuid: str) -> bool:
+        """Whether the card runs in MIG mode (then it cannot run CUDA as a whole card)."""
+
+    def compute_mode(self, uuid: str) -> int:
+        """The card's compute mode (COMPUTE_*); DeviceError when NVML cannot tell."""
+
+    def set_compute_mode(self, uuid: str, mode: int) -> None:
+        """Set the card's compute mode; DeviceError when NVML refuses (it needs root)."""
+
+    def memory_limits_supported(self) -> bool:
+        """Whether the driver can cap a cgroup's memory on a card (the toolkit's memory-limit hook needs it)."""
+
 
 # --- null --------------------------------------------------------------------------------------
 
@@ -81,6 +113,21 @@ class NullDevices:
 
     def close(self) -> None:
         self._closed.set()
+
+    def driver_version(self) -> str:
+        return ""
+
+    def mig_enabled(self, uuid: str) -> bool:
+        return False
+
+    def compute_mode(self, uuid: str) -> int:
+        raise DeviceError(f"no card {uuid} on a node without GPUs")
+
+    def set_compute_mode(self, uuid: str, mode: int) -> None:
+        raise DeviceError(f"no card {uuid} on a node without GPUs")
+
+    def memory_limits_supported(self) -> bool:
+        return False
 
 
 # --- fake inventory ----------------------------------------------------------------------------
@@ -145,8 +192,13 @@ class FakeDevices:
     Tests can also ``inject`` events directly.
     """
 
-    def __init__(self, cards: list[Card], path: str | Path | None = None, poll: float = 0.5) -> None:
+    def __init__(self, cards: list[Card], path: str | Path | None = None, poll: float = 0.5,
+                 mig: frozenset[str] = frozenset(), driver: str = "fake", memory_limits: bool = False) -> None:
         self._cards = sorted(cards, key=lambda c: c.index)
+        self._mig = frozenset(mig)
+        self._driver = driver
+        self._memory_limits = memory_limits
+        self.compute_modes = {c.uuid: COMPUTE_DEFAULT for c in cards}  # what set_compute_mode left, per UUID
         self._path = Path(path) if path is not None else None
         self._poll = poll
         self._events: queue.Queue[HealthEvent] = queue.Queue()
@@ -197,6 +249,25 @@ class FakeDevices:
 
     def inject(self, event: HealthEvent) -> None:
         self._events.put(event)
+
+    def driver_version(self) -> str:
+        return self._driver
+
+    def mig_enabled(self, uuid: str) -> bool:
+        return uuid in self._mig
+
+    def compute_mode(self, uuid: str) -> int:
+        if uuid not in self.compute_modes:
+            raise DeviceError(f"no card {uuid}")
+        return self.compute_modes[uuid]
+
+    def set_compute_mode(self, uuid: str, mode: int) -> None:
+        if uuid not in self.compute_modes:
+            raise DeviceError(f"no card {uuid}")
+        self.compute_modes[uuid] = mode
+
+    def memory_limits_supported(self) -> bool:
+        return self._memory_limits
 
     def wait_event(self, timeout: float) -> HealthEvent | None:
         deadline = time.monotonic() + timeout
@@ -348,6 +419,47 @@ class NvmlDevices:
                     return None
                 self._wait_xid(min(remaining, self._next_probe - now))
             return self._pending.pop(0)
+
+    def driver_version(self) -> str:
+        try:
+            return _text(self._nvml.nvmlSystemGetDriverVersion())
+        except self._nvml.NVMLError as exc:
+            log.warning("gpushard: NVML gives no driver version: %s", exc)
+            return ""
+
+    def _handle(self, uuid: str):
+        try:
+            return self._nvml.nvmlDeviceGetHandleByUUID(uuid)
+        except self._nvml.NVMLError as exc:
+            raise DeviceError(f"card {uuid}: {exc}") from None
+
+    def mig_enabled(self, uuid: str) -> bool:
+        nv = self._nvml
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(self._handle(uuid))
+        except nv.NVMLError:
+            return False  # a card without MIG support answers NOT_SUPPORTED: a whole card
+        return current == nv.NVML_DEVICE_MIG_ENABLE
+
+    def compute_mode(self, uuid: str) -> int:
+        try:
+            return int(self._nvml.nvmlDeviceGetComputeMode(self._handle(uuid)))
+        except self._nvml.NVMLError as exc:
+            raise DeviceError(f"card {uuid}: cannot read the compute mode: {exc}") from None
+
+    def set_compute_mode(self, uuid: str, mode: int) -> None:
+        try:
+            self._nvml.nvmlDeviceSetComputeMode(self._handle(uuid), mode)
+        except self._nvml.NVMLError as exc:
+            raise DeviceError(f"card {uuid}: cannot set the compute mode to "
+                              f"{COMPUTE_MODE_NAMES.get(mode, mode)}: {exc}") from None
+
+    def memory_limits_supported(self) -> bool:
+        # The same soname NVML already loaded, so this opens the very library in use.
+        try:
+            return hasattr(ctypes.CDLL("libnvidia-ml.so.1"), MEMORY_LIMITS_SYMBOL)
+        except OSError:
+            return False
 
     def close(self) -> None:
         nv = self._nvml

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import kubernetes
 
@@ -17,16 +17,27 @@ log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def inventory_json(cards: Iterable[nvml.Card]) -> str:
-    """The annotation's value: a JSON list of cards with the camelCase keys Kubernetes users expect."""
-    return json.dumps([{"index": c.index, "uuid": c.uuid, "model": c.model, "memoryMiB": c.memory_mib}
-                       for c in sorted(cards, key=lambda c: c.index)], separators=(",", ":"))
+def _entry(card: nvml.Card) -> dict:
+    return {"index": card.index, "uuid": card.uuid, "model": card.model, "memoryMiB": card.memory_mib}
 
 
-def node_patch(cards: Iterable[nvml.Card]) -> dict:
+def inventory_json(cards: Iterable[nvml.Card], details: Mapping | None = None) -> str:
+    """The annotation's value: a JSON list of cards with the camelCase keys Kubernetes users expect.
+
+    ``details`` adds, per card index, what isolation the card gives (``cards``), and lists the cards
+    left out with the reason (``excluded``: entries with an ``excluded`` key, which readers skip).
+    """
+    details = details or {}
+    extra = details.get("cards") or {}
+    listed = [{**_entry(c), **extra.get(c.index, {})} for c in cards]
+    listed += [{**_entry(c), "excluded": reason} for c, reason in details.get("excluded") or ()]
+    return json.dumps(sorted(listed, key=lambda e: e["index"]), separators=(",", ":"))
+
+
+def node_patch(cards: Iterable[nvml.Card], details: Mapping | None = None) -> dict:
     """A merge patch that sets only our annotation and label and leaves the rest of the Node alone."""
     cards = list(cards)
-    return {"metadata": {"annotations": {names.INVENTORY_ANNOTATION: inventory_json(cards)},
+    return {"metadata": {"annotations": {names.INVENTORY_ANNOTATION: inventory_json(cards, details)},
                          "labels": {names.CARDS_LABEL: str(len(cards))}}}
 
 
@@ -52,13 +63,15 @@ class Publisher:
         self._dirty = threading.Event()
         self._dirty.set()
         self.published: dict | None = None
+        # Set by the agent: per-card isolation and the cards it left out, for the same annotation.
+        self.details: Callable[[], Mapping] | None = None
 
     def changed(self) -> None:
         """Ask for a new patch; cheap, called from the health watcher."""
         self._dirty.set()
 
     def publish_once(self) -> bool:
-        patch = node_patch(self._cards())
+        patch = node_patch(self._cards(), self.details() if self.details is not None else None)
         if patch == self.published:
             return True
         try:

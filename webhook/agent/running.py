@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from webhook import settings as settings_mod
-from webhook.agent import allocation, deviceplugin, health, kubelet, nvml, publishing
+from webhook.agent import allocation, deviceplugin, health, isolation, kubelet, mps, nvml, publishing
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
@@ -27,17 +27,27 @@ class Agent:
 
     def __init__(self, devices: nvml.Devices, policy: policy_mod.Policy, directory: str,
                  publisher: Callable[[Callable[[], list[nvml.Card]]], publishing.Publisher] | None = None,
-                 poll: float = 1.0, tick: float = 1.0, register_timeout: float = 5.0) -> None:
+                 poll: float = 1.0, tick: float = 1.0, register_timeout: float = 5.0,
+                 mps_root: str = isolation.DEFAULT_MPS_ROOT, mps_options: dict | None = None) -> None:
         self.devices = devices
         self.policy = policy
-        self.cards = devices.cards()
+        self.cards, self.excluded = _whole_cards(devices)
         self.board = health.Board(self.cards)
         self.resources = allocation.resources(self.cards, policy)
+        root = isolation.MpsRoot(mps_root)
+        limits = isolation.Limits(policy.isolation, policy.shares_per_card, root) \
+            if policy.isolation != "none" else None
         self.plugins = [deviceplugin.PluginServer(directory, r, self.cards, self.board, policy.shares_per_card, tick,
-                                                  strategy=policy.device_list_strategy)
+                                                  strategy=policy.device_list_strategy, limits=limits)
                         for r in self.resources]
         self.keeper = kubelet.Keeper(directory, self.plugins, poll=poll, timeout=register_timeout)
         self.publisher = publisher(self.present_cards) if publisher is not None else None
+        if self.publisher is not None:
+            self.publisher.details = self.inventory_details
+        self.mps = mps.Supervisor(devices, self.cards, self.board, root, self._changed, **(mps_options or {})) \
+            if policy.isolation == "mps" else None
+        self.driver = devices.driver_version()
+        self.memory_limits = devices.memory_limits_supported()
         self.tick = tick
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -46,12 +56,31 @@ class Agent:
         present = self.board.snapshot().present
         return [c for c in self.cards if present.get(c.index, False)]
 
+    def _changed(self) -> None:
+        if self.publisher is not None:
+            self.publisher.changed()
+
+    def inventory_details(self) -> dict:
+        """What the Node's inventory says beyond each card's identity: isolation, and cards left out."""
+        states = self.mps.states() if self.mps is not None else {}
+        per_card = {}
+        for card in self.cards:
+            given = {"mode": self.policy.isolation, "driver": self.driver, "memoryLimits": self.memory_limits}
+            if card.index in states:
+                given["mps"] = states[card.index]
+            per_card[card.index] = {"isolation": given}
+        return {"cards": per_card, "excluded": list(self.excluded)}
+
     def _thread(self, name: str, target, *args) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 
     def start(self) -> None:
+        if self.mps is not None:
+            # Daemons first: the kubelet may allocate as soon as a plugin registers.
+            self.mps.start()
+            self._thread("gpushard-mps", self.mps.run, self._stop)
         self.keeper.start()
         on_change = self.publisher.changed if self.publisher is not None else None
         self._thread("gpushard-health", health.watch, self.devices, self.board, self._stop, on_change,
@@ -68,8 +97,25 @@ class Agent:
         for thread in self._threads:
             thread.join(timeout=10)
         self.keeper.close()
+        if self.mps is not None:
+            self.mps.stop()
         self.board.close()
         self.devices.close()
+
+
+def _whole_cards(devices: nvml.Devices) -> tuple[list[nvml.Card], list[tuple[nvml.Card, str]]]:
+    """The cards shared as whole cards, and those left out with the reason."""
+    kept, excluded = [], []
+    for card in devices.cards():
+        if devices.mig_enabled(card.uuid):
+            # A card in MIG mode runs CUDA only inside its MIG instances, so a whole-card share could not
+            # run anything; MPS cannot run on it either.
+            reason = "MIG mode is on: not shared as a whole card (turn MIG off to share it)"
+            log.warning("gpushard: card %d (%s) left out: %s", card.index, card.uuid, reason)
+            excluded.append((card, reason))
+        else:
+            kept.append(card)
+    return kept, excluded
 
 
 def _fail(code: int, message: str) -> int:
@@ -108,7 +154,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         def publisher(cards):
             return publishing.Publisher(api, node_name, cards)
 
-    agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval)
+    agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
+                  mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT)
     stop = threading.Event()
 
     def on_signal(signum, _frame):

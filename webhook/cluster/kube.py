@@ -98,7 +98,9 @@ def read_node(obj: dict, policy: Policy) -> placement.Node | None:
     except (ValueError, RecursionError):
         listed = []
     for item in listed if isinstance(listed, list) else ():
-        if isinstance(item, dict) and isinstance(item.get("index"), int) and item["index"] >= 0:
+        # An entry with "excluded" is a card the agent left out (MIG): not a card of this node's shares.
+        if isinstance(item, dict) and isinstance(item.get("index"), int) and item["index"] >= 0 \
+                and "excluded" not in item:
             inventory[item["index"]] = item
     if not capacity and not inventory:
         return None

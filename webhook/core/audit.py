@@ -157,7 +157,7 @@ def _inventory(annotation: object) -> dict[int, dict]:
         return {}
     out = {}
     for card in cards if isinstance(cards, list) else []:
-        if isinstance(card, dict) and isinstance(card.get("index"), int):
+        if isinstance(card, dict) and isinstance(card.get("index"), int) and "excluded" not in card:
             out[card["index"]] = card
     return out
 
@@ -490,6 +490,7 @@ class CardUse:
     holders: tuple[Holder, ...] = ()
     model: str = ""
     uuid: str = ""
+    memory_mib: int = 0  # from the agent's inventory; 0 when unknown
 
     @property
     def free(self) -> int:
@@ -559,9 +560,12 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
             holders = tuple(sorted((Holder(r.namespace, r.name, s) for r, s in held.get((node.name, k), [])),
                                    key=lambda h: (h.namespace, h.name)))
             info = node.inventory.get(k, {})
+            memory = info.get("memoryMiB")
             cards.append(CardUse(index=k, capacity=node.cards.get(k, 0), used=sum(h.shares for h in holders),
                                  holders=holders, model=str(info.get("model") or ""),
-                                 uuid=str(info.get("uuid") or "")))
+                                 uuid=str(info.get("uuid") or ""),
+                                 memory_mib=memory if isinstance(memory, int) and not isinstance(memory, bool)
+                                 and memory > 0 else 0))
         out.append(NodeUse(node.name, tuple(cards)))
     return Usage(tuple(sorted(out, key=lambda n: n.name)),
                  tuple(sorted(pending, key=lambda p: (p[0].namespace, p[0].name))))

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from webhook.core import findings as f
-from webhook.core import hostaccess, names, placement, rewrite
+from webhook.core import hostaccess, isolation, names, placement, rewrite
 from webhook.core import requests as req
 from webhook.core.policy import Policy
 
@@ -301,6 +301,10 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         pod_found, shares, pin = pod_rules(asks, policy)
         found += pod_found
         denied = bool(pod_found)
+    if not denied:
+        limit_found = isolation.env_findings(spec, asks, request.mode, policy)
+        found += limit_found if kind == names.POD_KIND else [x for x in limit_found if x.severity == f.DENY]
+        denied = any(x.severity == f.DENY for x in limit_found)
     if denied:
         if audit:
             return Decision(allowed=True, findings=found)
@@ -326,5 +330,5 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         card, node = choice.card, choice.node
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)
-    new = rewrite.pod(obj, asks, card, shares, policy, node=node)
+    new = isolation.strip_env(rewrite.pod(obj, asks, card, shares, policy, node=node), asks)
     return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares)

@@ -36,6 +36,8 @@ HOST_PATH = "host-path"
 DEVICE_LIST_MOUNT = "device-list-mount"
 DEVICE_ANNOTATION = "device-annotation"
 VISIBLE_DEVICES_FROM = "visible-devices-from"
+LIMIT_ENV_SET = "limit-env-set"
+LIMIT_ENV_FROM = "limit-env-from"
 
 # What a user can do about each rule, for audit tables.
 FIXES = {
@@ -65,6 +67,8 @@ FIXES = {
     DEVICE_LIST_MOUNT: "mount nothing under /var/run/nvidia-container-devices; the device plugin does",
     DEVICE_ANNOTATION: "remove the device annotation; GPUs come from the device plugin",
     VISIBLE_DEVICES_FROM: "give the envFrom a prefix, or drop it, so it cannot set NVIDIA_VISIBLE_DEVICES",
+    LIMIT_ENV_SET: "remove NVIDIA_GPU_MEMORY_* and CUDA_MPS_* from GPU containers; the device plugin sets them",
+    LIMIT_ENV_FROM: "give the envFrom a prefix (e.g. APP_) so it cannot set NVIDIA_GPU_MEMORY_* or CUDA_MPS_*",
 }
 
 

@@ -45,6 +45,22 @@ DEVICE_ANNOTATIONS = ("cdi.k8s.io", "devices.crio.io", "io.kubernetes.cri-o.Devi
                       "devices.nri.io", "cdi-devices.nri.io", "mounts.nri.io")
 # Linux capabilities that open every device (the toolkit treats CAP_SYS_ADMIN as privileged).
 HOST_CAPABILITIES = ("SYS_ADMIN", "ALL")
+# Isolation: the limits the card-k device plugin hands each container (see docs/isolation.md).
+# Read by NVIDIA's container toolkit's apply-cuda-memory-limits CDI hook, in whole MiB.
+GPU_MEMORY_LIMIT_ENV = "NVIDIA_GPU_MEMORY_LIMIT"
+GPU_MEMORY_REQUEST_ENV = "NVIDIA_GPU_MEMORY_REQUEST"
+# Read by the CUDA driver in an MPS client.
+MPS_PIPE_DIRECTORY_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_LOG_DIRECTORY_ENV = "CUDA_MPS_LOG_DIRECTORY"
+MPS_THREAD_PERCENTAGE_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_PINNED_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+CUDA_VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+# Names a container author may not set in a GPU container: they would override the plugin's limits
+# (older toolkit builds also read the plural NVIDIA_GPU_MEMORY_LIMITS/_REQUESTS, hence a prefix).
+LIMIT_ENV_PREFIXES = ("NVIDIA_GPU_MEMORY_", "CUDA_MPS_")
+# Where an MPS client finds its card's daemon inside the container.
+MPS_CLIENT_PIPE_DIR = "/run/gpushard/mps/pipe"
+MPS_CLIENT_SHM_DIR = "/dev/shm"
 
 # Well-known Kubernetes labels and taints the placement honours.
 HOSTNAME_LABEL = "kubernetes.io/hostname"

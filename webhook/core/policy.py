@@ -17,6 +17,7 @@ DEVICE_LIST_STRATEGIES = (ENVVAR, VOLUME_MOUNTS, CDI_CRI)
 # Works unchanged on a node with the toolkit's defaults (it reads the env) and on a hardened
 # node (it reads the mounts first and ignores the env); CDI needs a spec on the node.
 DEFAULT_DEVICE_LIST_STRATEGY = (ENVVAR, VOLUME_MOUNTS)
+ISOLATIONS = ("none", "memory", "mps")
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,4 @@ class Policy:
     hide_unrequested_gpus: bool = True
     exempt: Exempt = field(default_factory=Exempt)
     device_list_strategy: tuple[str, ...] = DEFAULT_DEVICE_LIST_STRATEGY
+    isolation: str = "none"  # none | memory | mps: what each container's fraction is held to
