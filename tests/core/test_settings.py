@@ -1,5 +1,6 @@
 """We test:
 - the config file of SPEC.md loads into the policy, and an absent file means the defaults;
+- policy.runtimeClassName: unset, empty or null leaves pods alone; a name loads;
 - every bad key or value stops the program with a message naming the key and the value;
 - the static cluster file reads into a view, and its errors name the field.
 """
@@ -36,6 +37,13 @@ def test_other_values_load():
     assert p.resources.fraction == "example.com/gpu" and p.resources.shares == "gpushard.io/gpu"
 
 
+@pytest.mark.parametrize("value, loaded", [(None, None), ("", None), ("nvidia", "nvidia"),
+                                           ("nvidia.example.com", "nvidia.example.com")])
+def test_runtime_class_name(value, loaded):
+    assert settings.Settings().policy.runtime_class_name is None
+    assert settings.from_mapping({"policy": {"runtimeClassName": value}}).policy.runtime_class_name == loaded
+
+
 @pytest.mark.parametrize("data, named", [
     ({"version": "v2"}, "version: must be 'v1', got 'v2'"),
     ({"sharesPerCard": 0}, "sharesPerCard"),
@@ -51,6 +59,8 @@ def test_other_values_load():
     ({"resources": {"fraction": "kubernetes.io/gpu"}}, "resources.fraction"),
     ({"resources": {"shares": "nvidia.com/gpu"}}, "resources: fraction, shares and cardPrefix"),
     ({"policy": ["binpack"]}, "policy: must be a mapping"),
+    ({"policy": {"runtimeClassName": "NVIDIA"}}, "policy.runtimeClassName: 'NVIDIA'"),
+    ({"policy": {"runtimeClassName": 7}}, "policy.runtimeClassName: 7"),
     ([1, 2], "must be a mapping"),
 ])
 def test_bad_config_names_the_key(data, named):

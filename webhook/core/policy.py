@@ -39,3 +39,6 @@ class Policy:
     multi_card: str = "deny"
     placement: str = "binpack"
     hide_unrequested_gpus: bool = True
+    # Set on pods that hold shares when their author named none: the runtime class whose
+    # handler is the NVIDIA container runtime, where it is not the node's default runtime.
+    runtime_class_name: str | None = None
