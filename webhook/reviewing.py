@@ -8,6 +8,7 @@ from typing import IO
 
 import yaml
 
+from webhook import kubectl
 from webhook import settings as settings_mod
 from webhook.core import decisions, names
 
@@ -61,8 +62,24 @@ def summary(decision: decisions.Decision, mode: str) -> str:
     return "admitted"
 
 
-def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: str, out: IO[str]) -> int:
-    """Print each object as gpushard admits it, or its denial. Exit 1 if any is denied, 2 if unreadable."""
+def _name(obj: object) -> str:
+    """kubectl's ``-o name`` form of an object (``pod/web``, ``deployment.apps/train``)."""
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    meta = obj.get("metadata") if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict) else {}
+    name = meta.get("name") or meta.get("generateName") or "(no name)"
+    return kubectl.resource_name(kind if isinstance(kind, str) and kind else "object", str(name))
+
+
+def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: str, out: IO[str],
+                 output: str = kubectl.YAML) -> int:
+    """Print each object as gpushard admits it, or its denial. Exit 1 if any is denied, 2 if unreadable.
+
+    ``output`` yaml: the objects, each after a comment with the decision; json: a v1 List of the
+    admitted objects, decisions on stderr; name: ``kind/name`` of each admitted object, decisions
+    on stderr.
+    """
+    if output != kubectl.YAML:
+        return _review_quietly(paths, settings, view, mode, out, output)
     denied = False
     try:
         items = list(documents(paths))
@@ -86,3 +103,30 @@ def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: 
         if decision.allowed and decision.obj is not None:
             out.write(yaml.safe_dump(decision.obj, sort_keys=False, default_flow_style=False))
     return 1 if denied else 0
+
+
+def _review_quietly(paths: list[str], settings: settings_mod.Settings, view, mode: str, out: IO[str],
+                    output: str) -> int:
+    import json
+
+    try:
+        items = list(documents(paths))
+    except ManifestError as exc:
+        print(exc, file=sys.stderr)
+        return kubectl.USAGE
+    admitted, denied = [], False
+    for path, number, obj in items:
+        kind = obj.get("kind", "") if isinstance(obj, dict) else ""
+        request = decisions.Request(obj, kind if isinstance(kind, str) else "", mode=mode)
+        decision = decisions.decide(request, settings.policy, view.snapshot() if view else None)
+        if decision.allowed and decision.node is not None and view is not None:
+            view.remember(decision.node, decision.card, decision.shares)
+        denied = denied or not decision.allowed
+        print(f"gpushard: {describe(obj)} ({path}, document {number}): {summary(decision, mode)}", file=sys.stderr)
+        if decision.allowed:
+            admitted.append(decision.obj if decision.obj is not None else obj)
+    if output == kubectl.JSON:
+        out.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": admitted}, indent=2) + "\n")
+    else:
+        out.write("".join(_name(obj) + "\n" for obj in admitted))
+    return kubectl.FOUND if denied else kubectl.OK

@@ -8,7 +8,8 @@ We test:
   audited twice, and a workload kind the API refuses is skipped with a note, not fatal;
 - the API location comes from --kubeconfig, from $KUBECONFIG, else the in-cluster service
   account, and --context picks a context; finished pods are left out by a field selector;
-- an unreachable API or an unreadable kubeconfig exits 2 with a gpushard: message;
+- an unreachable API or a refused pod list exits 3, an unreadable kubeconfig 2, each with one
+  gpushard: line;
 - a clean cluster exits 0;
 - a namespace relabelled from audit to enforce keeps the findings of its running pods, which
   admission never sees again (a GPU-less sidecar still sees every card), with recreating the pod
@@ -128,17 +129,18 @@ def test_a_refused_workload_kind_is_skipped_with_a_note(kubeconfig, fake, capsys
     fake.fail_next = [0, 0, 0, 403]
     code, report, err = audit_json(["--kubeconfig", kubeconfig], capsys)
     assert code == 1
-    assert err.startswith("gpushard: cannot list deployments: 403")
+    assert err.startswith("gpushard: the Kubernetes API at http://127.0.0.1:")
+    assert "forbids this account to list deployments (403 Forbidden: injected failure)" in err
     assert "deployments not audited" in err
     assert found(report) == world.EXPECTED - {("Deployment", "research/trainer", "not-opted-in")}
 
 
-def test_a_refused_pod_list_is_a_usage_error(kubeconfig, fake, capsys):
+def test_a_refused_pod_list_exits_3(kubeconfig, fake, capsys):
     fake.fail_next = [0, 0, 403]
     code = cli.main(["audit", "--kubeconfig", kubeconfig])
     captured = capsys.readouterr()
-    assert code == 2
-    assert captured.err.startswith("gpushard: cannot list pods: 403")
+    assert code == 3
+    assert "forbids this account to list pods (403 Forbidden" in captured.err
     assert captured.out == ""
 
 
@@ -166,7 +168,7 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_unreachable_api_exits_2(tmp_path, capsys):
+def test_unreachable_api_exits_3(tmp_path, capsys):
     path = tmp_path / "kubeconfig"
     path.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
@@ -175,9 +177,10 @@ def test_unreachable_api_exits_2(tmp_path, capsys):
     for command in ("audit", "status"):
         code = cli.main([command, "--kubeconfig", str(path)])
         captured = capsys.readouterr()
-        assert code == 2
+        assert code == 3
         assert captured.err.startswith("gpushard: cannot reach the Kubernetes API at http://127.0.0.1:")
-        assert captured.out == ""
+        assert "connection refused" in captured.err and "urllib3" not in captured.err
+        assert captured.err.count("\n") == 1 and captured.out == ""
 
 
 def test_unreadable_kubeconfig_exits_2(tmp_path, capsys):
