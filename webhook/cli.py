@@ -106,13 +106,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _add_review(sub) -> None:
     outputs = (kubectl.YAML, kubectl.JSON, kubectl.NAME)
     p = sub.add_parser("review", help="decide offline what the webhook would do to manifests",
-                       parents=[kubectl.flags(cluster=False, scope=False, outputs=outputs)])
+                       parents=[kubectl.flags(cluster=False, scope=False, outputs=outputs, tables=False)])
     p.add_argument("files", nargs="+", help="YAML manifests (- for standard input)")
     p.add_argument("--cluster", help="static cluster view file for card choice")
     p.add_argument("--mode", choices=("enforce", "audit"), default="enforce")
     p.add_argument("--config", help="gpushard config file")
     # The objects themselves are the output: YAML with a comment per decision unless asked otherwise.
-    p.set_defaults(func=cmd_review, output=kubectl.YAML)
+    p.set_defaults(func=cmd_review)
 
 
 def _add_audit(sub) -> None:

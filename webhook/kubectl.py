@@ -54,21 +54,24 @@ def add_scope_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-l", "--selector", help="label selector, as kubectl's (e.g. app=train,tier!=web)")
 
 
-def add_output_flags(parser: argparse.ArgumentParser, outputs: tuple[str, ...] = OUTPUTS) -> None:
-    """-o/--output and --no-headers."""
-    parser.add_argument("-o", "--output", choices=(TABLE, *outputs), default=TABLE,
-                        help=f"output format: {'|'.join(outputs)} (default: a table)")
-    parser.add_argument("--no-headers", action="store_true", help="leave out header and summary lines of tables")
+def add_output_flags(parser: argparse.ArgumentParser, outputs: tuple[str, ...] = OUTPUTS,
+                     tables: bool = True) -> None:
+    """-o/--output, and --no-headers for commands that print tables."""
+    parser.add_argument("-o", "--output", choices=(TABLE, *outputs) if tables else outputs,
+                        default=TABLE if tables else outputs[0],
+                        help=f"output format: {'|'.join(outputs)} (default: {'a table' if tables else outputs[0]})")
+    if tables:
+        parser.add_argument("--no-headers", action="store_true", help="leave out header and summary lines of tables")
 
 
-def flags(cluster: bool = True, scope: bool = True,
-          outputs: tuple[str, ...] | None = OUTPUTS) -> argparse.ArgumentParser:
+def flags(cluster: bool = True, scope: bool = True, outputs: tuple[str, ...] | None = OUTPUTS,
+          tables: bool = True) -> argparse.ArgumentParser:
     """A parent parser with the chosen flag groups, for ``add_parser(..., parents=[...])``."""
     parent = argparse.ArgumentParser(add_help=False)
     if scope:
         add_scope_flags(parent)
     if outputs:
-        add_output_flags(parent, outputs)
+        add_output_flags(parent, outputs, tables)
     if cluster:
         add_cluster_flags(parent)
     return parent
