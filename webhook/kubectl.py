@@ -23,7 +23,8 @@ EXIT_CODES = (
     (USAGE, "bad flags or input: an unreadable file, a bad config, no usable kubeconfig or context, "
             "or an unexpected error (the one-line message says which)"),
     (UNREACHABLE, "the Kubernetes API could not be reached, refused the credentials (401) or forbade a "
-                  "call (403)"),
+                  "call (403), or lacks an object the command needs (`certs --install`: the webhook "
+                  "configuration)"),
     (INTERRUPTED, "interrupted (Ctrl-C)"),
 )
 
