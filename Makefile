@@ -37,8 +37,16 @@ proto: $(STAMP)
 	sed -i 's/^import deviceplugin_pb2/from webhook.agent.proto import deviceplugin_pb2/' \
 		webhook/agent/proto/deviceplugin_pb2_grpc.py
 
+# The container engine: docker, else podman; IMAGE=registry.example.com/gpushard:0.1.0 to name it.
+IMAGE ?= gpushard:dev
+ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+
 image:
-	docker build -t gpushard:dev .
+	@if [ -z "$(ENGINE)" ]; then \
+		echo "gpushard: make image needs docker or podman (neither is on PATH); or set ENGINE=/path/to/engine" >&2; \
+		exit 1; \
+	fi
+	$(ENGINE) build -t $(IMAGE) .
 
 # Every gpu-marked test, as one command on a machine with a GPU. With wheels in .whl/ (make gpu-wheels,
 # carried along) it installs offline into /tmp/gpushard-site; otherwise it uses the venv.

@@ -7,7 +7,8 @@ It keeps namespaces, nodes, pods and the pod-template workloads (core, apps/v1 a
 in memory, answers list (with labelSelector and
 fieldSelector on metadata.name), get, merge-patch of nodes, and watch streams with
 resourceVersions; it can expire history (watches from older versions get 410 Gone) and
-drop every open watch connection.
+drop every open watch connection; with ``tokens`` set it authenticates bearer tokens (401)
+and lets each read only its namespaces (403), as RBAC would.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class FakeKube:
         self.oldest_rv = 0  # watches from before this get 410 Gone
         self.requests: list[tuple[str, str, bytes]] = []  # (method, path with query, body)
         self.fail_next: list[int] = []  # HTTP status codes to answer the next requests with
+        # Bearer tokens and the namespaces each may read (None: everything), as RBAC would allow;
+        # None here means no authentication at all. A namespace's own object counts as inside it.
+        self.tokens: dict[str, tuple[str, ...] | None] | None = None
         self._generation = 0  # bumped to drop open watches
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -198,7 +202,25 @@ class FakeKube:
                 if code:
                     self._status(code, "InternalError", "injected failure")
                     return False
-                return True
+                return self._authorized()
+
+            def _authorized(self) -> bool:
+                if fake.tokens is None:
+                    return True
+                token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+                if token not in fake.tokens:
+                    self._status(401, "Unauthorized", "Unauthorized")
+                    return False
+                allowed = fake.tokens[token]
+                resource, namespace, name, _query = self._route()
+                if allowed is None or namespace in allowed or (resource == "namespaces" and name in allowed):
+                    return True
+                scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
+                group = GROUPS.get(resource or "", "v1").rpartition("/")[0]
+                self._status(403, "Forbidden", f'{resource} is forbidden: User "{token}" cannot '
+                                               f'{self.command.lower()} resource "{resource}" in API group '
+                                               f'"{group}" {scope}')
+                return False
 
             def do_GET(self):
                 if not self._before():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import textwrap
@@ -15,17 +14,18 @@ from typing import IO
 
 import yaml
 
+from webhook import connecting, kubectl
 from webhook.core import audit, isolation, names
 from webhook.core import findings as f
 
-EXIT_CLEAN = 0
-EXIT_FOUND = 1
-EXIT_USAGE = 2
+EXIT_CLEAN = kubectl.OK
+EXIT_FOUND = kubectl.FOUND
+EXIT_USAGE = kubectl.USAGE
+EXIT_UNREACHABLE = kubectl.UNREACHABLE
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 REPORT_API_VERSION = "gpushard.io/v1"
 PAGE = 500
-TIMEOUT_S = 30
 FINISHED_PODS_OUT = "status.phase!=Succeeded,status.phase!=Failed"
 
 
@@ -123,35 +123,24 @@ def read_manifests(paths: Iterable[str], stdin: IO[str]) -> list[audit.Located]:
 
 # --- the live cluster ------------------------------------------------------------------------------
 
-def api_client(kubeconfig: str | None = None, context: str | None = None):
-    """A kubernetes ApiClient from the kubeconfig (flag, $KUBECONFIG, ~/.kube/config), else in-cluster."""
-    import kubernetes
+def _list(call: Callable, what: str, conn: connecting.Client, **selectors) -> list[dict]:
+    """Every item of a list call, page by page, as raw JSON (the kinds are set on each item).
 
-    path = kubeconfig or os.environ.get("KUBECONFIG") or None
-    if path is None and Path("~/.kube/config").expanduser().is_file():
-        path = str(Path("~/.kube/config").expanduser())
-    try:
-        if path is not None:
-            return kubernetes.config.new_client_from_config(config_file=path, context=context)
-        configuration = kubernetes.client.Configuration()
-        kubernetes.config.load_incluster_config(client_configuration=configuration)
-        return kubernetes.client.ApiClient(configuration)
-    except (kubernetes.config.ConfigException, OSError, yaml.YAMLError) as exc:
-        where = path or "the in-cluster service account"
-        raise UsageError(f"gpushard: cannot use {where} to reach the Kubernetes API: {exc}") from None
-
-
-def _list(call: Callable, what: str) -> list[dict]:
-    """Every item of a list call, page by page, as raw JSON (the kinds are set on each item)."""
+    A transport failure, 401 or 403 is a connecting.ApiError; any other refusal a UsageError.
+    """
     import kubernetes
 
     items, token = [], None
     while True:
-        try:
-            response = call(limit=PAGE, _continue=token, _preload_content=False, _request_timeout=TIMEOUT_S)
-        except kubernetes.client.ApiException as exc:
-            raise UsageError(f"gpushard: cannot list {what}: {exc.status} {exc.reason}") from None
-        body = json.loads(response.data)
+        with connecting.reaching(conn.target, f"list {what}"):
+            try:
+                response = call(limit=PAGE, _continue=token, _preload_content=False, _request_timeout=conn.timeout,
+                                **{k: v for k, v in selectors.items() if v})
+            except kubernetes.client.ApiException as exc:
+                if exc.status in (401, 403):
+                    raise
+                raise UsageError(f"gpushard: cannot list {what}: {exc.status} {exc.reason}") from None
+            body = json.loads(response.data)
         kind = str(body.get("kind") or "").removesuffix("List")
         for item in body.get("items") or []:
             item.setdefault("kind", kind)  # list items come without their kind
@@ -161,22 +150,32 @@ def _list(call: Callable, what: str) -> list[dict]:
             return items
 
 
-def _workload_calls(client) -> list[tuple[str, Callable]]:
+def _workload_calls(api, namespace: str | None) -> list[tuple[str, Callable]]:
+    """The list call of each pod-template kind: cluster-wide, or (with a namespace) namespaced only."""
+    import functools
+
     import kubernetes
 
-    core = kubernetes.client.CoreV1Api(client)
-    apps = kubernetes.client.AppsV1Api(client)
-    batch = kubernetes.client.BatchV1Api(client)
-    return [
-        ("deployments", apps.list_deployment_for_all_namespaces),
-        ("statefulsets", apps.list_stateful_set_for_all_namespaces),
-        ("daemonsets", apps.list_daemon_set_for_all_namespaces),
-        ("replicasets", apps.list_replica_set_for_all_namespaces),
-        ("jobs", batch.list_job_for_all_namespaces),
-        ("cronjobs", batch.list_cron_job_for_all_namespaces),
-        ("replicationcontrollers", core.list_replication_controller_for_all_namespaces),
-        ("podtemplates", core.list_pod_template_for_all_namespaces),
-    ]
+    core = kubernetes.client.CoreV1Api(api)
+    apps = kubernetes.client.AppsV1Api(api)
+    batch = kubernetes.client.BatchV1Api(api)
+    if namespace is None:
+        return [
+            ("deployments", apps.list_deployment_for_all_namespaces),
+            ("statefulsets", apps.list_stateful_set_for_all_namespaces),
+            ("daemonsets", apps.list_daemon_set_for_all_namespaces),
+            ("replicasets", apps.list_replica_set_for_all_namespaces),
+            ("jobs", batch.list_job_for_all_namespaces),
+            ("cronjobs", batch.list_cron_job_for_all_namespaces),
+            ("replicationcontrollers", core.list_replication_controller_for_all_namespaces),
+            ("podtemplates", core.list_pod_template_for_all_namespaces),
+        ]
+    calls = [("deployments", apps.list_namespaced_deployment), ("statefulsets", apps.list_namespaced_stateful_set),
+             ("daemonsets", apps.list_namespaced_daemon_set), ("replicasets", apps.list_namespaced_replica_set),
+             ("jobs", batch.list_namespaced_job), ("cronjobs", batch.list_namespaced_cron_job),
+             ("replicationcontrollers", core.list_namespaced_replication_controller),
+             ("podtemplates", core.list_namespaced_pod_template)]
+    return [(f"{what} in namespace {namespace}", functools.partial(call, namespace)) for what, call in calls]
 
 
 # Kinds whose objects repeat the template of a controlling owner that the audit reads anyway.
@@ -195,52 +194,80 @@ def _owned(obj: dict) -> bool:
         isinstance(r, dict) and r.get("controller") and r.get("kind") == owner for r in refs)
 
 
-def _calling(action: Callable[[], object], where: str):
-    """Run one cluster read, turning transport failures into a usage error."""
-    import urllib3
-
-    try:
-        return action()
-    except urllib3.exceptions.HTTPError as exc:
-        raise UsageError(f"gpushard: cannot reach the Kubernetes API at {where}: {exc}") from None
-
-
-def _live_pods(core) -> Callable:
+def _live_pods(core, namespace: str | None = None) -> Callable:
     # Finished pods hold nothing; the API server can leave them out (the core skips them anyway).
     def call(**kwargs):
+        if namespace is not None:
+            return core.list_namespaced_pod(namespace, field_selector=FINISHED_PODS_OUT, **kwargs)
         return core.list_pod_for_all_namespaces(field_selector=FINISHED_PODS_OUT, **kwargs)
 
     return call
 
 
-def read_cluster(client, err: IO[str]) -> list[audit.Located]:
-    """Namespaces, nodes, pods and pod-template workloads of the live cluster."""
+def _namespace(core, namespace: str, conn: connecting.Client, err: IO[str]) -> list[audit.Located]:
+    """The one namespace's object, for its mode. A user with rights only inside it may not read it:
+    then its pods are audited as if it enforced gpushard, and a note says so."""
     import kubernetes
 
-    core = kubernetes.client.CoreV1Api(client)
-    host = client.configuration.host
-
-    def read() -> list[audit.Located]:
-        objects = []
-        for what, call in (("namespaces", core.list_namespace), ("nodes", core.list_node), ("pods", _live_pods(core))):
-            objects += [audit.Located(o) for o in _list(call, what)]
-        for what, call in _workload_calls(client):
+    try:
+        with connecting.reaching(conn.target, f"get namespace {namespace}"):
             try:
-                objects += [audit.Located(o) for o in _list(call, what) if not _owned(o)]
-            except UsageError as exc:
-                # An API without that group, or RBAC without that read, leaves the rest worth auditing.
-                print(f"{exc}; {what} not audited", file=err)
-        return objects
+                response = core.read_namespace(namespace, _preload_content=False, _request_timeout=conn.timeout)
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 404:
+                    raise UsageError(f"gpushard: namespace {namespace} not found") from None
+                if exc.status == 403:
+                    raise
+                raise UsageError(f"gpushard: cannot get namespace {namespace}: {exc.status} {exc.reason}") from None
+    except connecting.ApiError as exc:
+        if exc.status != 403:
+            raise
+        print(f"gpushard: cannot read namespace {namespace} (403), so its {names.MODE_LABEL} label is unknown; "
+              "its objects are audited as if it enforced gpushard", file=err)
+        return []
+    obj = json.loads(response.data)
+    obj.setdefault("kind", audit.NAMESPACE_KIND)
+    return [audit.Located(obj)]
 
-    return _calling(read, host)
 
+def read_cluster(conn: connecting.Client, err: IO[str], namespace: str | None = None,
+                 selector: str | None = None) -> list[audit.Located]:
+    """Namespaces, nodes, pods and pod-template workloads of the live cluster.
 
-def read_usage_inputs(client) -> tuple[list[dict], list[dict]]:
+    With ``namespace``, only namespaced calls (and a get of that namespace): a user with rights in
+    one namespace can audit it. Nodes are then not read, so findings about shared nodes are left out.
+    ``selector`` (a label selector) narrows pods and workloads.
+    """
     import kubernetes
 
-    core = kubernetes.client.CoreV1Api(client)
-    return _calling(lambda: (_list(core.list_node, "nodes"), _list(_live_pods(core), "pods")),
-                    client.configuration.host)
+    core = kubernetes.client.CoreV1Api(conn.api)
+    objects: list[audit.Located] = []
+    if namespace is None:
+        objects += [audit.Located(o) for o in _list(core.list_namespace, "namespaces", conn)]
+        objects += [audit.Located(o) for o in _list(core.list_node, "nodes", conn)]
+        objects += [audit.Located(o) for o in _list(_live_pods(core), "pods", conn, label_selector=selector)]
+    else:
+        objects += _namespace(core, namespace, conn, err)
+        objects += [audit.Located(o) for o in _list(_live_pods(core, namespace), f"pods in namespace {namespace}",
+                                                     conn, label_selector=selector)]
+    for what, call in _workload_calls(conn.api, namespace):
+        try:
+            objects += [audit.Located(o) for o in _list(call, what, conn, label_selector=selector) if not _owned(o)]
+        except (UsageError, connecting.ApiError) as exc:
+            if isinstance(exc, connecting.ApiError) and exc.status != 403:
+                raise  # unreachable, or the credentials refused: nothing else will work either
+            # An API without that group, or RBAC without that read, leaves the rest worth auditing.
+            print(f"{exc}; {what.split(' ')[0]} not audited", file=err)
+    return objects
+
+
+def read_usage_inputs(conn: connecting.Client, selector: str | None = None) -> tuple[list[dict], list[dict]]:
+    """Nodes (``selector`` narrows them) and live pods, for `gpushard status`."""
+    import kubernetes
+
+    core = kubernetes.client.CoreV1Api(conn.api)
+    return (_list(core.list_node, "nodes", conn, label_selector=selector),
+            _list(_live_pods(core), "pods", conn))
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -331,27 +358,70 @@ def _failed(command: str, exc: Exception, args: argparse.Namespace, err: IO[str]
     return EXIT_USAGE
 
 
+def audit_wide(items: list[audit.Item], no_headers: bool = False) -> str:
+    """One line per finding, every field a column (for grep and awk)."""
+    rows = [[i.ref.namespace or "-", i.ref.kind, i.ref.name, i.finding.container or "-", i.finding.severity,
+             i.finding.rule, " ".join(i.finding.message.removeprefix("gpushard: ").split())] for i in items]
+    return _aligned(rows, None if no_headers else
+                    ["NAMESPACE", "KIND", "NAME", "CONTAINER", "SEVERITY", "RULE", "MESSAGE"], right=set(), gap="   ")
+
+
+def audit_names(items: list[audit.Item]) -> str:
+    """kubectl's ``-o name``: each object with a finding once, as ``kind[.group]/name``."""
+    seen = dict.fromkeys(kubectl.resource_name(i.ref.kind, i.ref.name) for i in items)
+    return "".join(f"{name}\n" for name in seen)
+
+
+def _document(data: dict, output: str) -> str:
+    if output == kubectl.YAML:
+        return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _without_summary(text: str) -> str:
+    """The grouped audit table without its closing "gpushard: ..." summary line (--no-headers)."""
+    lines = text.splitlines()
+    if lines and lines[-1].startswith("gpushard: "):
+        lines = lines[:-1]
+        while lines and not lines[-1]:
+            lines.pop()
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _cluster_failure(exc: Exception, err: IO[str]) -> int:
+    """The exit code for a failure to get at the cluster, its message on ``err``."""
+    print(exc, file=err)
+    return EXIT_UNREACHABLE if isinstance(exc, connecting.ApiError) else EXIT_USAGE
+
+
 def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, out: IO[str] | None = None,
               err: IO[str] | None = None) -> int:
     """`gpushard audit`: 1 when anything is found, 0 when clean, 2 when the input cannot be read or the
-    audit fails."""
+    audit fails, 3 when the cluster cannot be reached or refuses (see webhook.kubectl.EXIT_CODES)."""
     stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
+    output = getattr(args, "output", kubectl.TABLE)
     try:
         if args.files:
             objects, target = read_manifests(args.files, stdin), "manifests"
         else:
-            client = api_client(getattr(args, "kubeconfig", None), getattr(args, "context", None))
-            objects, target = read_cluster(client, err), "cluster"
+            namespace = kubectl.namespace_of(args)
+            objects = read_cluster(kubectl.client_for(args), err, namespace, getattr(args, "selector", None))
+            target = "cluster" if namespace is None else f"namespace {namespace}"
         items = audit.audit(objects, settings.policy)
         # The whole report is made before any of it is written: a failure leaves no half a report.
-        if args.output == "json":
-            text = json.dumps(audit_json(items, _audited(objects), target), indent=2) + "\n"
+        if output in (kubectl.JSON, kubectl.YAML):
+            text = _document(audit_json(items, _audited(objects), target), output)
+        elif output == kubectl.WIDE:
+            text = audit_wide(items, getattr(args, "no_headers", False))
+        elif output == kubectl.NAME:
+            text = audit_names(items)
         else:
             text = audit_table(items, _audited(objects), _width())
+            if getattr(args, "no_headers", False):
+                text = _without_summary(text)
         out.write(text)
-    except UsageError as exc:
-        print(exc, file=err)
-        return EXIT_USAGE
+    except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
+        return _cluster_failure(exc, err)
     except Exception as exc:  # a bug or an input nobody foresaw: still not "findings"
         return _failed("audit", exc, args, err)
     return EXIT_FOUND if items else EXIT_CLEAN
@@ -394,59 +464,78 @@ def _percent(used: int, capacity: int) -> str:
     return f"{100 * used // capacity}%" if capacity else "-"
 
 
-def status_table(use: audit.Usage, width: int, shares_per_card: int = 100) -> str:
-    """One row per card, a total row per node and for the cluster; holders wrap under PODS.
+def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False, shares_per_card: int = 100) -> str:
+    """One row per card, a total row per node and for the cluster; every row on one line, as kubectl
+    prints tables (a long PODS cell runs on instead of wrapping, so grep and awk see whole rows).
+    ``wide`` adds the card's UUID and the model in full.
 
     Each holder shows its shares and, where the card's memory is known, the memory cap those shares
     get under isolation (shares x the card's memory / sharesPerCard, floored).
     """
-    node_w = max([len("NODE")] + [len(n.name) for n in use.nodes] + [len("TOTAL")])
-    model_w = min(24, max([len("MODEL")] + [len(c.model) for n in use.nodes for c in n.cards]))
-    head = (f"{'NODE':<{node_w}}  {'CARD':>4}  {'MODEL':<{model_w}}  {'USED':>5}  {'FREE':>5}  {'TOTAL':>5}  "
-            f"{'USE%':>4}  ")
-    pods_w = max(20, width - len(head))
-    rows = [head + "PODS"]
+    model_w = 10_000 if wide else 24
+    head = ["NODE", "CARD", "MODEL", *(["UUID"] if wide else []), "USED", "FREE", "TOTAL", "USE%", "PODS"]
+    rows: list[list[str]] = []
 
-    def row(node: str, card: str, model: str, used: int, free: int, capacity: int, pods: str) -> None:
-        left = (f"{node:<{node_w}}  {card:>4}  {model[:model_w]:<{model_w}}  {used:>5}  {free:>5}  {capacity:>5}  "
-                f"{_percent(used, capacity):>4}  ")
-        wrapped = textwrap.wrap(pods, pods_w) or [""]
-        rows.append((left + wrapped[0]).rstrip())
-        rows.extend(" " * len(left) + more for more in wrapped[1:])
+    def row(node: str, card: str, model: str, uuid: str, used: int, free: int, capacity: int, pods: str) -> None:
+        rows.append([node, card, model[:model_w], *([uuid] if wide else []), str(used), str(free), str(capacity),
+                     _percent(used, capacity), pods])
 
     for n in use.nodes:
         for c in n.cards:
             pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, c.memory_mib, shares_per_card)})"
                              for h in c.holders) or "-"
-            row(n.name, str(c.index), c.model, c.used, c.free, c.capacity, pods)
+            row(n.name, str(c.index), c.model, c.uuid or "-", c.used, c.free, c.capacity, pods)
         if len(n.cards) > 1:
             count = sum(len(c.holders) for c in n.cards)
-            row(n.name, "all", "", n.used, n.free, n.capacity, f"{count} pod{'s' if count != 1 else ''}")
-    count = sum(len(c.holders) for n in use.nodes for c in n.cards)
-    row("TOTAL", str(sum(len(n.cards) for n in use.nodes)), "", use.used, use.free, use.capacity,
-        f"{count} pod{'s' if count != 1 else ''} on {len(use.nodes)} node{'s' if len(use.nodes) != 1 else ''}")
-    if not use.nodes:
-        rows.append("gpushard: no shared nodes (none offers a per-card resource)")
-    for h, k in use.pending:
-        rows.append(f"pending: {h.namespace}/{h.name} waits for card {k} ({h.shares} shares)")
-    return "\n".join(rows) + "\n"
+            row(n.name, "all", "", "", n.used, n.free, n.capacity, f"{count} pod{'s' if count != 1 else ''}")
+    if not no_headers:
+        count = sum(len(c.holders) for n in use.nodes for c in n.cards)
+        row("TOTAL", str(sum(len(n.cards) for n in use.nodes)), "", "", use.used, use.free, use.capacity,
+            f"{count} pod{'s' if count != 1 else ''} on {len(use.nodes)} node{'s' if len(use.nodes) != 1 else ''}")
+    text = _aligned(rows, None if no_headers else head, right={1, *range(len(head) - 5, len(head) - 1)})
+    lines = [] if no_headers else (["gpushard: no shared nodes (none offers a per-card resource)"]
+                                   if not use.nodes else [])
+    lines += [f"pending: {h.namespace}/{h.name} waits for card {k} ({h.shares} shares)" for h, k in use.pending]
+    return text + "".join(line + "\n" for line in lines)
+
+
+def _aligned(rows: list[list[str]], headers: list[str] | None, right: set[int], gap: str = "  ") -> str:
+    """A table as kubectl prints one: columns padded to their widest cell, never wrapped, the
+    ``right`` ones (numbers) right-aligned; trailing blanks cut."""
+    table = ([headers] if headers else []) + rows
+    if not table:
+        return ""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    out = []
+    for r in table:
+        cells = [cell.rjust(w) if i in right else cell.ljust(w)
+                 for i, (cell, w) in enumerate(zip(r, widths, strict=True))]
+        out.append(gap.join(cells).rstrip())
+    return "\n".join(out) + "\n"
+
+
+def status_names(use: audit.Usage) -> str:
+    return "".join(kubectl.resource_name("Node", n.name) + "\n" for n in use.nodes)
 
 
 def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
-    """`gpushard status`: 0 when the cluster was read, 2 when it could not be or the report fails."""
+    """`gpushard status`: 0 when the cluster was read, 2 on bad flags or a failing report, 3 when the
+    cluster cannot be reached or refuses."""
     out, err = out or sys.stdout, err or sys.stderr
+    output = getattr(args, "output", kubectl.TABLE)
     try:
-        client = api_client(getattr(args, "kubeconfig", None), getattr(args, "context", None))
-        nodes, pods = read_usage_inputs(client)
+        nodes, pods = read_usage_inputs(kubectl.client_for(args), getattr(args, "selector", None))
         use = audit.usage(nodes, pods, settings.policy)
-        if args.output == "json":
-            text = json.dumps(status_json(use, settings.policy.shares_per_card), indent=2) + "\n"
+        if output in (kubectl.JSON, kubectl.YAML):
+            text = _document(status_json(use, settings.policy.shares_per_card), output)
+        elif output == kubectl.NAME:
+            text = status_names(use)
         else:
-            text = status_table(use, _width(), settings.policy.shares_per_card)
+            text = status_table(use, wide=output == kubectl.WIDE, no_headers=getattr(args, "no_headers", False),
+                                shares_per_card=settings.policy.shares_per_card)
         out.write(text)
-    except UsageError as exc:
-        print(exc, file=err)
-        return EXIT_USAGE
+    except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
+        return _cluster_failure(exc, err)
     except Exception as exc:  # a bug or an input nobody foresaw: never a traceback alone
         return _failed("status", exc, args, err)
     return EXIT_CLEAN

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from webhook import __version__
+from webhook import __version__, kubectl
 
 
 def _settings(path: str | None):
@@ -14,7 +14,10 @@ def _settings(path: str | None):
     try:
         return settings.load(path)
     except settings.SettingsError as exc:
-        raise SystemExit(f"gpushard: bad config: {exc}") from None
+        # A bad config is bad input to every command (exit 2, webhook.kubectl.EXIT_CODES), never
+        # a denial or a finding.
+        print(f"gpushard: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(kubectl.USAGE) from None
 
 
 def _static_view(path: str | None, shares_per_card: int):
@@ -46,7 +49,8 @@ def cmd_certs(args: argparse.Namespace) -> int:
             print(line)
         return 0
     if args.out is None:
-        raise SystemExit("gpushard: certs needs --out DIR, or --install to put the certificate in the cluster")
+        print("gpushard: certs needs --out DIR, or --install to put the certificate in the cluster", file=sys.stderr)
+        return kubectl.USAGE
     from webhook import certificates
 
     paths = certificates.write_bundle(args.out, service=args.service, namespace=args.namespace, days=args.days)
@@ -71,7 +75,8 @@ def cmd_review(args: argparse.Namespace) -> int:
 
     settings = _settings(args.config)
     view = _static_view(args.cluster, settings.policy.shares_per_card)
-    return reviewing.review_files(args.files, settings, view, mode=args.mode, out=sys.stdout)
+    return reviewing.review_files(args.files, settings, view, mode=args.mode, out=sys.stdout,
+                                  output=args.output)
 
 
 # --- agent -----------------------------------------------------------------------------------
@@ -84,27 +89,88 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 # --- audit and status ------------------------------------------------------------------------
 
-def _report_settings(path: str | None):
-    """Settings for audit and status, whose exit status 1 means findings: a bad file is a usage error (2)."""
-    try:
-        return _settings(path)
-    except SystemExit as exc:
-        print(exc.code, file=sys.stderr)
-        return None
-
-
 def cmd_audit(args: argparse.Namespace) -> int:
     from webhook import auditing
 
-    settings = _report_settings(args.config)
-    return 2 if settings is None else auditing.run_audit(args, settings)
+    return auditing.run_audit(args, _settings(args.config))
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from webhook import auditing
 
-    settings = _report_settings(args.config)
-    return 2 if settings is None else auditing.run_status(args, settings)
+    return auditing.run_status(args, _settings(args.config))
+
+
+# --- the commands both `gpushard` and `kubectl gpushard` offer ---------------------------------
+
+def _add_review(sub) -> None:
+    outputs = (kubectl.YAML, kubectl.JSON, kubectl.NAME)
+    p = sub.add_parser("review", help="decide offline what the webhook would do to manifests",
+                       parents=[kubectl.flags(cluster=False, scope=False, outputs=outputs, tables=False)])
+    p.add_argument("files", nargs="+", help="YAML manifests (- for standard input)")
+    p.add_argument("--cluster", help="static cluster view file for card choice")
+    p.add_argument("--mode", choices=("enforce", "audit", "none"), default="enforce",
+                   help="the namespace's gpushard.io/mode, for objects whose Namespace is not among the files "
+                        "(none: not opted in; default: enforce)")
+    p.add_argument("--config", help="gpushard config file")
+    # The objects themselves are the output: YAML with a comment per decision unless asked otherwise.
+    p.set_defaults(func=cmd_review)
+
+
+def _add_audit(sub) -> None:
+    p = sub.add_parser("audit", help="audit manifests, or the live cluster, against gpushard's rules",
+                       parents=[kubectl.flags()],
+                       epilog="Without -n the whole cluster is audited (as with -A); -n NS reads only that "
+                              "namespace, with namespaced calls, so rights in it are enough.")
+    p.add_argument("-f", "--filename", dest="files", action="append", default=[],
+                   help="manifest file or folder, - for standard input (repeatable); none: the live cluster")
+    p.add_argument("--config", help="gpushard config file")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
+    p.set_defaults(func=cmd_audit)
+
+
+def _add_status(sub) -> None:
+    p = sub.add_parser("status", help="shares used and free per node and card, and who holds them",
+                       parents=[kubectl.flags(scope=False)])
+    p.add_argument("-l", "--selector", help="label selector for the nodes shown (e.g. pool=train)")
+    p.add_argument("--config", help="gpushard config file")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
+    p.set_defaults(func=cmd_status)
+
+
+def _add_top(sub) -> None:
+    """`top`, where its module is part of this installation; it takes the same kubectl flags."""
+    import importlib.util
+    import pathlib
+
+    # Only a module of this very package: an editable install elsewhere can make another checkout's
+    # webhook.topping findable too.
+    spec = importlib.util.find_spec("webhook.topping")
+    if spec is None or not spec.origin or pathlib.Path(spec.origin).parent != pathlib.Path(__file__).parent:
+        return
+    from webhook import topping
+
+    p = sub.add_parser("top", help="GPU use per pod and per card", parents=[kubectl.flags()])
+    p.add_argument("--config", help="gpushard config file")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
+    p.set_defaults(func=topping.cmd_top)
+
+
+PLUGIN_COMMANDS = ("status", "audit", "top", "review")
+
+
+def build_plugin_parser() -> argparse.ArgumentParser:
+    """`kubectl gpushard ...`: the commands of a cluster's user, with kubectl's flags."""
+    parser = argparse.ArgumentParser(
+        prog="kubectl gpushard", description="gpushard as a kubectl plugin: shares per card, audits, reviews.",
+        epilog="Exit codes: " + "; ".join(f"{code} {text}" for code, text in kubectl.EXIT_CODES))
+    parser.add_argument("--version", action="version", version=f"gpushard {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_status(sub)
+    _add_audit(sub)
+    _add_top(sub)
+    _add_review(sub)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,15 +214,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to finish reviews in flight after SIGTERM (default: 20)")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("review", help="decide offline what the webhook would do to manifests")
-    p.add_argument("files", nargs="+", help="YAML manifests (- for standard input)")
-    p.add_argument("--cluster", help="static cluster view file for card choice")
-    p.add_argument("--mode", choices=("enforce", "audit", "none"), default="enforce",
-                   help="the namespace's gpushard.io/mode, for objects whose Namespace is not among the files "
-                        "(none: not opted in; default: enforce)")
-    p.add_argument("--config", help="gpushard config file")
-    p.set_defaults(func=cmd_review)
-
     p = sub.add_parser("agent", help="run the node agent: NVML discovery and the kubelet device plugin")
     p.add_argument("--config", help="gpushard config file")
     p.add_argument("--node-name", help="this node's name (default: $NODE_NAME)")
@@ -175,32 +232,33 @@ def build_parser() -> argparse.ArgumentParser:
                         "shared shm folder, mounted at the same path in the agent (default: /run/gpushard/mps)")
     p.set_defaults(func=cmd_agent)
 
-    p = sub.add_parser("audit", help="audit manifests, or the live cluster, against gpushard's rules")
-    p.add_argument("-f", "--filename", dest="files", action="append", default=[],
-                   help="manifest file or folder, - for standard input (repeatable); none: the live cluster")
-    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    p.add_argument("--config", help="gpushard config file")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
-    p.add_argument("--context", help="kubeconfig context to use (default: the current context)")
-    p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
-    p.set_defaults(func=cmd_audit)
-
-    p = sub.add_parser("status", help="shares used and free per node and card, and who holds them")
-    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    p.add_argument("--config", help="gpushard config file")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
-    p.add_argument("--context", help="kubeconfig context to use (default: the current context)")
-    p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
-    p.set_defaults(func=cmd_status)
+    _add_review(sub)
+    _add_audit(sub)
+    _add_status(sub)
+    _add_top(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        return 130
+        return kubectl.INTERRUPTED
+    except SystemExit as exc:
+        # A command that stopped with its message already printed (a bad config) gives its status.
+        if isinstance(exc.code, int):
+            return exc.code
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _run(build_parser(), argv)
+
+
+def plugin_main(argv: list[str] | None = None) -> int:
+    """The `kubectl-gpushard` executable: kubectl runs it for `kubectl gpushard ...`."""
+    return _run(build_plugin_parser(), argv)
 
 
 if __name__ == "__main__":

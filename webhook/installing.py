@@ -15,7 +15,7 @@ from cryptography import exceptions as crypto_exceptions
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from webhook import certificates
+from webhook import certificates, connecting, kubectl
 
 SECRET_TYPE = "kubernetes.io/tls"
 # The keys of a kubernetes.io/tls Secret are the file names `gpushard certs` writes, so
@@ -23,8 +23,11 @@ SECRET_TYPE = "kubernetes.io/tls"
 SECRET_KEYS = (certificates.CA_FILE, certificates.CERT_FILE, certificates.KEY_FILE)
 LABELS = {"app.kubernetes.io/name": "gpushard", "app.kubernetes.io/managed-by": "gpushard-certs"}
 TIMEOUT = 30.0
-REFUSED = 1  # exit status when the cluster refuses or lacks something, or the flags disagree
-UNREACHABLE = 2  # exit status when the API server cannot be reached, as `gpushard status` gives
+# Exit statuses, as in webhook.kubectl.EXIT_CODES: the cluster refused or lacks something, or
+# cannot be reached (3); the flags disagree or no credentials were found (2).
+REFUSED = kubectl.UNREACHABLE
+UNREACHABLE = kubectl.UNREACHABLE
+USAGE = kubectl.USAGE
 
 
 class InstallError(SystemExit):
@@ -64,20 +67,12 @@ class Outcome:
 
 
 def api_client(kubeconfig: str | None = None, context: str | None = None) -> kubernetes.client.ApiClient:
-    """A client from --kubeconfig/--context when given, else the in-cluster service account (the
-    Job), else the usual kubeconfig ($KUBECONFIG, ~/.kube/config)."""
+    """A client from the one kubeconfig loader (webhook.connecting, kubectl's order): --kubeconfig,
+    else $KUBECONFIG, else ~/.kube/config, else the in-cluster service account (the Job)."""
     try:
-        if kubeconfig is None and context is None:
-            try:
-                configuration = kubernetes.client.Configuration()
-                kubernetes.config.load_incluster_config(client_configuration=configuration)
-                return kubernetes.client.ApiClient(configuration)
-            except kubernetes.config.ConfigException:
-                pass
-        return kubernetes.config.new_client_from_config(config_file=kubeconfig, context=context)
-    except (kubernetes.config.ConfigException, OSError, ValueError) as exc:
-        raise InstallError(f"gpushard: no Kubernetes API credentials ({exc}); run in a pod with a service "
-                           "account, or pass --kubeconfig or set KUBECONFIG") from None
+        return connecting.client(kubeconfig, context, TIMEOUT).api
+    except connecting.ConfigError as exc:
+        raise InstallError(str(exc), status=USAGE) from None
 
 
 def _api_error(what: str, exc: kubernetes.client.ApiException) -> InstallError:
@@ -87,14 +82,6 @@ def _api_error(what: str, exc: kubernetes.client.ApiException) -> InstallError:
     return InstallError(f"gpushard: cannot {what}: HTTP {exc.status} {reason}".rstrip())
 
 
-def _transport_reason(exc: Exception) -> str:
-    # urllib3 wraps the failure that matters (refused, no such host, TLS) in MaxRetryError, and starts
-    # its text with the connection's repr, which says nothing the API address does not.
-    text = str(getattr(exc, "reason", None) or exc)
-    head, sep, tail = text.partition("): ")
-    return tail if sep and head.startswith(("HTTPConnection(", "HTTPSConnection(")) else text
-
-
 @contextlib.contextmanager
 def _reaching(api: kubernetes.client.ApiClient):
     """Transport failures of the API calls inside, as an InstallError naming the API server."""
@@ -102,7 +89,7 @@ def _reaching(api: kubernetes.client.ApiClient):
         yield
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise InstallError(f"gpushard: cannot reach the Kubernetes API at {api.configuration.host}: "
-                           f"{_transport_reason(exc)}", status=UNREACHABLE) from None
+                           f"{connecting.transport_reason(exc)}", status=UNREACHABLE) from None
 
 
 def _pem_certificates(data: bytes) -> list[x509.Certificate]:
@@ -228,7 +215,7 @@ def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-syst
     """
     if days <= renew_before:
         raise InstallError(f"gpushard: --days {days} must be more than --renew-before {renew_before}, or every "
-                           "run would make a new certificate")
+                           "run would make a new certificate", status=USAGE)
     now = now or datetime.datetime.now(datetime.timezone.utc)
     core = kubernetes.client.CoreV1Api(api)
     admission = kubernetes.client.AdmissionregistrationV1Api(api)

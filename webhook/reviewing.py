@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from typing import IO
 
 import yaml
 
+from webhook import kubectl
 from webhook import settings as settings_mod
 from webhook.core import audit, decisions, names
 from webhook.core import findings as f
@@ -122,20 +124,22 @@ def _outside(obj: object, kind: str, why: str, policy: Policy) -> decisions.Deci
     return decisions.Decision(allowed=True, obj=obj, message=f"not rewritten: {why}, so the webhook never sees it")
 
 
-def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: str, out: IO[str]) -> int:
-    """Print each object as gpushard admits it, or its denial. Exit 1 if any is denied, 2 if unreadable.
+def _name(obj: object) -> str:
+    """kubectl's ``-o name`` form of an object (``pod/web``, ``deployment.apps/train``)."""
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    meta = obj.get("metadata") if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict) else {}
+    name = meta.get("name") or meta.get("generateName") or "(no name)"
+    return kubectl.resource_name(kind if isinstance(kind, str) and kind else "object", str(name))
+
+
+def _decisions(items: list[tuple[str, int, object]], settings: settings_mod.Settings, view,
+               mode: str) -> Iterator[tuple[str, int, object, decisions.Decision, str]]:
+    """(file, document, object, decision, one-line summary) for each manifest, in order.
 
     A Namespace among the manifests sets the mode of the objects in it (``mode`` is for the
-    rest): without the label, nothing is rewritten, and the output says so.
+    rest): without the label, nothing is rewritten, and the summary says so.
     """
-    denied = False
-    try:
-        items = list(documents(paths))
-    except ManifestError as exc:
-        print(exc, file=sys.stderr)
-        return 2
     modes = _namespace_modes(items)
-    first = True
     for path, number, obj in items:
         kind = obj.get("kind", "") if isinstance(obj, dict) else ""
         kind = kind if isinstance(kind, str) else ""
@@ -147,14 +151,41 @@ def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: 
             decision = decisions.decide(request, settings.policy, view.snapshot() if view else None)
         if decision.allowed and decision.node is not None and view is not None:
             view.remember(decision.node, decision.card, decision.shares)
-        denied = denied or not decision.allowed
-        if not first:
-            out.write("---\n")
-        first = False
         line = decision.message if here == OUTSIDE and decision.allowed else summary(decision, here)
-        out.write(f"# gpushard: {describe(obj)} ({path}, document {number}): {line}\n")
+        yield path, number, obj, decision, line
+
+
+def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: str, out: IO[str],
+                 output: str = kubectl.YAML) -> int:
+    """Print each object as gpushard admits it, or its denial. Exit 1 if any is denied, 2 if unreadable.
+
+    ``output`` yaml: the objects, each after a comment with the decision; json: a v1 List of the
+    admitted objects, decisions on stderr; name: ``kind/name`` of each admitted object, decisions
+    on stderr.
+    """
+    try:
+        items = list(documents(paths))
+    except ManifestError as exc:
+        print(exc, file=sys.stderr)
+        return kubectl.USAGE
+    denied, admitted = False, []
+    for i, (path, number, obj, decision, line) in enumerate(_decisions(items, settings, view, mode)):
+        denied = denied or not decision.allowed
+        heading = f"gpushard: {describe(obj)} ({path}, document {number}): {line}"
+        if output != kubectl.YAML:
+            print(heading, file=sys.stderr)
+            if decision.allowed:
+                admitted.append(decision.obj if decision.obj is not None else obj)
+            continue
+        if i:
+            out.write("---\n")
+        out.write(f"# {heading}\n")
         for warning in decision.warnings:
             out.write(f"# warning: {warning}\n")
         if decision.allowed and decision.obj is not None:
             out.write(yaml.safe_dump(decision.obj, sort_keys=False, default_flow_style=False))
-    return 1 if denied else 0
+    if output == kubectl.JSON:
+        out.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": admitted}, indent=2) + "\n")
+    elif output == kubectl.NAME:
+        out.write("".join(_name(obj) + "\n" for obj in admitted))
+    return kubectl.FOUND if denied else kubectl.OK

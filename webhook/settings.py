@@ -15,6 +15,8 @@ VERSION = "v1"
 MAX_SHARES_PER_CARD = 1000
 # An extended resource name: a DNS subdomain prefix, "/", a name part.
 _RESOURCE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# A RuntimeClass name: a DNS-1123 subdomain.
+_RUNTIME_CLASS = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*)?$")
 
 
@@ -123,10 +125,15 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         raise SettingsError("resources: fraction, shares and cardPrefix must name different resources")
 
     pol = _mapping("policy", data.get("policy"))
-    _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "hideUnrequestedGpus", "exempt"})
+    _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "hideUnrequestedGpus", "exempt",
+                                 "runtimeClassName"})
     hide = pol.get("hideUnrequestedGpus", True)
     if not isinstance(hide, bool):
         raise SettingsError(f"policy.hideUnrequestedGpus: must be true or false, got {hide!r}")
+    runtime_class = pol.get("runtimeClassName") or None  # "" and null both mean "leave pods alone"
+    if runtime_class is not None and (not isinstance(runtime_class, str) or not _RUNTIME_CLASS.match(runtime_class)):
+        raise SettingsError(f"policy.runtimeClassName: {runtime_class!r} is not a RuntimeClass name "
+                            "(lower-case DNS subdomain, such as nvidia)")
     policy = policy_mod.Policy(
         shares_per_card=spc,
         resources=policy_mod.Resources(fraction=fraction, shares=shares, card_prefix=prefix),
@@ -137,6 +144,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         exempt=_exempt(pol.get("exempt")),
         device_list_strategy=_device_list_strategy(data.get("deviceListStrategy")),
         isolation=_choice("isolation", data.get("isolation", "none"), policy_mod.ISOLATIONS),
+        runtime_class_name=runtime_class,
     )
     return Settings(policy=policy, source=source)
 

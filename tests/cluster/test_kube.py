@@ -3,7 +3,8 @@
 We test:
 - the initial sync: cards from allocatable and the inventory annotation, labels, taints,
   readiness and cordon; pods' shares counted as Kubernetes counts them; unbound and finished
-  pods hold nothing; nodes without gpushard cards stay out;
+  pods hold nothing; nodes without gpushard cards stay out; only nodes labelled
+  gpushard.io/cards (published by the agent) are listed and watched;
 - node and pod events (added, modified, deleted) reach snapshot(); heartbeats change nothing;
 - 410 Gone forces a relist; a dropped watch reconnects; injected API errors are retried;
 - an unreachable API: snapshot() stays None, synced() False, and an admission decision still
@@ -245,3 +246,18 @@ def test_an_unreadable_object_is_skipped_and_the_watch_goes_on(fake, start_view)
     fake.put("nodes", o.node("gpu-b", {0: 100}))
     o.wait_for(lambda: _node(view.snapshot(), "gpu-b"), what="events after the odd one")
     assert _node(view.snapshot(), "gpu-a") is not None and _node(view.snapshot(), "gpu-bad") is None
+
+
+def test_only_nodes_the_agent_published_are_listed_and_watched(fake, start_view):
+    fake.put("nodes", o.node("gpu-a", {0: 100}))
+    unpublished = o.node("gpu-quiet", {0: 100})
+    del unpublished["metadata"]["labels"][names.CARDS_LABEL]
+    fake.put("nodes", unpublished)
+    view = start_view()
+    o.wait_for(view.snapshot, what="the first sync")
+    fake.put("nodes", o.node("gpu-b", {0: 100}))
+    o.wait_for(lambda: _node(view.snapshot(), "gpu-b"), what="a published node on the watch")
+    assert _node(view.snapshot(), "gpu-quiet") is None
+    node_calls = [path for _method, path, _body in fake.requests if path.startswith("/api/v1/nodes")]
+    assert node_calls and all("labelSelector=gpushard.io/cards" in path for path in node_calls)
+    assert any("watch=true" in path for path in node_calls)

@@ -6,7 +6,9 @@
 - init, sidecar and app containers add up as Kubernetes counts them, capped at one card;
 - NVIDIA_VISIBLE_DEVICES is owned in every container, void where no share is held;
 - annotations and label on GPU pods; every admitted pod is one the API server accepts;
-- a second pass over gpushard's own output changes nothing.
+- a second pass over gpushard's own output changes nothing;
+- policy.runtimeClassName is set on pods that hold shares when the author set none, never on
+  others, and the author's own runtime class is kept.
 """
 
 import dataclasses
@@ -353,3 +355,26 @@ def test_resource_keys_that_are_not_text_are_no_gpu_asks():
     obj["spec"]["containers"][0]["resources"]["limits"][5] = "1"
     d = decide(obj)
     assert d.allowed and d.shares == 50
+
+
+def test_runtime_class_is_set_on_pods_that_hold_shares():
+    pol = dataclasses.replace(POLICY, runtime_class_name="nvidia")
+    d, new = admitted(pm.pod(pm.container("train", "0.25")), pol)
+    assert new["spec"]["runtimeClassName"] == "nvidia"
+    # Without the option nothing is set.
+    _, plain = admitted(pm.pod(pm.container("train", "0.25")))
+    assert "runtimeClassName" not in plain["spec"]
+
+
+def test_runtime_class_of_the_author_is_kept_and_gpu_less_pods_get_none():
+    pol = dataclasses.replace(POLICY, runtime_class_name="nvidia")
+    own = pm.pod(pm.container("train", "0.5"))
+    own["spec"]["runtimeClassName"] = "kata-nvidia"
+    _, new = admitted(own, pol)
+    assert new["spec"]["runtimeClassName"] == "kata-nvidia"
+    _, web = admitted(pm.pod(pm.container("web")), pol)
+    assert "runtimeClassName" not in web["spec"]
+    # Whole cards passed through to NVIDIA's plugin hold no share: not gpushard's to decide.
+    passthrough = dataclasses.replace(pol, whole_cards="passthrough")
+    _, whole = admitted(pm.pod(pm.container("train", "1")), passthrough)
+    assert "runtimeClassName" not in whole["spec"]

@@ -1,6 +1,7 @@
 """We test:
 - the config file of SPEC.md loads into the policy, and an absent file means the defaults;
 - policy.exempt and deviceListStrategy load, default to nothing exempt and [envvar, volume-mounts];
+- policy.runtimeClassName: unset, empty or null leaves pods alone; a name loads;
 - every bad key or value stops the program with a message naming the key and the value;
 - the static cluster file reads into a view, and its errors name the field.
 """
@@ -46,6 +47,11 @@ def test_exemptions_and_device_list_strategy_load():
     assert p.device_list_strategy == ("cdi-cri",)
     assert p.exempt.covers("gpu-monitoring", "dcgm-exporter") and p.exempt.covers("gpu-operator", "default")
     assert not p.exempt.covers("ml", "dcgm-exporter")
+@pytest.mark.parametrize("value, loaded", [(None, None), ("", None), ("nvidia", "nvidia"),
+                                           ("nvidia.example.com", "nvidia.example.com")])
+def test_runtime_class_name(value, loaded):
+    assert settings.Settings().policy.runtime_class_name is None
+    assert settings.from_mapping({"policy": {"runtimeClassName": value}}).policy.runtime_class_name == loaded
 
 
 @pytest.mark.parametrize("data, named", [
@@ -72,6 +78,8 @@ def test_exemptions_and_device_list_strategy_load():
     ({"deviceListStrategy": ["env"]}, "deviceListStrategy: must be one of envvar, volume-mounts, cdi-cri, got 'env'"),
     ({"deviceListStrategy": []}, "deviceListStrategy: must be a non-empty list"),
     ({"deviceListStrategy": ["envvar", "envvar"]}, "deviceListStrategy: lists a strategy twice"),
+    ({"policy": {"runtimeClassName": "NVIDIA"}}, "policy.runtimeClassName: 'NVIDIA'"),
+    ({"policy": {"runtimeClassName": 7}}, "policy.runtimeClassName: 7"),
     ([1, 2], "must be a mapping"),
 ])
 def test_bad_config_names_the_key(data, named):

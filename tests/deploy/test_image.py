@@ -7,7 +7,8 @@ We test:
 - .dockerignore keeps out .venv, .git, certificates and caches, and nothing the build copies;
 - the install steps themselves: the files the Dockerfile copies, built into a wheel, installed
   with its extras into a fresh venv, start `gpushard`, `gpushard serve --help` and
-  `gpushard agent --help` from that venv alone, with the agent's gRPC stubs and NVML bindings.
+  `gpushard agent --help` and the kubectl plugin `kubectl-gpushard` from that venv alone, with
+  the agent's gRPC stubs and NVML bindings.
   No container engine runs here; the test is skipped only when pip cannot reach its index.
 """
 
@@ -154,6 +155,11 @@ def test_the_install_steps_give_working_entry_points(tmp_path):
         result = _run(str(gpushard), *command, "--help", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("usage: gpushard")
+    # The kubectl plugin, which kubectl finds on the PATH as `kubectl gpushard`.
+    for command in (["status"], ["audit"], ["review"]):
+        result = _run(str(env_dir / "bin/kubectl-gpushard"), *command, "--help", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"usage: kubectl gpushard {command[0]}")
     probe = _run(str(env_dir / "bin/python"), "-c",
                  "import pynvml, grpc, gunicorn, flask, kubernetes, cryptography, webhook.installing; "
                  "from webhook.agent.proto import deviceplugin_pb2_grpc; import webhook; print(webhook.__file__)",

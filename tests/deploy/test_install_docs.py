@@ -6,7 +6,12 @@ We test:
 - every `gpushard` command line on the page parses with the real parser;
 - the example pod and Deployment are admitted by the same decision the webhook makes, as
   shares of one card, and the example quota limits the shares resource of names.py;
-- the page says plainly that the test suite does not run the kind example.
+- the page says plainly that the test suite does not run the kind example;
+- walked in order, README's and the page's steps never label or use a namespace before a step
+  made it; every `rollout status` has a --timeout; node cleanup selects the shared nodes only,
+  and removes the label it selects by last;
+- /readyz is described as it behaves (ready after the grace without a view), and the missing
+  RuntimeClass and policy.runtimeClassName are explained.
 """
 
 from __future__ import annotations
@@ -72,3 +77,80 @@ def test_quota_example_limits_shares():
 
 def test_the_kind_example_is_marked_as_not_run_by_the_tests():
     assert "The test suite does not run it" in PAGE
+
+
+# --- the steps, walked in order ------------------------------------------------------------------
+
+DOCS = {"README.md": (ROOT / "README.md").read_text(), "docs/install.md": PAGE}
+
+
+def _commands(text: str) -> list[list[str]]:
+    """The kubectl command lines of a document's sh blocks, in order, as words."""
+    out = []
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if line.startswith("kubectl "):
+                try:
+                    out.append(shlex.split(line))
+                except ValueError:
+                    continue  # a quoted argument over several lines (a JSON patch): no namespace or node step
+    return out
+
+
+def _namespaces_made(words: list[str]) -> set[str]:
+    from tests.deploy import rendering
+
+    if words[1:3] == ["create", "namespace"]:
+        return {words[3]}
+    if "apply" in words and "-k" in words:
+        target = ROOT / words[words.index("-k") + 1]
+        return {o["metadata"]["name"] for o in rendering.render(target) if o["kind"] == "Namespace"}
+    if "apply" in words and "-f" in words:
+        path = ROOT / words[words.index("-f") + 1]
+        return {d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Namespace"}
+    return set()
+
+
+@pytest.mark.parametrize("name", sorted(DOCS))
+def test_namespaces_exist_before_they_are_labelled_or_used(name):
+    known = {"default", "kube-system"}
+    for words in _commands(DOCS[name]):
+        if words[1:3] == ["label", "namespace"] and not words[3].startswith("-"):
+            assert words[3] in known, f"{name}: `{' '.join(words)}` labels a namespace nothing has made yet"
+        for flag in ("-n", "--namespace"):
+            if flag in words and words[1:3] != ["create", "namespace"]:
+                used = words[words.index(flag) + 1]
+                assert used in known, f"{name}: `{' '.join(words)}` uses a namespace nothing has made yet"
+        known |= _namespaces_made(words)
+
+
+def test_rollout_status_always_has_a_timeout():
+    texts = {**DOCS, "examples/kind/run.sh": (ROOT / "examples/kind/run.sh").read_text()}
+    found = 0
+    for name, text in texts.items():
+        for line in text.splitlines():
+            if "rollout status" in line and re.match(r"\s*(kubectl|k) ", line):
+                found += 1
+                assert "--timeout" in line, f"{name}: `{line.strip()}` waits for ever on a pod that is never made"
+    assert found >= 4
+
+
+def test_node_cleanup_touches_only_shared_nodes():
+    node_commands = [w for w in _commands(PAGE) if w[1:3] in (["label", "nodes"], ["annotate", "nodes"])]
+    assert len(node_commands) == 2
+    for words in node_commands:
+        assert "--all" not in words and words[3:5] == ["-l", "gpushard.io/shared-node=true"], words
+    # The label both select by goes last.
+    assert node_commands[0][1] == "annotate" and "gpushard.io/shared-node-" in node_commands[1]
+
+
+def test_readiness_and_the_runtime_class_are_described_as_they_behave():
+    from webhook.admission import app
+
+    grace = f"{app.SYNC_GRACE_S:g} s"
+    for name, text in DOCS.items():
+        assert "never becomes ready" not in text, name
+        around = text[text.index("/readyz"):text.index("/readyz") + 300]
+        assert grace in around, f"{name}: /readyz turns ready after {grace} without a view; say so"
+    assert 'RuntimeClass "nvidia" not found' in PAGE and "policy.runtimeClassName" in PAGE

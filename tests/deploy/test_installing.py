@@ -10,7 +10,7 @@ We test:
 - a missing webhook configuration, a Secret of another type and a refusal by RBAC stop it
   with a `gpushard:` message, before anything is written;
 - an API server that cannot be reached stops it with a `gpushard:` message naming its address
-  and exit status 2, as `gpushard status` gives, with no traceback and nothing written;
+  and exit status 3, as `gpushard status` gives, with no traceback and nothing written;
 - the command line: `gpushard certs --install` through $KUBECONFIG or --kubeconfig/--context,
   a kubeconfig that is not there, and `certs` without --out.
 """
@@ -216,16 +216,16 @@ def test_an_unreachable_api_server_is_named(tmp_path):
     api = installing.api_client(str(_kubeconfig_to(tmp_path, server)))
     with pytest.raises(installing.InstallError) as err:
         installing.install(api, out=tmp_path / "bundle")
-    assert err.value.status == 2
+    assert err.value.status == 3
     assert str(err.value.code).startswith(f"gpushard: cannot reach the Kubernetes API at {server}: ")
-    assert "Connection refused" in str(err.value.code)
+    assert "connection refused" in str(err.value.code)
     assert not (tmp_path / "bundle").exists()
 
 
-def test_command_line_unreachable_api_server_exits_2(tmp_path):
+def test_command_line_unreachable_api_server_exits_3(tmp_path):
     server = f"http://127.0.0.1:{_closed_port()}"
     result = _gpushard("certs", "--install", "--kubeconfig", str(_kubeconfig_to(tmp_path, server)))
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert result.stderr.startswith(f"gpushard: cannot reach the Kubernetes API at {server}: ")
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
     assert result.stdout == ""
@@ -261,10 +261,11 @@ def test_command_line_install_through_a_kubeconfig(kube, tmp_path):
     result = _gpushard("certs", "--install", "--kubeconfig", str(kubeconfig), "--context", "fake")
     assert result.returncode == 0 and "kept" in result.stdout
     result = _gpushard("certs", "--install", "--kubeconfig", str(tmp_path / "missing"))
-    assert result.returncode == 1 and result.stderr.startswith("gpushard: no Kubernetes API credentials")
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"gpushard: --kubeconfig {tmp_path / 'missing'}: no such file")
 
 
 def test_command_line_certs_needs_out_or_install(tmp_path):
     result = _gpushard("certs")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip().startswith("gpushard: certs needs --out DIR, or --install")

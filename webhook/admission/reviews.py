@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from webhook.admission import patches
+from webhook.admission import logs, patches
 from webhook.core import decisions, names, placement
 from webhook.core import findings as f
 from webhook.core.policy import Policy
@@ -55,6 +55,7 @@ class Answer:
     review: dict
     outcome: str
     kind: str
+    rules: tuple[str, ...] = ()  # the denying rules, for the log line of a denial
 
 
 def parse(body: bytes) -> dict:
@@ -131,9 +132,11 @@ def answer(request: dict, mode: str, policy: Policy, view: View | None) -> Answe
             # Audit mode never blocks: a review it cannot read is said as a warning.
             result.review = envelope(uid, allowed=True, warnings=[_clip(response["status"]["message"],
                                                                          decisions.WARNING_MAX)])
+        elif not response["allowed"]:
+            logs.denied(request, mode, result.rules, response["status"]["code"], response["status"]["message"])
         return result
-    except Exception:
-        log.exception("gpushard: internal error answering review %s", uid)
+    except Exception as exc:
+        logs.failed(request, mode, exc)
         message = f"gpushard: internal error while reviewing this object (review {uid}); see the webhook's log"
         if mode == names.MODE_AUDIT:
             return Answer(envelope(uid, allowed=True, warnings=[message[:decisions.WARNING_MAX]]), ERROR, kind_label)
@@ -196,7 +199,9 @@ def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy,
         if not message.startswith("gpushard:"):
             message = f"gpushard: {message}"
         outcome = INVALID if code == 400 else DENIED
-        return Answer(denial(uid, code, _clip(message), **extra), outcome, kind_label)
+        rules = tuple(dict.fromkeys(x.rule for x in decision.findings if x.severity == f.DENY))
+        return Answer(denial(uid, code, _clip(message), **extra), outcome, kind_label,
+                      rules or ((f.UNREADABLE,) if code == 400 else ()))
 
     warnings = decision.warnings
     if warnings:

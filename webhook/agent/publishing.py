@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import kubernetes
 
+from webhook import connecting
 from webhook.agent import nvml
 from webhook.core import names
 
@@ -42,12 +43,9 @@ def node_patch(cards: Iterable[nvml.Card], details: Mapping | None = None) -> di
 
 
 def api_client() -> kubernetes.client.ApiClient:
-    """A client from the in-cluster service account, else the usual kubeconfig."""
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+    """A client from the one kubeconfig loader (kubectl's order): in a pod, with no kubeconfig
+    around, the in-cluster service account."""
+    return connecting.client().api
 
 
 class Publisher:

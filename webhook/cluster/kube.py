@@ -411,7 +411,9 @@ class KubeView:
 
     def _call(self, resource: str, **kwargs):
         if resource == NODES:
-            return self._api.list_node(_preload_content=False, **kwargs)
+            # Only nodes the agent has published on offer cards; the rest of a large cluster
+            # would cost every worker memory and watch traffic for nothing.
+            return self._api.list_node(label_selector=names.CARDS_LABEL, _preload_content=False, **kwargs)
         selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
         return self._api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False, **kwargs)
 

@@ -62,3 +62,6 @@ class Policy:
     exempt: Exempt = field(default_factory=Exempt)
     device_list_strategy: tuple[str, ...] = DEFAULT_DEVICE_LIST_STRATEGY
     isolation: str = "none"  # none | memory | mps: what each container's fraction is held to
+    # Set on pods that hold shares when their author named none: the runtime class whose
+    # handler is the NVIDIA container runtime, where it is not the node's default runtime.
+    runtime_class_name: str | None = None

@@ -111,6 +111,9 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
                 remove_env(_own_container(spec, ask), names.VISIBLE_DEVICES_ENV)
         elif policy.hide_unrequested_gpus:
             set_env(_own_container(spec, ask), names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
+    if card is not None and policy.runtime_class_name and not spec.get("runtimeClassName"):
+        # The author's runtime class is kept: they may run a runtime of their own that also hands out GPUs.
+        spec["runtimeClassName"] = policy.runtime_class_name
     if card is not None:
         meta = _own(new, "metadata")
         annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}

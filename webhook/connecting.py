@@ -1,0 +1,195 @@
+"""Reaching the Kubernetes API: one kubeconfig loader in kubectl's order, and failures told plainly.
+
+Every program of gpushard that talks to the API server (the command line, the certificate Job,
+the node agent) gets its client here, so they all find their credentials the same way:
+
+1. ``--kubeconfig FILE``, when given (the file must exist);
+2. else ``$KUBECONFIG``, a list of files separated by ``:``, merged as kubectl merges them
+   (files that do not exist are skipped);
+3. else ``~/.kube/config``;
+4. else the in-cluster service account (a pod's token and the ``KUBERNETES_SERVICE_*`` env).
+
+``--context`` picks a context of the kubeconfig (the current context by default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import kubernetes
+import urllib3
+import yaml
+
+DEFAULT_KUBECONFIG = "~/.kube/config"
+IN_CLUSTER = "the in-cluster service account"
+# kubectl's --request-timeout: a plain number is seconds, else a duration such as 1m30s; 0 is none.
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+class ConfigError(Exception):
+    """No usable kubeconfig or service account, or a bad flag; the message starts with gpushard:."""
+
+
+class ApiError(Exception):
+    """The API server could not be reached, refused the credentials, or forbade the call.
+
+    ``status`` is the HTTP status (401, 403), or None when the server was not reached at all.
+    """
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Target:
+    """Where the client came from, for messages: the API address and the context (or in-cluster)."""
+
+    host: str
+    context: str
+    source: str
+
+
+@dataclass
+class Client:
+    """A kubernetes ApiClient and where it points."""
+
+    api: kubernetes.client.ApiClient
+    target: Target
+    timeout: float | None = None  # seconds per request; None waits for ever, as kubectl's 0
+
+
+def parse_timeout(text: str | None, default: float | None = None) -> float | None:
+    """kubectl's --request-timeout: ``30``, ``30s``, ``1m30s``, ``500ms``; ``0`` means no timeout."""
+    if text is None:
+        return default
+    value = text.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        parts = _DURATION.findall(value)
+        if not parts or "".join(n + u for n, u in parts) != value:
+            raise ConfigError(f"gpushard: --request-timeout {text!r} is not a duration "
+                              "(a number of seconds, or e.g. 30s, 1m, 1m30s; 0 for none)") from None
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds < 0 or seconds != seconds or seconds == float("inf"):
+        raise ConfigError(f"gpushard: --request-timeout {text!r} must be a finite duration of 0 or more")
+    return seconds or None
+
+
+def kubeconfig_files(kubeconfig: str | None = None, environ: dict | None = None) -> list[str]:
+    """The kubeconfig files to merge, in kubectl's order; empty means: use the in-cluster account."""
+    environ = os.environ if environ is None else environ
+    if kubeconfig:
+        path = Path(kubeconfig).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"gpushard: --kubeconfig {kubeconfig}: no such file")
+        return [str(path)]
+    listed = [p for p in (environ.get("KUBECONFIG") or "").split(os.pathsep) if p]
+    if listed:
+        return [str(Path(p).expanduser()) for p in listed if Path(p).expanduser().is_file()]
+    default = Path(DEFAULT_KUBECONFIG).expanduser()
+    return [str(default)] if default.is_file() else []
+
+
+def client(kubeconfig: str | None = None, context: str | None = None, request_timeout: float | None = None,
+           environ: dict | None = None) -> Client:
+    """A client for the API server, from the first source in kubectl's order that exists."""
+    files = kubeconfig_files(kubeconfig, environ)
+    if not files:
+        if context:
+            raise ConfigError(f"gpushard: --context {context}: no kubeconfig found (--kubeconfig, $KUBECONFIG "
+                              f"or {DEFAULT_KUBECONFIG}) to take it from")
+        configuration = kubernetes.client.Configuration()
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        except kubernetes.config.ConfigException as exc:
+            raise ConfigError(f"gpushard: cannot use {IN_CLUSTER} to reach the Kubernetes API: {exc}; outside a "
+                              f"pod, pass --kubeconfig, set KUBECONFIG or write {DEFAULT_KUBECONFIG}") from None
+        return Client(kubernetes.client.ApiClient(configuration),
+                      Target(configuration.host, "in-cluster", IN_CLUSTER), request_timeout)
+    source = os.pathsep.join(files)
+    try:
+        contexts, current = kubernetes.config.list_kube_config_contexts(config_file=source)
+        chosen = context or (current or {}).get("name")
+        if context and context not in [c.get("name") for c in contexts or []]:
+            raise ConfigError(f"gpushard: --context {context}: no such context in {source}")
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=source, context=context, client_configuration=configuration,
+                                           persist_config=False)
+    except ConfigError:
+        raise
+    except (kubernetes.config.ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError,
+            yaml.YAMLError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(f"gpushard: cannot use {source} to reach the Kubernetes API: {reason}") from None
+    return Client(kubernetes.client.ApiClient(configuration), Target(configuration.host, str(chosen), source),
+                  request_timeout)
+
+
+def transport_reason(exc: BaseException) -> str:
+    """What failed on the wire, without urllib3's connection reprs and retry counts."""
+    inner = getattr(exc, "reason", None) or exc
+    text = " ".join(str(inner).split())
+    # "<urllib3.connection.HTTPConnection object at 0x..>: Failed to establish a new connection: [Errno
+    # 111] Connection refused" -> "connection refused"
+    for needle, plain in (("Connection refused", "connection refused"),
+                          ("Name or service not known", "no such host"),
+                          ("nodename nor servname", "no such host"),
+                          ("Temporary failure in name resolution", "no such host (DNS)"),
+                          ("timed out", "timed out"),
+                          ("CERTIFICATE_VERIFY_FAILED", "its TLS certificate is not trusted"),
+                          ("No route to host", "no route to host"),
+                          ("Connection reset", "the connection was reset"),
+                          ("Remote end closed", "the connection was closed")):
+        if needle in text:
+            return plain
+    head, sep, tail = text.partition(">: ")
+    return tail if sep else text
+
+
+def api_status_message(exc: kubernetes.client.ApiException) -> str:
+    """The API server's own message (a Status object's message), or its HTTP reason."""
+    import json
+
+    try:
+        body = json.loads(exc.body or "")
+        if isinstance(body, dict) and isinstance(body.get("message"), str):
+            return body["message"]
+    except (TypeError, ValueError):
+        pass
+    return exc.reason or ""
+
+
+def explain(exc: BaseException, target: Target, what: str) -> ApiError | None:
+    """An ApiError in plain words for a transport failure, 401 or 403; None for anything else."""
+    where = f"the Kubernetes API at {target.host} (context {target.context})"
+    if isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)):
+        return ApiError(f"gpushard: cannot reach {where}: {transport_reason(exc)}; check that the cluster is up "
+                        "and that the context is the right one (kubectl config current-context)")
+    if isinstance(exc, kubernetes.client.ApiException):
+        if exc.status == 401:
+            return ApiError(f"gpushard: {where} refused the credentials (401 Unauthorized) while trying to {what}; "
+                            "log in again, or pick other credentials with --kubeconfig or --context", 401)
+        if exc.status == 403:
+            return ApiError(f"gpushard: {where} forbids this account to {what} (403 Forbidden: "
+                            f"{api_status_message(exc)})", 403)
+    return None
+
+
+@contextlib.contextmanager
+def reaching(target: Target, what: str) -> Iterator[None]:
+    """Calls inside whose transport failure, 401 or 403 becomes an ApiError naming ``what`` was tried."""
+    try:
+        yield
+    except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, kubernetes.client.ApiException) as exc:
+        explained = explain(exc, target, what)
+        if explained is None:
+            raise
+        raise explained from None
