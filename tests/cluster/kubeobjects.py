@@ -13,6 +13,8 @@ def node(name: str, cards: dict[int, int] | None = None, labels: dict | None = N
     allocatable = {"cpu": "32", "memory": "256Gi"}
     allocatable.update({f"{names.CARD_PREFIX}{k}": str(v) for k, v in (cards or {}).items()})
     meta: dict = {"name": name, "labels": {names.HOSTNAME_LABEL: name, **(labels or {})}}
+    if cards or inventory:  # the agent labels the nodes it publishes cards on
+        meta["labels"].setdefault(names.CARDS_LABEL, str(len(inventory or cards)))
     if inventory is not None:
         meta["annotations"] = {names.INVENTORY_ANNOTATION: json.dumps(inventory)}
     return {

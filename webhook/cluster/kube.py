@@ -42,6 +42,13 @@ REMEMBER_TTL_S = static.REMEMBER_TTL_S
 # resourceVersion. The read timeout above it catches connections that died silently.
 WATCH_TIMEOUT_S = 300
 LIST_TIMEOUT_S = 120
+# Lists come in pages: each is read and parsed on its own, and only the fields placement needs
+# are kept, so neither memory nor the interpreter lock held by one json.loads grows with the
+# cluster. 500 realistic pods are a few MiB of JSON, parsed in tens of milliseconds.
+LIST_PAGE = 500
+# A continue token the API server no longer honours (410 Gone) restarts the list; a list that
+# keeps losing its token (history compacted faster than we read) is an error that backs off.
+LIST_RESTARTS = 3
 CONNECT_TIMEOUT_S = 10
 BACKOFF_S = (0.5, 30.0)
 REMEMBER_WAIT_S = 0.05
@@ -53,7 +60,11 @@ class _Gone(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
 
-@dataclass
+class _ContinueGone(Exception):
+    """A list's continue token expired between two pages (410 Gone): start the list over."""
+
+
+@dataclass(slots=True)
 class _Pod:
     node: str | None
     shares: dict[int, int]  # card index -> shares held, counted as Kubernetes counts a pod
@@ -180,13 +191,15 @@ class KubeView:
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None, policy: Policy, *,
                  remember_ttl: float = REMEMBER_TTL_S, watch_timeout: int = WATCH_TIMEOUT_S,
-                 backoff: tuple[float, float] = BACKOFF_S, clock: Callable[[], float] = time.monotonic):
+                 backoff: tuple[float, float] = BACKOFF_S, clock: Callable[[], float] = time.monotonic,
+                 page_size: int = LIST_PAGE):
         self._api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
         self._policy = policy
         self._ttl = remember_ttl
         self._watch_timeout = watch_timeout
         self._backoff = backoff
         self._clock = clock
+        self._page_size = page_size
         self._lock = threading.Lock()  # guards everything below but _view and _inbox
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -373,24 +386,17 @@ class KubeView:
                 touched.add(entry.node)
         return touched
 
-    def _apply_list(self, resource: str, items: list) -> None:
+    def _apply_list(self, resource: str, fresh: dict) -> None:
+        """Replace the listed state of ``resource`` with ``fresh`` (already read: nodes by name, pods by uid)."""
         with self._lock:
             touched = self._catch_up()  # a remembered choice must be in place before its pod shows
             if resource == NODES:
-                fresh = {}
-                for obj in items:
-                    node = _tolerant(read_node, obj, self._policy)
-                    if node is not None:
-                        fresh[node.name] = node
                 touched |= set(self._base) | set(fresh)
                 self._base = fresh
             else:
-                seen = {}
-                for obj in items:
-                    seen[_uid(obj)] = _tolerant(read_pod, obj, self._policy)
-                for uid in [u for u in self._pods if u not in seen]:
+                for uid in [u for u in self._pods if u not in fresh]:
                     touched |= self._set_pod(uid, None)
-                for uid, pod in seen.items():
+                for uid, pod in fresh.items():
                     touched |= self._set_pod(uid, pod)
             self._listed.add(resource)
             self._refresh(touched | self._catch_up())
@@ -409,18 +415,61 @@ class KubeView:
 
     def _call(self, resource: str, **kwargs):
         if resource == NODES:
-            return self._api.list_node(_preload_content=False, **kwargs)
+            # Only nodes the agent labelled: the rest of a large cluster never reaches this process.
+            return self._api.list_node(label_selector=names.CARDS_LABEL, _preload_content=False, **kwargs)
         selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
         return self._api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False, **kwargs)
 
     def _list(self, resource: str) -> str:
-        response = self._call(resource, _request_timeout=(CONNECT_TIMEOUT_S, LIST_TIMEOUT_S))
-        try:
-            body = json.loads(response.data)
-        finally:
-            response.release_conn()
-        self._apply_list(resource, body.get("items") or [])
-        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+        """List ``resource`` page by page and apply it; the resourceVersion to watch from."""
+        for _attempt in range(LIST_RESTARTS):
+            try:
+                fresh, version = self._read_pages(resource)
+            except _ContinueGone:
+                log.info("gpushard: the %s list's continue token expired; listing again", resource)
+                continue
+            self._apply_list(resource, fresh)
+            return version
+        raise RuntimeError(f"the {resource} list lost its continue token {LIST_RESTARTS} times in a row")
+
+    def _read_pages(self, resource: str) -> tuple[dict, str]:
+        """Every page of a list, each parsed and reduced to what placement reads before the next is fetched.
+
+        The view in use stays as it is meanwhile: admissions keep choosing over the last good
+        snapshot until the whole list is in.
+        """
+        fresh: dict = {}
+        token = None
+        version = ""
+        while True:
+            kwargs = {"limit": self._page_size, "_request_timeout": (CONNECT_TIMEOUT_S, LIST_TIMEOUT_S)}
+            if token:
+                kwargs["_continue"] = token
+            try:
+                response = self._call(resource, **kwargs)
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 410 and token:
+                    raise _ContinueGone() from exc
+                raise
+            try:
+                body = json.loads(response.data)
+            finally:
+                response.release_conn()
+            if resource == NODES:
+                for obj in body.get("items") or ():
+                    node = _tolerant(read_node, obj, self._policy)
+                    if node is not None:
+                        fresh[node.name] = node
+            else:
+                for obj in body.get("items") or ():
+                    fresh[_uid(obj)] = _tolerant(read_pod, obj, self._policy)
+            meta = body.get("metadata") or {}
+            del body  # the page's objects go before the next page arrives
+            # Every page of one list carries the resourceVersion of the list's snapshot.
+            version = str(meta.get("resourceVersion") or version)
+            token = meta.get("continue")
+            if not token:
+                return fresh, version
 
     def _watch(self, resource: str, version: str) -> str:
         """Apply a watch's events until it ends; the last resourceVersion seen."""
