@@ -216,6 +216,7 @@ class KubeView:
         self._next_deadline = math.inf
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
+        self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
         self._view: placement.View | None = None
 
     @classmethod
@@ -313,12 +314,35 @@ class KubeView:
         return fallback
 
     def _node(self, name: str) -> placement.Node | None:
+        """The node as the view shows it: its listed state with the shares held and remembered.
+
+        While the listed node is the one the current view's node was built from, only shares
+        can differ: unchanged cards are the current view's own objects, and a node with no
+        change is the current node itself, so a remembered choice builds one card.
+        """
         base = self._base.get(name)
         if base is None:
             return None
-        cards = tuple(placement.Card(c.index, c.capacity, self._used[(name, c.index)] + self._tentative[
-            (name, c.index)], c.uuid, c.model, c.memory_mib) for c in base.cards)
-        return placement.Node(base.name, base.labels, base.taints, base.ready, base.unschedulable, cards)
+        current = self._current.get(name)
+        if current is None or self._built_from.get(name) is not base:
+            node = placement.Node(base.name, base.labels, base.taints, base.ready, base.unschedulable, tuple(
+                placement.Card(c.index, c.capacity, self._used.get((name, c.index), 0)
+                               + self._tentative.get((name, c.index), 0), c.uuid, c.model, c.memory_mib)
+                for c in base.cards))
+            self._built_from[name] = base
+            return node
+        cards = current.cards
+        changed = None
+        for j, c in enumerate(cards):
+            used = self._used.get((name, c.index), 0) + self._tentative.get((name, c.index), 0)
+            if used != c.used:
+                if changed is None:
+                    changed = list(cards)
+                changed[j] = placement.Card(c.index, c.capacity, used, c.uuid, c.model, c.memory_mib)
+        if changed is None:
+            return current
+        return placement.Node(current.name, current.labels, current.taints, current.ready, current.unschedulable,
+                              tuple(changed))
 
     def _refresh(self, touched) -> None:
         if len(self._listed) < 2:
@@ -336,6 +360,7 @@ class KubeView:
                 changes[name] = node
                 if node is None:
                     self._current.pop(name, None)
+                    self._built_from.pop(name, None)
                 else:
                     self._current[name] = node
         if changes:
