@@ -378,8 +378,19 @@ class _Usage:
             now_cards = new[i].cards if i in new else ()
             if was_cards is now_cards:
                 continue
-            before = {c.index: c.capacity - c.used for c in was_cards}
-            after = {c.index: c.capacity - c.used for c in now_cards}
+            if len(was_cards) == len(now_cards):
+                # The common case (a remembered choice, a pod event): the same cards, a few of them
+                # new objects. Unchanged cards are the same objects and are skipped outright.
+                pairs = [(a, b) for a, b in zip(was_cards, now_cards, strict=True) if a is not b]
+                if all(a.index == b.index for a, b in pairs):
+                    before = {a.index: a.capacity - a.used for a, _b in pairs}
+                    after = {b.index: b.capacity - b.used for _a, b in pairs}
+                else:
+                    before = {c.index: c.capacity - c.used for c in was_cards}
+                    after = {c.index: c.capacity - c.used for c in now_cards}
+            else:
+                before = {c.index: c.capacity - c.used for c in was_cards}
+                after = {c.index: c.capacity - c.used for c in now_cards}
             if before == after:
                 continue
             bit = 1 << i
@@ -411,7 +422,7 @@ class _Usage:
             if not fresh_f:
                 usage.by_f = dict(usage.by_f)
                 fresh_f = True
-            held = set(after.values())
+            held = {c.capacity - c.used for c in now_cards}
             for free in frees:
                 had = free in usage.by_f
                 bits = usage.by_f.get(free, 0)
@@ -421,7 +432,7 @@ class _Usage:
                 else:
                     usage.by_f.pop(free, None)
                 resort_f = resort_f or had != bool(bits)
-            usage.has_any = (usage.has_any | bit) if after else (usage.has_any & ~bit)
+            usage.has_any = (usage.has_any | bit) if now_cards else (usage.has_any & ~bit)
         usage.ks = sorted(k for k, bits in usage.has_k.items() if bits) if resort_k else self.ks
         usage.fs = sorted(usage.by_f) if resort_f else self.fs
         return usage
