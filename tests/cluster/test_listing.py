@@ -4,7 +4,8 @@ We test:
 - lists come in pages (limit/continue) and every page's objects reach the view;
 - a continue token that expires between pages (410 Gone) restarts the list, and the view is
   built from the restarted list only;
-- a relist keeps the last good view in use until the whole list is in;
+- a relist keeps the last good view in use until the whole list is in, and a choice made
+  meanwhile counts at once;
 - only the fields placement reads are kept: no part of an API object stays in the view;
 - nodes are listed and watched by the agent's label: other nodes never arrive, and a node that
   loses the label leaves the view.
@@ -99,10 +100,15 @@ def test_a_relist_keeps_the_last_good_view_until_it_is_complete(fake, start_view
     fake.expire_history()
     fake.drop_watches()  # the watch resumes from a compacted version: 410, relist
     o.wait_for(lambda: seen, what="the relist's first page")
-    # Mid-relist: the view in use is the last good one (or one the watch already brought).
-    assert o.used(view.snapshot(), "gpu-a", 0) in (50, 60, 40)
+    # Mid-relist: the view in use is the last good one (or one the watch already brought), and an
+    # admission's choice counts at once: nothing waits for the list to finish.
+    before = o.used(view.snapshot(), "gpu-a", 0)
+    assert before in (50, 60, 40)
+    view.remember("gpu-a", 0, 5)
+    assert o.used(view.snapshot(), "gpu-a", 0) == before + 5
+    assert not release.is_set()
     release.set()
-    o.wait_for(lambda: o.used(view.snapshot(), "gpu-a", 0) == 40, what="the relist to complete")
+    o.wait_for(lambda: o.used(view.snapshot(), "gpu-a", 0) == 45, what="the relist to complete")
 
 
 def test_a_missing_pod_delete_is_seen_by_a_relist(fake, start_view):
