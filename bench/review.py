@@ -92,9 +92,8 @@ class Clock:
 def live_view(nodes: int, pods: int, clock: Clock) -> kube.KubeView:
     settings = settings_mod.Settings()
     view = kube.KubeView(None, settings.policy, clock=clock)
-    view._apply_list(kube.NODES, {n.name: n for n in (kube.read_node(node(i), settings.policy)
-                                                        for i in range(nodes))})
-    view._apply_list(kube.PODS, {f"uid-{i}": kube.read_pod(pod(i, nodes), settings.policy) for i in range(pods)})
+    view._apply_list(kube.NODES, [node(i) for i in range(nodes)])
+    view._apply_list(kube.PODS, [pod(i, nodes) for i in range(pods)])
     return view
 
 

@@ -413,8 +413,22 @@ class KubeView:
                 touched.add(entry.node)
         return touched
 
-    def _apply_list(self, resource: str, fresh: dict) -> None:
-        """Replace the listed state of ``resource`` with ``fresh`` (already read: nodes by name, pods by uid)."""
+    def _reduce(self, resource: str, items, into: dict) -> dict:
+        """Read listed objects into what placement keeps: nodes by name, pods by uid."""
+        if resource == NODES:
+            for obj in items:
+                node = _tolerant(read_node, obj, self._policy)
+                if node is not None:
+                    into[node.name] = node
+        else:
+            for obj in items:
+                into[_uid(obj)] = _tolerant(read_pod, obj, self._policy)
+        return into
+
+    def _apply_list(self, resource: str, fresh: dict | list) -> None:
+        """Replace the listed state of ``resource`` with ``fresh``: as ``_reduce`` reads it, or the raw objects."""
+        if isinstance(fresh, list):
+            fresh = self._reduce(resource, fresh, {})
         with self._lock:
             touched = self._catch_up()  # a remembered choice must be in place before its pod shows
             if resource == NODES:
@@ -483,14 +497,7 @@ class KubeView:
                     body = json.loads(response.data)
                 finally:
                     response.release_conn()
-                if resource == NODES:
-                    for obj in body.get("items") or ():
-                        node = _tolerant(read_node, obj, self._policy)
-                        if node is not None:
-                            fresh[node.name] = node
-                else:
-                    for obj in body.get("items") or ():
-                        fresh[_uid(obj)] = _tolerant(read_pod, obj, self._policy)
+                self._reduce(resource, body.get("items") or (), fresh)
                 meta = body.get("metadata") or {}
                 del body  # the page's objects go before the next page arrives
             # Every page of one list carries the resourceVersion of the list's snapshot.

@@ -409,7 +409,7 @@ class _Usage:
                     if bits:
                         table[was] = bits
                     else:
-                        del table[was]
+                        table.pop(was, None)
                 if now is not None:
                     frees.add(now)
                     table[now] = table.get(now, 0) | bit
