@@ -3,7 +3,8 @@
 Two daemon threads (nodes, pods) each list, then watch from the list's resourceVersion, relist
 on 410 Gone, and reconnect with backoff when the API fails or drops the connection. They keep
 an immutable ``placement.View`` up to date node by node (``placement.replace_nodes``), so an
-admission takes ``snapshot()`` without waiting on anything.
+admission takes ``snapshot()`` without waiting on anything. Lists come in pages, each reduced to
+what placement reads before the next; nodes are those the agent labelled with its cards.
 
 Shares a pod holds count on its node and card from the moment the watch shows it bound.
 Between a choice and that moment the view would not know of the pod, so a burst of pods
@@ -470,6 +471,9 @@ class KubeView:
                 log.info("gpushard: the %s list's continue token expired; listing again", resource)
                 continue
             self._apply_list(resource, fresh)
+            # What the list built lives until the next list: moved out of the collector's sight,
+            # later full collections (set off by admissions' garbage) walk only newer objects.
+            gc.freeze()
             return version
         raise RuntimeError(f"the {resource} list lost its continue token {LIST_RESTARTS} times in a row")
 
