@@ -5,14 +5,17 @@ test talks HTTP to this server through the real kubernetes client.
 
 It keeps namespaces, nodes, pods and the pod-template workloads (core, apps/v1 and batch/v1)
 in memory, answers list (with labelSelector and
-fieldSelector on metadata.name), get, merge-patch of nodes, and watch streams with
-resourceVersions; it can expire history (watches from older versions get 410 Gone) and
-drop every open watch connection; with ``tokens`` set it authenticates bearer tokens (401)
-and lets each read only its namespaces (403), as RBAC would.
+fieldSelector on metadata.name, and pages with limit/continue), get, merge-patch of nodes, and
+watch streams with resourceVersions (an object that stops matching a watch's label selector is
+sent as DELETED, as the API server does); it can expire history (watches from older versions,
+and continue tokens issued before, get 410 Gone) and drop every open watch connection; with
+``tokens`` set it authenticates bearer tokens (401) and lets each read only its namespaces (403),
+as RBAC would.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import threading
@@ -74,6 +77,9 @@ class FakeKube:
         # None here means no authentication at all. A namespace's own object counts as inside it.
         self.tokens: dict[str, tuple[str, ...] | None] | None = None
         self._generation = 0  # bumped to drop open watches
+        self.compactions = 0  # bumped by expire_history: continue tokens issued before it get 410 Gone
+        self.before: dict[int, dict] = {}  # resourceVersion of a MODIFIED event -> the object before it
+        self.on_page = None  # called (resource, page number) after each page of a paginated list is sent
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -111,8 +117,10 @@ class FakeKube:
 
     # --- the store -------------------------------------------------------------------------
 
-    def _bump(self, resource: str, kind: str, obj: dict) -> dict:
+    def _bump(self, resource: str, kind: str, obj: dict, old: dict | None = None) -> dict:
         self.rv += 1
+        if old is not None:
+            self.before[self.rv] = old
         obj = copy.deepcopy(obj)
         obj.setdefault("apiVersion", GROUPS.get(resource, "v1"))
         obj["kind"] = KINDS[resource]
@@ -128,8 +136,8 @@ class FakeKube:
         meta = obj.get("metadata", {})
         key = ("" if resource in CLUSTER_SCOPED else meta.get("namespace", ""), meta["name"])
         with self.lock:
-            kind = "MODIFIED" if key in self.objects[resource] else "ADDED"
-            stored = self._bump(resource, kind, obj)
+            old = self.objects[resource].get(key)
+            stored = self._bump(resource, "ADDED" if old is None else "MODIFIED", obj, old)
             self.objects[resource][key] = stored
             return copy.deepcopy(stored)
 
@@ -146,6 +154,7 @@ class FakeKube:
         """Forget all events so far: a watch resuming from them gets 410 Gone."""
         with self.lock:
             self.oldest_rv = self.rv + 1
+            self.compactions += 1
             self.events.clear()
             self.lock.notify_all()
 
@@ -237,12 +246,29 @@ class FakeKube:
                     return self._send(200, obj)
                 if query.get("watch") in ("true", "1"):
                     return self._watch(resource, namespace, query)
+                limit = int(query.get("limit") or 0)
+                start, rv, page, compactions = 0, None, 0, None
+                if query.get("continue"):
+                    token = json.loads(base64.b64decode(query["continue"]))
+                    start, rv, page, compactions = token["start"], token["rv"], token["page"], token["c"]
                 with fake.lock:
-                    items = [copy.deepcopy(o) for o in fake.objects[resource].values()
-                             if self._selected(o, resource, namespace, query)]
-                    rv = fake.rv
+                    if compactions is not None and compactions != fake.compactions:
+                        return self._status(410, "Expired", "The provided continue parameter is too old "
+                                            "to display a consistent list result.")
+                    keys = [k for k, o in fake.objects[resource].items()
+                            if self._selected(o, resource, namespace, query)]
+                    end = start + limit if limit else len(keys)
+                    items = [copy.deepcopy(fake.objects[resource][k]) for k in keys[start:end]]
+                    rv = fake.rv if rv is None else rv
+                    compactions = fake.compactions
+                meta = {"resourceVersion": str(rv)}
+                if end < len(keys):
+                    meta["continue"] = base64.b64encode(json.dumps(
+                        {"start": end, "rv": rv, "page": page + 1, "c": compactions}).encode()).decode()
                 self._send(200, {"kind": KINDS[resource] + "List", "apiVersion": GROUPS.get(resource, "v1"),
-                                 "metadata": {"resourceVersion": str(rv)}, "items": items})
+                                 "metadata": meta, "items": items})
+                if limit and fake.on_page is not None:
+                    fake.on_page(resource, page)
 
             def _selected(self, obj: dict, resource: str, namespace: str, query: dict) -> bool:
                 meta = obj.get("metadata", {})
@@ -287,9 +313,15 @@ class FakeKube:
                                 continue
                         for rv, _res, kind, obj in batch:
                             sent = rv
-                            if self._selected(obj, resource, namespace, query):
-                                line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-                                self.wfile.write(line)
+                            if not self._selected(obj, resource, namespace, query):
+                                # No longer matching the selector: the watcher is told it is gone.
+                                old = fake.before.get(rv)
+                                if kind != "MODIFIED" or old is None or not self._selected(
+                                        old, resource, namespace, query):
+                                    continue
+                                kind = "DELETED"
+                            line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+                            self.wfile.write(line)
                         self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):
                     return
@@ -317,7 +349,7 @@ class FakeKube:
                         return self._status(415, "UnsupportedMediaType", "JSON patch is not supported here")
                     else:
                         merged = _merge(copy.deepcopy(obj), patch)
-                    stored = fake._bump(resource, "MODIFIED", merged)
+                    stored = fake._bump(resource, "MODIFIED", merged, obj)
                     fake.objects[resource][key] = stored
                 self._send(200, stored)
 

@@ -205,7 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bind", default="0.0.0.0:8443", help="HOST:PORT (default: 0.0.0.0:8443)")
     p.add_argument("--config", help="gpushard config file (default: built-in defaults)")
     p.add_argument("--cluster", help="static cluster view file; without it the view is the Kubernetes API")
-    p.add_argument("--workers", type=int, default=2, help="gunicorn worker processes (default: 2)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="gunicorn worker processes (default: 1: one cluster view and one memory of choices; "
+                        "each further worker keeps its own)")
     p.add_argument("--threads", type=int, default=8, help="threads per worker (default: 8)")
     p.add_argument("--timeout", type=int, default=30, help="seconds before a stuck worker is restarted")
     p.add_argument("--client-timeout", type=float, default=10.0,

@@ -12,9 +12,9 @@ def node(name: str, cards: dict[int, int] | None = None, labels: dict | None = N
          ready: bool = True, unschedulable: bool = False, inventory: list | None = None) -> dict:
     allocatable = {"cpu": "32", "memory": "256Gi"}
     allocatable.update({f"{names.CARD_PREFIX}{k}": str(v) for k, v in (cards or {}).items()})
-    # The agent labels the nodes it publishes, and the view lists only those.
-    published = {names.CARDS_LABEL: str(len(cards))} if cards is not None else {}
-    meta: dict = {"name": name, "labels": {names.HOSTNAME_LABEL: name, **published, **(labels or {})}}
+    meta: dict = {"name": name, "labels": {names.HOSTNAME_LABEL: name, **(labels or {})}}
+    if cards or inventory:  # the agent labels the nodes it publishes cards on
+        meta["labels"].setdefault(names.CARDS_LABEL, str(len(inventory or cards)))
     if inventory is not None:
         meta["annotations"] = {names.INVENTORY_ANNOTATION: json.dumps(inventory)}
     return {

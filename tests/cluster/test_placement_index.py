@@ -7,6 +7,8 @@ We test:
 - the same holds for views derived by replace_nodes (shares, labels and taints changing, nodes
   added and removed), with the indexes carried over or not;
 - a view shared by threads answers consistently;
+- incremental index updates (a card's shares, a card more or less, any node change) leave
+  exactly the index a full rebuild makes, and the same choices;
 - preferred_affinity_term round-trips through preferred_node, which ignores other terms.
 """
 
@@ -169,3 +171,53 @@ def test_preferred_term_round_trips():
     assert placement.preferred_node({}) is None
     assert placement.preferred_node({"affinity": {"nodeAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {}}]}}}) is None
+
+
+# --- incremental index updates against a full rebuild ---------------------------------------------
+
+
+def _usage_state(usage) -> tuple:
+    """The index's content, ignoring tables left empty (a rebuild never makes them)."""
+    by_kf = {k: dict(t) for k, t in usage.by_kf.items() if t}
+    return by_kf, dict(usage.by_f), {k: b for k, b in usage.has_k.items() if b}, usage.has_any, usage.ks, usage.fs
+
+
+@st.composite
+def share_changes(draw, view: placement.View) -> dict:
+    """Changes as the live view makes them: mostly one card's shares, now and then a card more or less."""
+    out = {}
+    for node in draw(st.lists(st.sampled_from(view.nodes), unique_by=lambda n: n.name, max_size=3)):
+        cards = list(node.cards)
+        action = draw(st.integers(0, 9))
+        if cards and action < 7:
+            j = draw(st.integers(0, len(cards) - 1))
+            c = cards[j]
+            cards[j] = placement.Card(c.index, c.capacity, draw(st.integers(0, 110)))
+        elif action < 9:
+            taken = {c.index for c in cards}
+            free = [k for k in range(6) if k not in taken]
+            if free:
+                cards.append(placement.Card(draw(st.sampled_from(free)), 100, draw(st.integers(0, 100))))
+        elif cards:
+            cards.pop(draw(st.integers(0, len(cards) - 1)))
+        out[node.name] = placement.Node(node.name, node.labels, node.taints, node.ready, node.unschedulable,
+                                        tuple(cards))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data(), views(), st.lists(asks, min_size=1, max_size=3), strategies)
+def test_incremental_updates_equal_a_full_rebuild(data, view, pods, strategy):
+    placement.choose(view, pods[0], strategy)  # the indexes exist, so replace_nodes updates them
+    for _step in range(data.draw(st.integers(1, 8))):
+        if not view.nodes:
+            break
+        if data.draw(st.integers(0, 4)) == 0:
+            view = placement.replace_nodes(view, data.draw(changes(view)))
+        else:
+            view = placement.replace_nodes(view, data.draw(share_changes(view)))
+        rebuilt = placement.View(nodes=view.nodes)
+        assert _usage_state(view._usage) == _usage_state(rebuilt._usage)
+        for ask in pods:
+            assert summary(placement.choose(view, ask, strategy)) == summary(placement.choose(rebuilt, ask, strategy))
+            assert summary(placement.choose(view, ask, strategy)) == summary(reference(view, ask, strategy))

@@ -1,8 +1,11 @@
-"""We test the real `gpushard serve` with the live view, end to end: two gunicorn workers, no
-cluster file, a kubeconfig pointing at a local server that speaks the Kubernetes API:
-- every worker lists and watches the API from the kubeconfig and reports the view synced on /readyz;
+"""We test the real `gpushard serve` with the live view, end to end: gunicorn with its default
+workers, no cluster file, a kubeconfig pointing at a local server that speaks the Kubernetes API:
+- the replica lists and watches the API once (one view, one watcher) and reports it synced on /readyz;
 - cards are chosen over the live view (the full card is passed over), with no fallback warning;
-- a change in the cluster reaches the choice without a restart.
+- a burst of reviews on separate connections shares one memory of choices: each review sees the
+  choices before it, so the nearly full card takes one pod and the rest go to the other card;
+- a change in the cluster reaches the choice without a restart;
+- asking for several workers says that their choices collide.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ current-context: fake
 
 
 def _cards(server, shares: str, count: int) -> list[tuple[int, list[str]]]:
-    """Review ``count`` pods, each on a new connection (so both workers answer some)."""
+    """Review ``count`` pods, each on a new connection (so any worker may answer each)."""
     out = []
     for i in range(count):
         pod = objects.pod(objects.container("train", shares), name=f"p{i}")
@@ -37,41 +40,60 @@ def _cards(server, shares: str, count: int) -> list[tuple[int, list[str]]]:
     return out
 
 
-def test_serve_chooses_over_the_live_view(fake, certs_dir, tmp_path, monkeypatch):
-    fake.put("nodes", o.node("gpu-a", {0: 100, 1: 100}))
-    fake.put("pods", o.pod("big", 0, 90, "gpu-a"))
+def _serve(fake, certs_dir, tmp_path, monkeypatch, *extra: str):
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(KUBECONFIG.format(url=fake.url))
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-
-    server = objects.Server(certs_dir, tmp_path / "unused.yaml", workers=2, threads=2)
+    server = objects.Server(certs_dir, tmp_path / "unused.yaml", *extra, threads=4)
     at = server.args.index("--cluster")
     del server.args[at:at + 2]  # no cluster file: the view is the Kubernetes API
-    server.start()
-    try:
-        deadline = time.monotonic() + 30
-        answers = []
-        while len(answers) < 8 or not all(b"synced" in a for a in answers[-8:]):
-            assert time.monotonic() < deadline, f"the view never synced: {answers[-3:]}\n{server.output()}"
-            status, _, body = server.request("GET", "/readyz")
-            answers.append(body if status == 200 and b"not synced" not in body and b"has not" not in body else b"")
-            time.sleep(0.05)
-        # Two workers each watch the API: both list nodes and pods from the kubeconfig's server.
-        lists = [p for m, p, _ in fake.requests if m == "GET" and p.startswith("/api/v1/nodes") and "watch" not in p]
-        assert len(lists) >= 2
+    at = server.args.index("--workers")
+    del server.args[at:at + 2]  # serve's own default
+    return server.start()
 
-        # Card 0 holds 90 of 100 shares: a quarter goes to card 1, in either worker.
-        for card, warnings in _cards(server, "0.25", 2):
-            assert card == 1 and warnings == []
+
+def _wait_synced(server) -> None:
+    deadline = time.monotonic() + 30
+    answers = []
+    while len(answers) < 8 or not all(b"synced" in a for a in answers[-8:]):
+        assert time.monotonic() < deadline, f"the view never synced: {answers[-3:]}\n{server.output()}"
+        status, _, body = server.request("GET", "/readyz")
+        answers.append(body if status == 200 and b"not synced" not in body and b"has not" not in body else b"")
+        time.sleep(0.05)
+
+
+def test_serve_chooses_over_the_live_view(fake, certs_dir, tmp_path, monkeypatch):
+    fake.put("nodes", o.node("gpu-a", {0: 100, 1: 100}))
+    fake.put("pods", o.pod("big", 0, 70, "gpu-a"))
+    server = _serve(fake, certs_dir, tmp_path, monkeypatch)
+    try:
+        _wait_synced(server)
+        # One view per replica: the nodes and the pods are each listed once, and watched by one thread.
+        lists = [p for m, p, _ in fake.requests if m == "GET" and "watch" not in p]
+        assert len([p for p in lists if p.startswith("/api/v1/nodes")]) == 1, lists
+        assert len([p for p in lists if p.startswith("/api/v1/pods")]) == 1, lists
+        assert "collide" not in server.output()
+
+        # Card 0 has 30 free: binpack puts the first quarter there; every later review, whichever
+        # connection and thread it comes on, sees that choice and goes to card 1.
+        assert [card for card, _ in _cards(server, "0.25", 4)] == [0, 1, 1, 1]
 
         # Card 1 fills up (on the API, not through the webhook); a new node's empty card 0 is next.
         fake.put("pods", o.pod("other", 1, 100, "gpu-a"))
         fake.put("nodes", o.node("gpu-b", {0: 100}))
-        # Before the watch delivers that, a quarter still goes to card 1 (card 0 of gpu-a has 10 free).
-        o.wait_for(lambda: _cards(server, "0.25", 1)[0][0] == 0, timeout=15, what="a worker to see gpu-b")
-        time.sleep(1.0)  # the other worker's watch delivers the same events
-        for card, warnings in _cards(server, "0.25", 3):
+        o.wait_for(lambda: _cards(server, "0.25", 1)[0][0] == 0, timeout=15, what="the view to see gpu-b")
+        for card, warnings in _cards(server, "0.25", 2):
             assert card == 0 and warnings == []
+    finally:
+        server.stop()
+
+
+def test_several_workers_are_told_their_choices_collide(fake, certs_dir, tmp_path, monkeypatch):
+    fake.put("nodes", o.node("gpu-a", {0: 100}))
+    server = _serve(fake, certs_dir, tmp_path, monkeypatch, "--workers", "2")
+    try:
+        _wait_synced(server)
+        assert "2 workers each keep their own cluster view" in server.output()
     finally:
         server.stop()

@@ -262,6 +262,12 @@ def serve(args: argparse.Namespace) -> int:
             static.load(args.cluster, settings_mod.load(args.config).policy.shares_per_card)
         except static.ViewFileError as exc:
             raise SystemExit(f"gpushard: bad cluster file: {exc}") from None
+    if args.workers > 1:
+        # Each worker is its own process with its own view and memory of choices: under a burst
+        # they pick the same nearly full card (docs/placement.md, "One view per replica").
+        log.warning("gpushard: %d workers each keep their own cluster view and memory of choices, so their "
+                    "choices collide under bursts; one worker (the default) with more --threads shares one",
+                    args.workers)
     client_timeout = getattr(args, "client_timeout", None) or CLIENT_TIMEOUT
     context = ReloadingContext(args.cert, args.key, client_timeout)
     # Loaded once in the master: every worker starts from a good pair, even one whose first

@@ -3,7 +3,8 @@
 Two daemon threads (nodes, pods) each list, then watch from the list's resourceVersion, relist
 on 410 Gone, and reconnect with backoff when the API fails or drops the connection. They keep
 an immutable ``placement.View`` up to date node by node (``placement.replace_nodes``), so an
-admission takes ``snapshot()`` without waiting on anything.
+admission takes ``snapshot()`` without waiting on anything. Lists come in pages, each reduced to
+what placement reads before the next; nodes are those the agent labelled with its cards.
 
 Shares a pod holds count on its node and card from the moment the watch shows it bound.
 Between a choice and that moment the view would not know of the pod, so a burst of pods
@@ -16,6 +17,8 @@ one, the node named by gpushard's preferred affinity term stands in for a while.
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import json
 import logging
 import math
@@ -42,6 +45,13 @@ REMEMBER_TTL_S = static.REMEMBER_TTL_S
 # resourceVersion. The read timeout above it catches connections that died silently.
 WATCH_TIMEOUT_S = 300
 LIST_TIMEOUT_S = 120
+# Lists come in pages: each is read and parsed on its own, and only the fields placement needs
+# are kept, so neither memory nor the interpreter lock held by one json.loads grows with the
+# cluster. 500 realistic pods are a few MiB of JSON, parsed in tens of milliseconds.
+LIST_PAGE = 500
+# A continue token the API server no longer honours (410 Gone) restarts the list; a list that
+# keeps losing its token (history compacted faster than we read) is an error that backs off.
+LIST_RESTARTS = 3
 CONNECT_TIMEOUT_S = 10
 BACKOFF_S = (0.5, 30.0)
 REMEMBER_WAIT_S = 0.05
@@ -53,7 +63,11 @@ class _Gone(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
 
-@dataclass
+class _ContinueGone(Exception):
+    """A list's continue token expired between two pages (410 Gone): start the list over."""
+
+
+@dataclass(slots=True)
 class _Pod:
     node: str | None
     shares: dict[int, int]  # card index -> shares held, counted as Kubernetes counts a pod
@@ -182,13 +196,15 @@ class KubeView:
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None, policy: Policy, *,
                  remember_ttl: float = REMEMBER_TTL_S, watch_timeout: int = WATCH_TIMEOUT_S,
-                 backoff: tuple[float, float] = BACKOFF_S, clock: Callable[[], float] = time.monotonic):
+                 backoff: tuple[float, float] = BACKOFF_S, clock: Callable[[], float] = time.monotonic,
+                 page_size: int = LIST_PAGE):
         self._api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
         self._policy = policy
         self._ttl = remember_ttl
         self._watch_timeout = watch_timeout
         self._backoff = backoff
         self._clock = clock
+        self._page_size = page_size
         self._lock = threading.Lock()  # guards everything below but _view and _inbox
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -203,6 +219,7 @@ class KubeView:
         self._next_deadline = math.inf
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
+        self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
         self._view: placement.View | None = None
 
     @classmethod
@@ -300,12 +317,35 @@ class KubeView:
         return fallback
 
     def _node(self, name: str) -> placement.Node | None:
+        """The node as the view shows it: its listed state with the shares held and remembered.
+
+        While the listed node is the one the current view's node was built from, only shares
+        can differ: unchanged cards are the current view's own objects, and a node with no
+        change is the current node itself, so a remembered choice builds one card.
+        """
         base = self._base.get(name)
         if base is None:
             return None
-        cards = tuple(placement.Card(c.index, c.capacity, self._used[(name, c.index)] + self._tentative[
-            (name, c.index)], c.uuid, c.model, c.memory_mib) for c in base.cards)
-        return placement.Node(base.name, base.labels, base.taints, base.ready, base.unschedulable, cards)
+        current = self._current.get(name)
+        if current is None or self._built_from.get(name) is not base:
+            node = placement.Node(base.name, base.labels, base.taints, base.ready, base.unschedulable, tuple(
+                placement.Card(c.index, c.capacity, self._used.get((name, c.index), 0)
+                               + self._tentative.get((name, c.index), 0), c.uuid, c.model, c.memory_mib)
+                for c in base.cards))
+            self._built_from[name] = base
+            return node
+        cards = current.cards
+        changed = None
+        for j, c in enumerate(cards):
+            used = self._used.get((name, c.index), 0) + self._tentative.get((name, c.index), 0)
+            if used != c.used:
+                if changed is None:
+                    changed = list(cards)
+                changed[j] = placement.Card(c.index, c.capacity, used, c.uuid, c.model, c.memory_mib)
+        if changed is None:
+            return current
+        return placement.Node(current.name, current.labels, current.taints, current.ready, current.unschedulable,
+                              tuple(changed))
 
     def _refresh(self, touched) -> None:
         if len(self._listed) < 2:
@@ -323,6 +363,7 @@ class KubeView:
                 changes[name] = node
                 if node is None:
                     self._current.pop(name, None)
+                    self._built_from.pop(name, None)
                 else:
                     self._current[name] = node
         if changes:
@@ -375,24 +416,31 @@ class KubeView:
                 touched.add(entry.node)
         return touched
 
-    def _apply_list(self, resource: str, items: list) -> None:
+    def _reduce(self, resource: str, items, into: dict) -> dict:
+        """Read listed objects into what placement keeps: nodes by name, pods by uid."""
+        if resource == NODES:
+            for obj in items:
+                node = _tolerant(read_node, obj, self._policy)
+                if node is not None:
+                    into[node.name] = node
+        else:
+            for obj in items:
+                into[_uid(obj)] = _tolerant(read_pod, obj, self._policy)
+        return into
+
+    def _apply_list(self, resource: str, fresh: dict | list) -> None:
+        """Replace the listed state of ``resource`` with ``fresh``: as ``_reduce`` reads it, or the raw objects."""
+        if isinstance(fresh, list):
+            fresh = self._reduce(resource, fresh, {})
         with self._lock:
             touched = self._catch_up()  # a remembered choice must be in place before its pod shows
             if resource == NODES:
-                fresh = {}
-                for obj in items:
-                    node = _tolerant(read_node, obj, self._policy)
-                    if node is not None:
-                        fresh[node.name] = node
                 touched |= set(self._base) | set(fresh)
                 self._base = fresh
             else:
-                seen = {}
-                for obj in items:
-                    seen[_uid(obj)] = _tolerant(read_pod, obj, self._policy)
-                for uid in [u for u in self._pods if u not in seen]:
+                for uid in [u for u in self._pods if u not in fresh]:
                     touched |= self._set_pod(uid, None)
-                for uid, pod in seen.items():
+                for uid, pod in fresh.items():
                     touched |= self._set_pod(uid, pod)
             self._listed.add(resource)
             self._refresh(touched | self._catch_up())
@@ -418,13 +466,52 @@ class KubeView:
         return self._api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False, **kwargs)
 
     def _list(self, resource: str) -> str:
-        response = self._call(resource, _request_timeout=(CONNECT_TIMEOUT_S, LIST_TIMEOUT_S))
-        try:
-            body = json.loads(response.data)
-        finally:
-            response.release_conn()
-        self._apply_list(resource, body.get("items") or [])
-        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+        """List ``resource`` page by page and apply it; the resourceVersion to watch from."""
+        for _attempt in range(LIST_RESTARTS):
+            try:
+                fresh, version = self._read_pages(resource)
+            except _ContinueGone:
+                log.info("gpushard: the %s list's continue token expired; listing again", resource)
+                continue
+            self._apply_list(resource, fresh)
+            # What the list built lives until the next list: moved out of the collector's sight,
+            # later full collections (set off by admissions' garbage) walk only newer objects.
+            gc.freeze()
+            return version
+        raise RuntimeError(f"the {resource} list lost its continue token {LIST_RESTARTS} times in a row")
+
+    def _read_pages(self, resource: str) -> tuple[dict, str]:
+        """Every page of a list, each parsed and reduced to what placement reads before the next is fetched.
+
+        The view in use stays as it is meanwhile: admissions keep choosing over the last good
+        snapshot until the whole list is in.
+        """
+        fresh: dict = {}
+        token = None
+        version = ""
+        while True:
+            kwargs = {"limit": self._page_size, "_request_timeout": (CONNECT_TIMEOUT_S, LIST_TIMEOUT_S)}
+            if token:
+                kwargs["_continue"] = token
+            try:
+                response = self._call(resource, **kwargs)
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 410 and token:
+                    raise _ContinueGone() from exc
+                raise
+            with _collector_paused():
+                try:
+                    body = json.loads(response.data)
+                finally:
+                    response.release_conn()
+                self._reduce(resource, body.get("items") or (), fresh)
+                meta = body.get("metadata") or {}
+                del body  # the page's objects go before the next page arrives
+            # Every page of one list carries the resourceVersion of the list's snapshot.
+            version = str(meta.get("resourceVersion") or version)
+            token = meta.get("continue")
+            if not token:
+                return fresh, version
 
     def _watch(self, resource: str, version: str) -> str:
         """Apply a watch's events until it ends; the last resourceVersion seen."""
@@ -478,6 +565,34 @@ class KubeView:
                             status or type(exc).__name__, delay)
                 self._stop.wait(delay)
                 delay = min(delay * 2, self._backoff[1])
+
+
+_collector_lock = threading.Lock()
+_collector_holders = [0, False]  # threads inside _collector_paused(); whether the collector was on
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Hold off the cyclic garbage collector while one page is parsed and reduced.
+
+    A page is a few hundred thousand short-lived containers, freed by reference counting the
+    moment the page is done. With the collector running they outlive a few young collections,
+    reach the oldest generation, and set off full collections over everything the process
+    holds, each a pause of every thread of a few hundred milliseconds at 50,000 pods. Paused
+    for the page (tens of milliseconds), none of them is ever promoted.
+    """
+    with _collector_lock:
+        if _collector_holders[0] == 0:
+            _collector_holders[1] = gc.isenabled()
+            gc.disable()
+        _collector_holders[0] += 1
+    try:
+        yield
+    finally:
+        with _collector_lock:
+            _collector_holders[0] -= 1
+            if _collector_holders[0] == 0 and _collector_holders[1]:
+                gc.enable()
 
 
 def _tolerant(reader, obj: dict, policy: Policy):

@@ -362,28 +362,79 @@ class _Usage:
         if node.cards:
             self.has_any |= bit
 
-    def _remove(self, i: int, node: Node) -> None:
-        keep = ~(1 << i)
-        for card in node.cards:
-            free = card.capacity - card.used
-            for table in (self.by_kf.get(card.index, {}), self.by_f):
-                bits = table.get(free, 0) & keep
-                if bits:
-                    table[free] = bits
-                else:
-                    table.pop(free, None)
-            self.has_k[card.index] = self.has_k.get(card.index, 0) & keep
-        self.has_any &= keep
-
     def derive(self, old: Mapping[int, Node], new: Mapping[int, Node]) -> _Usage:
-        """The index after the nodes at ``old``'s positions became ``new``'s (which may add positions)."""
-        usage = _Usage({k: dict(v) for k, v in self.by_kf.items()}, dict(self.by_f), dict(self.has_k),
-                       self.has_any)
-        for i, node in old.items():
-            usage._remove(i, node)
-        for i, node in new.items():
-            usage._add(i, node)
-        usage._sort()
+        """The index after the nodes at ``old``'s positions became ``new``'s (which may add positions).
+
+        Copy on write: only the tables a changed card moves in are copied, so a remembered
+        choice (one card's free shares) costs a few small dict copies, not the whole index.
+        The result equals ``_Usage.build`` over the new nodes.
+        """
+        usage = _Usage(dict(self.by_kf), self.by_f, self.has_k, self.has_any)
+        copied: set[int] = set()  # card indexes whose free-share table is already ours
+        fresh_f = fresh_k = False  # whether by_f, has_k are already ours
+        resort_f = resort_k = False
+        for i in set(old) | set(new):
+            was_cards = old[i].cards if i in old else ()
+            now_cards = new[i].cards if i in new else ()
+            if was_cards is now_cards:
+                continue
+            if len(was_cards) == len(now_cards):
+                # The common case (a remembered choice, a pod event): the same cards, a few of them
+                # new objects. Unchanged cards are the same objects and are skipped outright.
+                pairs = [(a, b) for a, b in zip(was_cards, now_cards, strict=True) if a is not b]
+                if all(a.index == b.index for a, b in pairs):
+                    before = {a.index: a.capacity - a.used for a, _b in pairs}
+                    after = {b.index: b.capacity - b.used for _a, b in pairs}
+                else:
+                    before = {c.index: c.capacity - c.used for c in was_cards}
+                    after = {c.index: c.capacity - c.used for c in now_cards}
+            else:
+                before = {c.index: c.capacity - c.used for c in was_cards}
+                after = {c.index: c.capacity - c.used for c in now_cards}
+            if before == after:
+                continue
+            bit = 1 << i
+            frees: set[int] = set()  # free-share counts whose "some card that free" bit may change
+            for k in set(before) | set(after):
+                was, now = before.get(k), after.get(k)
+                if was == now:
+                    continue
+                if k not in copied:
+                    usage.by_kf[k] = dict(usage.by_kf.get(k, {}))
+                    copied.add(k)
+                table = usage.by_kf[k]
+                if was is not None:
+                    frees.add(was)
+                    bits = table.get(was, 0) & ~bit
+                    if bits:
+                        table[was] = bits
+                    else:
+                        table.pop(was, None)
+                if now is not None:
+                    frees.add(now)
+                    table[now] = table.get(now, 0) | bit
+                if (was is None) != (now is None):
+                    if not fresh_k:
+                        usage.has_k = dict(usage.has_k)
+                        fresh_k = True
+                    usage.has_k[k] = (usage.has_k.get(k, 0) | bit) if now is not None else (usage.has_k[k] & ~bit)
+                    resort_k = True
+            if not fresh_f:
+                usage.by_f = dict(usage.by_f)
+                fresh_f = True
+            held = {c.capacity - c.used for c in now_cards}
+            for free in frees:
+                had = free in usage.by_f
+                bits = usage.by_f.get(free, 0)
+                bits = (bits | bit) if free in held else (bits & ~bit)
+                if bits:
+                    usage.by_f[free] = bits
+                else:
+                    usage.by_f.pop(free, None)
+                resort_f = resort_f or had != bool(bits)
+            usage.has_any = (usage.has_any | bit) if now_cards else (usage.has_any & ~bit)
+        usage.ks = sorted(k for k, bits in usage.has_k.items() if bits) if resort_k else self.ks
+        usage.fs = sorted(usage.by_f) if resort_f else self.fs
         return usage
 
     def search(self, mask: int, pin: int | None, shares: int, strategy: str) -> tuple[int, int] | None:
