@@ -5,6 +5,8 @@
  *   lost-<k>       while it exists, card k answers NVML_ERROR_GPU_IS_LOST, and so does the event set's
  *                  wait (as the real one does, without saying which card)
  *   xid-<k>        holds an Xid number; the event set reports it once for card k, then deletes the file
+ *   procs-<k>      compute processes on card k, one "<pid> <MiB>" a line; memory used is their sum
+ *   util-<k>       card k's utilization in percent (default 0); "unsupported" answers NOT_SUPPORTED
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -15,12 +17,17 @@
 
 #define NVML_SUCCESS 0
 #define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_GPU_IS_LOST 15
 #define XID_CRITICAL 0x8ULL
 
 typedef struct { unsigned long long total, free, used; } memory_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } process_t;
+typedef struct { unsigned int gpu, memory; } utilization_t;
+#define MAX_PROCS 256
 typedef struct {
     void *device;
     unsigned long long eventType, eventData;
@@ -66,6 +73,8 @@ const char *nvmlErrorString(int result) {
     case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     default: return "Unknown Error";
     }
 }
@@ -100,13 +109,70 @@ int nvmlDeviceGetName(void *device, char *name, unsigned int length) {
     return NVML_SUCCESS;
 }
 
+/* Card k's compute processes from procs-<k>; returns how many (at most MAX_PROCS). */
+static unsigned int read_procs(int k, process_t *out) {
+    char path[512];
+    unsigned int n = 0, pid;
+    unsigned long long mib;
+    snprintf(path, sizeof path, "%s/procs-%d", dir(), k);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    while (n < MAX_PROCS && fscanf(f, "%u %llu", &pid, &mib) == 2) {
+        memset(&out[n], 0, sizeof out[n]);
+        out[n].pid = pid;
+        out[n].usedGpuMemory = mib << 20;
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
 int nvmlDeviceGetMemoryInfo(void *device, memory_t *memory) {
+    process_t procs[MAX_PROCS];
     int k = index_of(device);
     if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
     if (lost(k)) return NVML_ERROR_GPU_IS_LOST;
     memory->total = 16ULL << 30;
     memory->used = 0;
-    memory->free = memory->total;
+    for (unsigned int i = 0, n = read_procs(k, procs); i < n; i++) memory->used += procs[i].usedGpuMemory;
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+/* The NVML convention: too small an array answers INSUFFICIENT_SIZE with the count needed. */
+int nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count, process_t *infos) {
+    process_t procs[MAX_PROCS];
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(k)) return NVML_ERROR_GPU_IS_LOST;
+    unsigned int n = read_procs(k, procs);
+    if (n > *count || (n > 0 && infos == NULL)) { *count = n; return NVML_ERROR_INSUFFICIENT_SIZE; }
+    memcpy(infos, procs, n * sizeof *procs);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetGraphicsRunningProcesses_v3(void *device, unsigned int *count, process_t *infos) {
+    (void)infos;
+    if (index_of(device) < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetUtilizationRates(void *device, utilization_t *util) {
+    char path[512], text[32] = "";
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(k)) return NVML_ERROR_GPU_IS_LOST;
+    snprintf(path, sizeof path, "%s/util-%d", dir(), k);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(text, sizeof text, f)) text[0] = 0;
+        fclose(f);
+    }
+    if (strncmp(text, "unsupported", 11) == 0) return NVML_ERROR_NOT_SUPPORTED;
+    util->gpu = (unsigned int)atoi(text);
+    util->memory = 0;
     return NVML_SUCCESS;
 }
 

@@ -4,7 +4,9 @@
 - a card that stops answering NVML is lost, and is Healthy again when it answers;
 - NVML's "a GPU is lost" from the event set: the cards are probed at once and only the silent one is lost;
   another card's Xid survives that loss and its recovery, while the lost card's own Xid is cleared by it;
-- `gpushard agent` on that backend registers every card and pins Allocate to the card's UUID.
+- `gpushard agent` on that backend registers every card and pins Allocate to the card's UUID;
+- usage: memory used and total, utilization (or none where unsupported), the processes with their memory
+  (through NVML's ask-for-the-size-first protocol), the count of critical Xids, and no entry for a lost card.
 The library is loaded by soname, so each check runs in a child process with LD_LIBRARY_PATH set.
 """
 
@@ -33,6 +35,19 @@ print(json.dumps([dataclasses.asdict(c) for c in devices.cards()]), flush=True)
 for line in sys.stdin:
     event = devices.wait_event(float(line))
     print(json.dumps(dataclasses.asdict(event) if event else None), flush=True)
+devices.close()
+"""
+
+USAGE = """
+import dataclasses, json, sys
+from webhook.agent import nvml
+devices = nvml.NvmlDevices(probe_interval=60)
+for line in sys.stdin:
+    if line.strip() == "usage":
+        print(json.dumps({u: dataclasses.asdict(x) for u, x in devices.usage().items()}), flush=True)
+    else:
+        event = devices.wait_event(float(line))
+        print(json.dumps(dataclasses.asdict(event) if event else None), flush=True)
 devices.close()
 """
 
@@ -190,3 +205,44 @@ def test_the_agent_on_nvml_registers_and_pins_cards(fake_nvml):
             proc.communicate()
         kubelet.stop()
         fakekubelet.remove_tree(plugin_dir)
+
+
+def test_usage_through_nvml(fake_nvml):
+    env, control = fake_nvml
+    put(control, "cards", "3")
+    put(control, "procs-0", "4242 1024\n4343 512\n")
+    put(control, "util-0", "37")
+    put(control, "util-1", "unsupported")
+    proc = subprocess.Popen([sys.executable, "-c", USAGE], cwd=ROOT, env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        def ask(line):
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            answer = proc.stdout.readline()
+            assert answer, proc.stderr.read()
+            return json.loads(answer)
+
+        assert set(ask("usage")) == {"GPU-fake-0000", "GPU-fake-0001", "GPU-fake-0002"}
+        put(control, "lost-2")
+        usage = ask("usage")
+        assert set(usage) == {"GPU-fake-0000", "GPU-fake-0001"}  # the lost card does not answer
+        assert usage["GPU-fake-0000"] == {
+            "memory_used_bytes": 1536 << 20, "memory_total_bytes": 16 << 30, "utilization_percent": 37,
+            "processes": [{"pid": 4242, "used_bytes": 1024 << 20}, {"pid": 4343, "used_bytes": 512 << 20}],
+            "xid_errors": 0}
+        assert usage["GPU-fake-0001"]["utilization_percent"] is None
+        assert usage["GPU-fake-0001"]["processes"] == []
+
+        (control / "lost-2").unlink()
+        put(control, "xid-1", "79")
+        put(control, "xid-0", "13")  # application Xids are not counted
+        while ask("0.3") is not None:
+            pass
+        usage = ask("usage")
+        assert (usage["GPU-fake-0000"]["xid_errors"], usage["GPU-fake-0001"]["xid_errors"]) == (0, 1)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+        proc.stderr.close()

@@ -51,6 +51,33 @@ class HealthEvent:
     reason: str = ""
 
 
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process NVML lists on a card; ``pid`` is in the host's PID namespace (the driver knows no other)."""
+
+    pid: int
+    used_bytes: int | None  # None where NVML cannot tell
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one card is doing right now, as NVML reports it."""
+
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilization_percent: int | None  # None where the card does not report it
+    processes: tuple[Process, ...] = ()
+    xid_errors: int = 0  # critical Xids seen on this card since the agent started
+
+
+def idle_usage(card: Card) -> Usage:
+    """An idle card: nothing used, no process."""
+    return Usage(memory_used_bytes=0, memory_total_bytes=card.memory_mib * MIB, utilization_percent=0)
+
+
 class Devices(Protocol):
     """What the agent needs to know about the GPUs; the rest of the agent sees nothing else."""
 
@@ -59,6 +86,9 @@ class Devices(Protocol):
 
     def wait_event(self, timeout: float) -> HealthEvent | None:
         """The next health change, or None when ``timeout`` seconds pass without one."""
+
+    def usage(self) -> dict[str, Usage]:
+        """Each answering card's usage by UUID; a card that does not answer is left out."""
 
     def close(self) -> None:
         """Release the backend; no call follows."""
@@ -74,6 +104,9 @@ class NullDevices:
 
     def cards(self) -> list[Card]:
         return []
+
+    def usage(self) -> dict[str, Usage]:
+        return {}
 
     def wait_event(self, timeout: float) -> HealthEvent | None:
         self._closed.wait(timeout)
@@ -153,6 +186,7 @@ class FakeDevices:
         self._stamp = self._file_stamp()
         # What the file said last, so that a re-read reports only changes.
         self._seen = {c.uuid: (True, True) for c in self._cards}
+        self._usage = {c.uuid: idle_usage(c) for c in self._cards}
 
     @classmethod
     def from_file(cls, path: str | Path, poll: float = 0.5) -> FakeDevices:
@@ -198,6 +232,16 @@ class FakeDevices:
     def inject(self, event: HealthEvent) -> None:
         self._events.put(event)
 
+    def set_usage(self, uuid: str, usage: Usage) -> None:
+        """What ``usage`` reports for one card from now on (tests and demos play workloads with it)."""
+        if uuid not in self._usage:
+            raise KeyError(f"gpushard: no card {uuid!r} in this inventory")
+        self._usage[uuid] = usage
+
+    def usage(self) -> dict[str, Usage]:
+        # A card removed from the file does not answer, as a lost card does not answer NVML.
+        return {uuid: usage for uuid, usage in self._usage.items() if self._seen[uuid][1]}
+
     def wait_event(self, timeout: float) -> HealthEvent | None:
         deadline = time.monotonic() + timeout
         while True:
@@ -239,6 +283,8 @@ class NvmlDevices:
         try:
             self._cards = self._discover()
             self._state = {c.uuid: {"lost": False, "xid": False} for c in self._cards}
+            self._xids = {c.uuid: 0 for c in self._cards}
+            self._closed = False
             self._events = self._register_events()
         except pynvml.NVMLError as exc:
             pynvml.nvmlShutdown()
@@ -333,6 +379,7 @@ class NvmlDevices:
             uuid = None
         targets = [uuid] if uuid in self._state else [c.uuid for c in self._cards]
         for target in targets:
+            self._xids[target] += 1
             self._set(target, f"critical Xid {xid}", xid=True)
 
     def wait_event(self, timeout: float) -> HealthEvent | None:
@@ -349,8 +396,53 @@ class NvmlDevices:
                 self._wait_xid(min(remaining, self._next_probe - now))
             return self._pending.pop(0)
 
+    def _processes(self, handle) -> tuple[Process, ...]:
+        nv = self._nvml
+        found: dict[int, int | None] = {}
+        for lister in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
+            try:
+                listed = lister(handle)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) == nv.NVML_ERROR_NOT_SUPPORTED:
+                    continue
+                raise
+            for proc in listed:
+                used = proc.usedGpuMemory
+                # A process using compute and graphics is listed twice with the same memory.
+                if proc.pid not in found or (used is not None and used > (found[proc.pid] or 0)):
+                    found[int(proc.pid)] = None if used is None else int(used)
+        return tuple(Process(pid, used) for pid, used in sorted(found.items()))
+
+    def _card_usage(self, card: Card) -> Usage:
+        nv = self._nvml
+        handle = nv.nvmlDeviceGetHandleByUUID(card.uuid)
+        memory = nv.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            utilization: int | None = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) != nv.NVML_ERROR_NOT_SUPPORTED:
+                raise
+            utilization = None
+        return Usage(memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total),
+                     utilization_percent=utilization, processes=self._processes(handle),
+                     xid_errors=self._xids[card.uuid])
+
+    def usage(self) -> dict[str, Usage]:
+        # No lock: NVML's queries are thread-safe, and the health thread holds the lock while it
+        # waits for events; a scrape must not wait behind it.
+        found = {}
+        for card in self._cards:
+            if self._closed:
+                break
+            try:
+                found[card.uuid] = self._card_usage(card)
+            except self._nvml.NVMLError as exc:
+                log.debug("gpushard: card %d (%s) gave no usage: %s", card.index, card.uuid, exc)
+        return found
+
     def close(self) -> None:
         nv = self._nvml
+        self._closed = True
         with self._lock:
             try:
                 if self._events is not None:

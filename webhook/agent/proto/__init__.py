@@ -1,1 +1,1 @@
-"""Stubs generated from deviceplugin.proto (device plugins, v1beta1) and podresources.proto (PodResources, v1); regenerate with `make proto`."""
+"""Stubs generated from our .proto files for the kubelet's gRPC APIs; regenerate with `make proto`."""
