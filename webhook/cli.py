@@ -168,6 +168,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not write the inventory annotation and label on the Node")
     p.add_argument("--poll-interval", type=float, default=1.0, metavar="SECONDS",
                    help="how often to check for a restarted kubelet (default: 1)")
+    p.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                   help="serve per-card and per-pod GPU metrics on PORT at /metrics (default: 0, none)")
+    p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                   help="the kubelet's PodResources socket, for the shares each container holds")
+    p.add_argument("--proc-root", default="/proc",
+                   help="the host's /proc, for each GPU process's cgroup (default: /proc)")
     p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("audit", help="audit manifests, or the live cluster, against gpushard's rules")

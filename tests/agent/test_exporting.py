@@ -11,12 +11,18 @@ a fake /proc tree with cgroup files in three runtime layouts, and NVML process l
   the API shows the new ID;
 - the memory cap appears only when isolation gives one;
 - PodResources down: card series stay, container series go, and podresources_up says 0;
-- the metrics served over HTTP on the agent's own port.
+- the metrics served over HTTP on the agent's own port, and `gpushard agent --metrics-port` end to end
+  (fake inventory, stand-in PodResources, fake /proc, pods named through a kubeconfig to the local API).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
+import sys
+import time
 import urllib.request
 
 import pytest
@@ -27,6 +33,7 @@ from tests.fakekube import FakeKube
 from webhook.agent import attributing, exporting, health, nvml, podlisting, podresources
 from webhook.core import policy as policy_mod
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NODE = "node-a"
 GIB = 1 << 30
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA L4", 16384), nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 16384)]
@@ -225,3 +232,59 @@ def test_served_on_its_own_port(node):
         assert value(parse(text), "gpushard_agent_podresources_up") == 1
     finally:
         server.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_agent_serves_metrics_end_to_end(node, tmp_path):
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"cards": [{"index": c.index, "uuid": c.uuid, "model": c.model,
+                                                "memoryMiB": c.memory_mib} for c in CARDS]}))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": node.kube.url}}],
+        "users": [{"name": "fake", "user": {}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}))
+    plugin_dir = fakekubelet.short_tempdir()
+    kubelet = fakekubelet.FakeKubelet(plugin_dir).start()
+    port = _free_port()
+    env = dict(os.environ, KUBECONFIG=str(kubeconfig), NODE_NAME=NODE)
+    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", "agent", "--fake-inventory", str(inventory),
+                             "--device-plugin-dir", plugin_dir, "--no-publish", "--metrics-port", str(port),
+                             "--pod-resources-socket", node.server.path, "--proc-root", node.fake.proc_root],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    text = response.read().decode()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "the agent never served its metrics"
+                time.sleep(0.2)
+        s = parse(text)
+        # The fake inventory's cards are idle: the pods hold shares and use nothing.
+        assert value(s, "gpushard_container_shares", pod="train", container="trainer") == 25
+        assert value(s, "gpushard_container_memory_used_bytes", pod="train") == 0
+        assert value(s, "gpushard_card_shares_allocated", gpu="1") == 70
+        assert value(s, "gpushard_agent_podresources_up") == 1
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=15)
+        kubelet.stop()
+        fakekubelet.remove_tree(plugin_dir)
+    assert proc.returncode == 0, err
+
+
+def test_a_bad_metrics_port_is_a_usage_error():
+    result = subprocess.run([sys.executable, "-m", "webhook.cli", "agent", "--no-publish", "--allow-no-gpus",
+                             "--metrics-port", "70000"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "gpushard: --metrics-port must be a port number (0 for none), got 70000" in result.stderr

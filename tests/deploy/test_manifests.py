@@ -26,6 +26,7 @@ We test:
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 from pathlib import Path
@@ -312,7 +313,24 @@ def test_agent_mounts_exactly_the_kubelet_folders_it_uses(base):
     wanted = {kubelet.DEVICE_PLUGIN_DIR}
     if "pod-resources" in source:
         wanted.add("/var/lib/kubelet/pod-resources")
+    # The host's /proc, read-only, where the metrics read GPU processes' cgroups (instead of hostPID).
+    if args.metrics_port:
+        from webhook.agent import podresources
+
+        wanted.add("/proc")
+        assert mounted[args.proc_root] == "/proc"
+        assert os.path.dirname(args.pod_resources_socket) == "/var/lib/kubelet/pod-resources"
+        assert os.path.dirname(podresources.SOCKET) == "/var/lib/kubelet/pod-resources"
+        read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
+        assert {args.proc_root, "/var/lib/kubelet/pod-resources"} <= read_only
+        assert not pod.get("hostPID")
     assert set(mounted.values()) == wanted
+
+
+def test_agent_serves_metrics_on_its_named_port(base):
+    container = _agent_pod(base)["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == _args(container).metrics_port
 
 
 # --- overlays ------------------------------------------------------------------------------

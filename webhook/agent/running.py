@@ -11,7 +11,18 @@ import threading
 from collections.abc import Callable
 
 from webhook import settings as settings_mod
-from webhook.agent import allocation, deviceplugin, health, kubelet, nvml, publishing
+from webhook.agent import (
+    allocation,
+    attributing,
+    deviceplugin,
+    exporting,
+    health,
+    kubelet,
+    nvml,
+    podlisting,
+    podresources,
+    publishing,
+)
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
@@ -82,6 +93,9 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
     if not args.poll_interval > 0:
         return _fail(EXIT_USAGE, f"gpushard: --poll-interval must be a positive number of seconds, "
                                  f"got {args.poll_interval}")
+    if not 0 <= args.metrics_port <= 65535:
+        return _fail(EXIT_USAGE, "gpushard: --metrics-port must be a port number (0 for none), "
+                                 f"got {args.metrics_port}")
     node_name = args.node_name or os.environ.get("NODE_NAME")
     if not args.no_publish and not node_name:
         return _fail(EXIT_USAGE, "gpushard: no node name to publish the inventory on: pass --node-name, "
@@ -96,6 +110,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         return _fail(EXIT_USAGE, f"gpushard: bad inventory file: {exc}")
 
     publisher = None
+    api = None
     if not args.no_publish:
         try:
             api = publishing.api_client()
@@ -115,6 +130,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    metrics = None
     try:
         try:
             agent.start()
@@ -123,11 +139,43 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                      f"{exc} (the agent needs that host folder mounted read-write)")
         log.info("gpushard: %d card(s); serving %s in %s", len(agent.cards),
                  ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
+        try:
+            metrics = _serve_metrics(args, settings, agent, api, node_name)
+        except OSError as exc:
+            return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}")
         while not stop.wait(1.0):
             pass
     finally:
+        if metrics is not None:
+            metrics.close()
         agent.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     log.info("gpushard: agent stopped")
     return 0
+
+
+def _serve_metrics(args: argparse.Namespace, settings: settings_mod.Settings, agent: Agent, api,
+                   node_name: str | None) -> exporting.Server | None:
+    """The per-card and per-container metrics on ``--metrics-port`` (0: none)."""
+    if not args.metrics_port:
+        return None
+    policy = settings.policy
+    pods = None
+    if api is None:
+        try:
+            api = publishing.api_client()
+        except Exception as exc:  # kubernetes.config raises several unrelated types
+            log.warning("gpushard: no Kubernetes API credentials (%s); GPU processes are not tied to pods", exc)
+    if api is not None and node_name:
+        pods = podlisting.NodePods(api, node_name)
+    client = podresources.Client(args.pod_resources_socket)
+    # Isolation, where configured, caps each container's memory; without it there is no cap to report.
+    isolation = getattr(settings, "isolation", None) or getattr(policy, "isolation", None)
+    observer = exporting.Observer(node_name or "", agent.cards, agent.devices, agent.board, policy,
+                                  lambda: client.holdings(policy), attributing.ProcReader(args.proc_root), pods,
+                                  exporting.memory_cap_for(isolation, policy.shares_per_card))
+    server = exporting.Server(exporting.new_registry(observer), args.metrics_port)
+    log.info("gpushard: metrics on port %d (processes read from %s, shares from %s)", server.port,
+             args.proc_root, args.pod_resources_socket)
+    return server
