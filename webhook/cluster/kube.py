@@ -202,6 +202,12 @@ class KubeView:
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._view: placement.View | None = None
+        # For the webhook's metrics, by resource: lists and watches made, watches that failed, and
+        # the wall-clock time the API server last said anything (a list, an event, a bookmark).
+        self.lists: collections.Counter = collections.Counter()
+        self.watches: collections.Counter = collections.Counter()
+        self.watch_errors: collections.Counter = collections.Counter()
+        self.heard_at: dict[str, float] = {}
 
     @classmethod
     def start(cls, settings: settings_mod.Settings | None = None,
@@ -420,6 +426,8 @@ class KubeView:
         finally:
             response.release_conn()
         self._apply_list(resource, body.get("items") or [])
+        self.lists[resource] += 1
+        self.heard_at[resource] = time.time()
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     def _watch(self, resource: str, version: str) -> str:
@@ -428,8 +436,10 @@ class KubeView:
                               timeout_seconds=self._watch_timeout,
                               _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout + 30))
         self._responses[resource] = response
+        self.watches[resource] += 1
         try:
             for line in _lines(response, self._stop):
+                self.heard_at[resource] = time.time()
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
@@ -466,6 +476,7 @@ class KubeView:
             except Exception as exc:  # noqa: BLE001 - any failure: back off and start over
                 if self._stop.is_set():
                     break
+                self.watch_errors[resource] += 1
                 status = getattr(exc, "status", None)
                 if status == 410:
                     version = None
