@@ -5,7 +5,7 @@ test talks HTTP to this server through the real kubernetes client.
 
 It keeps namespaces, nodes, pods and the pod-template workloads (core, apps/v1 and batch/v1)
 in memory, answers list (with labelSelector and
-fieldSelector on metadata.name), get, merge-patch of nodes, and watch streams with
+fieldSelector on metadata.name), get, merge-patch of nodes, GETs through the pod proxy, and watch streams with
 resourceVersions; it can expire history (watches from older versions get 410 Gone) and
 drop every open watch connection.
 """
@@ -17,7 +17,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import jsonpatch
 import jsonpointer
@@ -69,6 +69,9 @@ class FakeKube:
         self.oldest_rv = 0  # watches from before this get 410 Gone
         self.requests: list[tuple[str, str, bytes]] = []  # (method, path with query, body)
         self.fail_next: list[int] = []  # HTTP status codes to answer the next requests with
+        # The pod proxy (GET .../pods/<name>:<port>/proxy/<path>): (namespace, name, port) -> handler(path)
+        # giving (status, body); a pod with no handler answers 503 as the API server does for no endpoint.
+        self.proxies: dict[tuple[str, str, int], object] = {}
         self._generation = 0  # bumped to drop open watches
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -200,8 +203,28 @@ class FakeKube:
                     return False
                 return True
 
+            def _proxy(self) -> bool:
+                parts = [unquote(p) for p in urlparse(self.path).path.split("/")]
+                if len(parts) < 8 or parts[1:4] != ["api", "v1", "namespaces"] or parts[5] != "pods" \
+                        or parts[7] != "proxy":
+                    return False
+                namespace, (name, _, port) = parts[4], parts[6].partition(":")
+                handler = fake.proxies.get((namespace, name, int(port or 80)))
+                if handler is None:
+                    self._status(503, "ServiceUnavailable", f"no endpoints available for pod {name!r}")
+                    return True
+                code, body = handler("/".join(parts[8:]))
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return True
+
             def do_GET(self):
                 if not self._before():
+                    return
+                if self._proxy():
                     return
                 resource, namespace, name, query = self._route()
                 if resource is None:

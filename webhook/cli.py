@@ -107,6 +107,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 2 if settings is None else auditing.run_status(args, settings)
 
 
+# --- top ---------------------------------------------------------------------------------------
+
+def cmd_top(args: argparse.Namespace) -> int:
+    import kubernetes
+
+    from webhook import auditing, topping
+
+    try:
+        client = auditing.api_client(args.kubeconfig, args.context)
+    except auditing.UsageError as exc:
+        print(exc, file=sys.stderr)
+        return topping.EXIT_USAGE
+    return topping.run_top(args, kubernetes.client.CoreV1Api(client))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpushard", description="Fractional GPUs on Kubernetes: one pod, one physical card.")
@@ -193,6 +208,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", help="kubeconfig context to use (default: the current context)")
     p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("top", help="shares held against GPU memory and utilization used, per card and pod")
+    p.add_argument("what", nargs="?", choices=("all", "cards", "pods"), default="all",
+                   help="cards, pods, or both (default)")
+    p.add_argument("-n", "--namespace", help="only pods in this namespace")
+    p.add_argument("--node", help="only this node")
+    p.add_argument("--sort-by", choices=("memory", "shares"), help="order the pods by memory used or shares held")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.add_argument("--agent-namespace", default="gpushard-system",
+                   help="where the agents run (default: gpushard-system)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
+    p.add_argument("--context", help="kubeconfig context to use (default: the current context)")
+    p.set_defaults(func=cmd_top)
     return parser
 
 
