@@ -50,6 +50,8 @@ NAMESPACE = "gpushard-system"
 SHARED_NODE_LABEL = "gpushard.io/shared-node"
 # Required fields of the cert-manager objects (no schema for them ships with kubernetes-validate).
 CERT_MANAGER_REQUIRED = {"Issuer": (), "Certificate": ("secretName", "issuerRef")}
+# The same for the Prometheus operator's monitors (tests/deploy/test_monitoring.py checks them closely).
+MONITOR_REQUIRED = {"PodMonitor": ("selector", "podMetricsEndpoints"), "ServiceMonitor": ("selector", "endpoints")}
 
 
 def _find(objects: list[dict], kind: str, name: str | None = None) -> dict:
@@ -78,6 +80,10 @@ def _agent_pod(objects: list[dict]) -> dict:
 def _validate(obj: dict, where: str) -> None:
     if obj["apiVersion"].startswith("cert-manager.io/"):
         for field in CERT_MANAGER_REQUIRED[obj["kind"]]:
+            assert field in obj["spec"], f"{where}: {obj['kind']} needs spec.{field}"
+        return
+    if obj["apiVersion"] == "monitoring.coreos.com/v1":
+        for field in MONITOR_REQUIRED[obj["kind"]]:
             assert field in obj["spec"], f"{where}: {obj['kind']} needs spec.{field}"
         return
     for version in (OLDEST, NEWEST):
