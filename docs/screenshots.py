@@ -240,6 +240,7 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
     view = kube_view.KubeView.start(settings_mod.Settings(), api_client=kube.api_client(), watch_timeout=30)
     seen: set[str] = set()
     scrapes = []
+    last_agent_text[0] = ""
     try:
         for minute in range(minutes + 1):
             wave = math.sin(minute / 4.0)
@@ -268,6 +269,7 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
                 usage = devices.usage()[cards[1].uuid]
                 devices.set_usage(cards[1].uuid, dataclasses.replace(usage, xid_errors=1))
             text = exporting.text(agent)
+            last_agent_text[0] = text
             # The webhook's live view watches the same API server: the pods as the webhook rewrote them.
             for name in sorted(seen - set(present)):
                 kube.delete("pods", name, pods[name].namespace)
@@ -300,6 +302,18 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
         kubelet.stop()
         kube.stop()
     return scrapes
+
+
+last_agent_text = [""]  # the agent's last scrape, for `gpushard top`'s sample in docs/metrics.md
+
+
+def top_sample() -> str:
+    """What `gpushard top` prints for the last minute of the run."""
+    from webhook import topping
+
+    cards, pods = topping.parse(last_agent_text[0])
+    pods.sort(key=lambda p: (p.node, p.gpu, p.namespace, p.pod, p.container))
+    return topping.cards_table(cards) + "\n" + topping.pods_table(pods)
 
 
 def _used(view, card: int) -> int | None:
@@ -411,6 +425,8 @@ def main() -> int:
     scrapes = simulate()
     for path in render(scrapes):
         print(path.relative_to(ROOT))
+    print("\n$ gpushard top   # the run's last minute, as docs/metrics.md shows it")
+    print(top_sample(), end="")
     return 0
 
 
