@@ -245,17 +245,21 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
         for minute in range(minutes + 1):
             wave = math.sin(minute / 4.0)
             present = ["train", "infer", "notebook", "batch"] + (["eval"] if minute >= 25 else [])
-            trainer.processes = [(1001, int(900 + 95 * minute)), (1002, 600)]  # grows past its share
-            server.processes = [(1101, int(7200 + 400 * wave))]
-            jupyter.processes = [(1201, 2500 + 20 * minute)] if minute < 20 else []  # the notebook stops
+            # (pid, MiB, SM %) of each container's processes on its card.
+            trainer.processes = [(1001, int(900 + 95 * minute), 30 + 8 * wave), (1002, 600, 6)]  # grows past its share
+            server.processes = [(1101, int(7200 + 400 * wave), 38 + 14 * wave)]
+            jupyter.processes = [(1201, 2500 + 20 * minute, 4)] if minute < 20 else []  # the notebook stops
             if minute == 40:
                 worker.restarts = 1  # the kubelet restarts it: a new container ID
-            worker.processes = [(1301 + worker.restarts, int(5200 if minute < 40 else 300 * (minute - 40) + 500))]
-            evaluator.processes = [(1401, 2600 + 30 * (minute - 25))] if minute >= 27 else []
+            worker.processes = [(1301 + worker.restarts, int(5200 if minute < 40 else 300 * (minute - 40) + 500),
+                                 22 + 8 * math.cos(minute / 5.0) if minute >= 5 else 2)]
+            evaluator.processes = [(1401, 2600 + 30 * (minute - 25), 12)] if minute >= 27 else []
             node.pods = [pods[name] for name in present]
             node.loose = {1: [(2001, 700, "0::/system.slice/render.service\n")]} if 10 <= minute < 30 else {}
-            node.utilization = {0: int(72 + 18 * wave), 1: int(35 + 12 * math.cos(minute / 5.0)) if minute >= 5
-                                else 8}
+            # The card's utilization: its processes' SM time, and a little the host's process adds.
+            node.utilization = {k: min(100, round(sum(p[2] for pod in node.pods for c in pod.containers
+                                                      if c.card == k for p in c.processes)
+                                                  + (6 if k == 1 and node.loose else 0))) for k in (0, 1)}
             node.sync()
             kubelet.set(node.pod_resources())
             for pod in node.pods:

@@ -2,7 +2,8 @@
 through the pod proxy path (GET /api/v1/namespaces/<ns>/pods/<agent>:<port>/proxy/metrics):
 - it finds the running agent pods by label and their named metrics port;
 - the card table (shares held of capacity, memory used of total, utilization, health) and the pod table
-  (shares, memory used, memory share, cap, OVER for a container above its share), node by node;
+  (shares, memory used, memory share, cap, utilization where reported, OVER for a container above its
+  share), node by node;
 - an agent that does not answer is named on stderr and the others still show; none answering,
   or no agent at all, is exit status 1 with a message; JSON output; filters by node and namespace;
 - the metrics text `gpushard top` reads is the agent's own exposition (webhook.agent.exporting).
@@ -31,14 +32,14 @@ def agent_text(node: str, rows: list[exporting.CardRow]) -> bytes:
 
 def card(index: int, used_mib: int, util: int, *containers: exporting.ContainerRow, healthy: bool = True):
     c = nvml.Card(index, f"GPU-{index}", "NVIDIA L4", 16384)
-    usage = nvml.Usage(used_mib * MIB, 16384 * MIB, util)
+    usage = nvml.Usage(used_mib * MIB, 16384 * MIB, util, process_utilization=index == 0)
     return exporting.CardRow(c, healthy, True, usage, shares_allocated=sum(r.shares for r in containers),
                              containers=list(containers))
 
 
-def row(ns: str, pod: str, container: str, shares: int, used_mib: int, cap: bool = False):
+def row(ns: str, pod: str, container: str, shares: int, used_mib: int, cap: bool = False, sm: float = 0.0):
     share = shares * 16384 * MIB // 100
-    return exporting.ContainerRow(ns, pod, container, shares, share, share if cap else None, used_mib * MIB, 1)
+    return exporting.ContainerRow(ns, pod, container, shares, share, share if cap else None, used_mib * MIB, 1, sm)
 
 
 def agent_pod(name: str, node: str, port: int = 9401, phase: str = "Running") -> dict:
@@ -74,7 +75,8 @@ def test_top_reads_every_agent_through_the_proxy(kube, capsys):
     kube.put("pods", agent_pod("agent-c", "node-c", phase="Pending"))
     kube.put("pods", {**agent_pod("unrelated", "node-a"), "metadata": {"name": "unrelated", "namespace": NS}})
     text_a = agent_text("node-a", [
-        card(0, 6548, 87, row("ml", "train", "trainer", 25, 4500), row("ml", "infer", "server", 50, 2048)),
+        card(0, 6548, 87, row("ml", "train", "trainer", 25, 4500, sm=52),
+             row("ml", "infer", "server", 50, 2048, sm=35)),
         card(1, 1024, 12, row("lab", "batch", "worker", 40, 1024, cap=True), healthy=False)])
     text_b = agent_text("node-b", [card(0, 0, 0, row("lab", "notebook", "jupyter", 30, 0))])
     kube.proxies[(NS, "agent-a", 9401)] = lambda path: (200, text_a) if path == "metrics" else (404, b"")
@@ -88,11 +90,13 @@ def test_top_reads_every_agent_through_the_proxy(kube, capsys):
     assert lines[2].split() == ["node-a", "1", "NVIDIA", "L4", "40/100", "1024Mi/16384Mi", "12%", "0Mi", "Unhealthy"]
     assert lines[3].split()[:5] == ["node-b", "0", "NVIDIA", "L4", "30/100"]
     pods = [line.split() for line in lines[5:]]
-    assert pods[0] == ["NAMESPACE", "POD", "CONTAINER", "NODE", "GPU", "SHARES", "MEMORY", "MEMORY-SHARE", "CAP"]
-    assert ["ml", "train", "trainer", "node-a", "0", "25", "4500Mi", "4096Mi", "-", "OVER"] in pods
-    assert ["ml", "infer", "server", "node-a", "0", "50", "2048Mi", "8192Mi", "-"] in pods
-    assert ["lab", "batch", "worker", "node-a", "1", "40", "1024Mi", "6554Mi", "6554Mi"] in pods
-    assert ["lab", "notebook", "jupyter", "node-b", "0", "30", "0Mi", "4915Mi", "-"] in pods
+    assert pods[0] == ["NAMESPACE", "POD", "CONTAINER", "NODE", "GPU", "SHARES", "MEMORY", "MEMORY-SHARE", "CAP",
+                       "UTIL"]
+    assert ["ml", "train", "trainer", "node-a", "0", "25", "4500Mi", "4096Mi", "-", "52%", "OVER"] in pods
+    assert ["ml", "infer", "server", "node-a", "0", "50", "2048Mi", "8192Mi", "-", "35%"] in pods
+    # Card 1 reports no per-process utilization.
+    assert ["lab", "batch", "worker", "node-a", "1", "40", "1024Mi", "6554Mi", "6554Mi", "-"] in pods
+    assert ["lab", "notebook", "jupyter", "node-b", "0", "30", "0Mi", "4915Mi", "-", "0%"] in pods
     proxied = [unquote(p) for m, p, _ in kube.requests if "/proxy/" in p]
     assert sorted(proxied) == [f"/api/v1/namespaces/{NS}/pods/agent-a:9401/proxy/metrics",
                                f"/api/v1/namespaces/{NS}/pods/agent-b:9500/proxy/metrics"]

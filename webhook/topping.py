@@ -57,6 +57,7 @@ class PodTop:
     memory_used: int | None = None
     memory_share: int = 0
     memory_cap: int | None = None
+    utilization: float | None = None  # 0..1, its processes' share of the card's SM time
     over_share: bool = False
 
 
@@ -77,7 +78,8 @@ def parse(text: str) -> tuple[list[CardTop], list[PodTop]]:
                    "gpushard_card_unattributed_memory_bytes": "unattributed_memory"}
     pod_fields = {"gpushard_container_shares": "shares", "gpushard_container_memory_used_bytes": "memory_used",
                   "gpushard_container_memory_share_bytes": "memory_share",
-                  "gpushard_container_memory_cap_bytes": "memory_cap", "gpushard_container_over_share": "over_share"}
+                  "gpushard_container_memory_cap_bytes": "memory_cap", "gpushard_container_over_share": "over_share",
+                  "gpushard_container_utilization_ratio": "utilization"}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = sample.labels
@@ -184,14 +186,20 @@ def cards_table(cards: list[CardTop]) -> str:
     return _table(["NODE", "GPU", "MODEL", "SHARES", "MEMORY", "UTIL", "UNATTRIBUTED", "HEALTH"], [
         [c.node, str(c.gpu), c.model, f"{c.shares}/{c.capacity}",
          f"{_mib(c.memory_used)}/{_mib(c.memory_total)}",
-         "-" if c.utilization is None else f"{round(c.utilization * 100)}%",
+         _percent(c.utilization),
          _mib(c.unattributed_memory), "Healthy" if c.healthy else "Unhealthy"] for c in cards])
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{round(value * 100)}%"
+
+
 def pods_table(pods: list[PodTop]) -> str:
-    return _table(["NAMESPACE", "POD", "CONTAINER", "NODE", "GPU", "SHARES", "MEMORY", "MEMORY-SHARE", "CAP", ""], [
+    return _table(["NAMESPACE", "POD", "CONTAINER", "NODE", "GPU", "SHARES", "MEMORY", "MEMORY-SHARE", "CAP", "UTIL",
+                   ""], [
         [p.namespace, p.pod, p.container, p.node, str(p.gpu), str(p.shares), _mib(p.memory_used),
-         _mib(p.memory_share), _mib(p.memory_cap), "OVER" if p.over_share else ""] for p in pods])
+         _mib(p.memory_share), _mib(p.memory_cap), _percent(p.utilization), "OVER" if p.over_share else ""]
+        for p in pods])
 
 
 def run_top(args, core, out: IO[str] | None = None, err: IO[str] | None = None) -> int:

@@ -36,7 +36,7 @@ class Container:
     shares: int = 0
     first: int = 0
     restarts: int = 0
-    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, MiB) on its card
+    processes: list[tuple] = field(default_factory=list)  # (pid, MiB) or (pid, MiB, SM %) on its card
 
     def cid(self, pod: Pod) -> str:
         return container_id(pod.namespace, pod.name, self.name, str(self.restarts))
@@ -97,18 +97,19 @@ class FakeNode:
         per_card: dict[int, list[nvml.Process]] = {}
         for pod in self.pods:
             for c in pod.containers:
-                for pid, mib in c.processes:
+                for pid, mib, *sm in c.processes:
                     self.write_proc(pid, LAYOUTS[pod.layout](pod.uid, c.cid(pod)))
-                    per_card.setdefault(c.card, []).append(nvml.Process(pid, mib * MIB))
+                    per_card.setdefault(c.card, []).append(nvml.Process(pid, mib * MIB, float(sm[0]) if sm else 0.0))
         for card, procs in self.loose.items():
             for pid, mib, cgroup in procs:
                 self.write_proc(pid, cgroup)
-                per_card.setdefault(card, []).append(nvml.Process(pid, mib * MIB))
+                per_card.setdefault(card, []).append(nvml.Process(pid, mib * MIB, 0.0))
         for card in self.devices.cards():
             procs = tuple(sorted(per_card.get(card.index, []), key=lambda p: p.pid))
             self.devices.set_usage(card.uuid, nvml.Usage(
                 memory_used_bytes=sum(p.used_bytes for p in procs), memory_total_bytes=card.memory_mib * MIB,
-                utilization_percent=self.utilization.get(card.index, 0), processes=procs))
+                utilization_percent=self.utilization.get(card.index, 0), processes=procs,
+                process_utilization=True))
 
     def pod_resources(self) -> list[pb.PodResources]:
         return [p.pod_resources() for p in self.pods]

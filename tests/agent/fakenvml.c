@@ -5,7 +5,9 @@
  *   lost-<k>       while it exists, card k answers NVML_ERROR_GPU_IS_LOST, and so does the event set's
  *                  wait (as the real one does, without saying which card)
  *   xid-<k>        holds an Xid number; the event set reports it once for card k, then deletes the file
- *   procs-<k>      compute processes on card k, one "<pid> <MiB>" a line; memory used is their sum
+ *   procs-<k>      compute processes on card k, one "<pid> <MiB> [<SM %>]" a line; memory used is their
+ *                  sum; a process with an SM % gives one utilization sample (none at all: NOT_FOUND)
+ *   procutil-<k>   while it exists, card k answers NOT_SUPPORTED for process utilization
  *   util-<k>       card k's utilization in percent (default 0); "unsupported" answers NOT_SUPPORTED
  */
 #include <stdint.h>
@@ -27,6 +29,8 @@
 typedef struct { unsigned long long total, free, used; } memory_t;
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } process_t;
 typedef struct { unsigned int gpu, memory; } utilization_t;
+typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; }
+    process_sample_t;
 #define MAX_PROCS 256
 typedef struct {
     void *device;
@@ -109,23 +113,30 @@ int nvmlDeviceGetName(void *device, char *name, unsigned int length) {
     return NVML_SUCCESS;
 }
 
-/* Card k's compute processes from procs-<k>; returns how many (at most MAX_PROCS). */
-static unsigned int read_procs(int k, process_t *out) {
-    char path[512];
+/* Card k's compute processes from procs-<k>; returns how many (at most MAX_PROCS). sm[i] is the
+ * process's SM %, or -1 when its line gives none (sm may be NULL). */
+static unsigned int read_procs_sm(int k, process_t *out, int *sm) {
+    char path[512], line[256];
     unsigned int n = 0, pid;
     unsigned long long mib;
+    int util;
     snprintf(path, sizeof path, "%s/procs-%d", dir(), k);
     FILE *f = fopen(path, "r");
     if (!f) return 0;
-    while (n < MAX_PROCS && fscanf(f, "%u %llu", &pid, &mib) == 2) {
+    while (n < MAX_PROCS && fgets(line, sizeof line, f)) {
+        int got = sscanf(line, "%u %llu %d", &pid, &mib, &util);
+        if (got < 2) continue;
         memset(&out[n], 0, sizeof out[n]);
         out[n].pid = pid;
         out[n].usedGpuMemory = mib << 20;
+        if (sm) sm[n] = got == 3 ? util : -1;
         n++;
     }
     fclose(f);
     return n;
 }
+
+static unsigned int read_procs(int k, process_t *out) { return read_procs_sm(k, out, NULL); }
 
 int nvmlDeviceGetMemoryInfo(void *device, memory_t *memory) {
     process_t procs[MAX_PROCS];
@@ -213,4 +224,34 @@ int nvmlEventSetWait_v2(void *set, event_data_t *data, unsigned int timeout_ms) 
         if (waited >= timeout_ms) return NVML_ERROR_TIMEOUT;
         nanosleep(&step, NULL);
     }
+}
+
+/* One sample per process with an SM % in procs-<k>, stamped 1000 + the line's position (microseconds),
+ * so that asking again from the newest stamp gives nothing new: NOT_FOUND, as NVML answers. */
+int nvmlDeviceGetProcessUtilization(void *device, process_sample_t *samples, unsigned int *count,
+                                    unsigned long long lastSeen) {
+    process_t procs[MAX_PROCS];
+    int sm[MAX_PROCS];
+    char path[512];
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(k)) return NVML_ERROR_GPU_IS_LOST;
+    snprintf(path, sizeof path, "%s/procutil-%d", dir(), k);
+    if (access(path, F_OK) == 0) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int n = read_procs_sm(k, procs, sm), found = 0;
+    process_sample_t out[MAX_PROCS];
+    for (unsigned int i = 0; i < n; i++) {
+        unsigned long long stamp = 1000 + i;
+        if (sm[i] < 0 || stamp <= lastSeen) continue;
+        memset(&out[found], 0, sizeof out[found]);
+        out[found].pid = procs[i].pid;
+        out[found].timeStamp = stamp;
+        out[found].smUtil = (unsigned int)sm[i];
+        found++;
+    }
+    if (found == 0) return NVML_ERROR_NOT_FOUND;
+    if (samples == NULL || *count < found) { *count = found; return NVML_ERROR_INSUFFICIENT_SIZE; }
+    memcpy(samples, out, found * sizeof *out);
+    *count = found;
+    return NVML_SUCCESS;
 }

@@ -2,7 +2,8 @@
 the stand-in PodResources server over a unix socket, the pods from a local Kubernetes API server,
 a fake /proc tree with cgroup files in three runtime layouts, and NVML process lists from the fake backend:
 - per card: memory used and total, utilization, shares allocated and capacity, health, Xid count;
-- per container holding shares: its shares, its memory used, its share of memory, its process count;
+- per container holding shares: its shares, its memory used, its share of memory, its process count
+  and its processes' SM utilization;
   a container above its share is flagged; a pod whose processes exited shows zero use;
 - processes of the host or of containers holding no shares count as unattributed, never as a pod's;
 - only containers with shares get series (a sidecar without shares gets none), and a pod that
@@ -66,7 +67,8 @@ def node(tmp_path):
     devices = nvml.FakeDevices(CARDS)
     fake = fakenode.FakeNode(str(proc_root), devices)
     fake.pods = [
-        fakenode.Pod("ml", "train", [fakenode.Container("trainer", 0, 25, 0, processes=[(1001, 3000), (1002, 1500)]),
+        fakenode.Pod("ml", "train", [fakenode.Container("trainer", 0, 25, 0,
+                                                        processes=[(1001, 3000, 40), (1002, 1500, 25)]),
                                      fakenode.Container("sidecar")], layout="cgroupfs-v1"),
         fakenode.Pod("ml", "infer", [fakenode.Container("server", 0, 50, 25, processes=[(1101, 2048)])]),
         fakenode.Pod("lab", "notebook", [fakenode.Container("jupyter", 1, 30, 0)], layout="systemd-v2-crio"),
@@ -127,6 +129,7 @@ def test_cards_and_containers_on_a_shared_node(node):
     assert value(s, "gpushard_container_memory_share_bytes", **trainer) == 4 * GIB
     assert value(s, "gpushard_container_gpu_processes", **trainer) == 2
     assert value(s, "gpushard_container_over_share", **trainer) == 1  # 4500 MiB > 4096 MiB
+    assert value(s, "gpushard_container_utilization_ratio", **trainer) == 0.65  # two processes, 40 % + 25 %
 
     server = dict(pod="infer", container="server")
     assert value(s, "gpushard_container_memory_used_bytes", **server) == 2 * GIB
@@ -137,6 +140,7 @@ def test_cards_and_containers_on_a_shared_node(node):
     assert value(s, "gpushard_container_shares", **notebook) == 30
     assert value(s, "gpushard_container_memory_used_bytes", **notebook) == 0
     assert value(s, "gpushard_container_gpu_processes", **notebook) == 0
+    assert value(s, "gpushard_container_utilization_ratio", **notebook) == 0
 
     # The host's process and the one of a pod without shares are nobody's share.
     assert value(s, "gpushard_card_unattributed_memory_bytes", **card1) == 500 << 20

@@ -6,7 +6,8 @@
   another card's Xid survives that loss and its recovery, while the lost card's own Xid is cleared by it;
 - `gpushard agent` on that backend registers every card and pins Allocate to the card's UUID;
 - usage: memory used and total, utilization (or none where unsupported), the processes with their memory
-  (through NVML's ask-for-the-size-first protocol), the count of critical Xids, and no entry for a lost card.
+  (through NVML's ask-for-the-size-first protocol) and their SM utilization since the last scrape (none
+  where unsupported, 0 when no sample came), the count of critical Xids, and no entry for a lost card.
 The library is loaded by soname, so each check runs in a child process with LD_LIBRARY_PATH set.
 """
 
@@ -210,9 +211,10 @@ def test_the_agent_on_nvml_registers_and_pins_cards(fake_nvml):
 def test_usage_through_nvml(fake_nvml):
     env, control = fake_nvml
     put(control, "cards", "3")
-    put(control, "procs-0", "4242 1024\n4343 512\n")
+    put(control, "procs-0", "4242 1024 30\n4343 512\n")
     put(control, "util-0", "37")
     put(control, "util-1", "unsupported")
+    put(control, "procutil-1")
     proc = subprocess.Popen([sys.executable, "-c", USAGE], cwd=ROOT, env=env, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -223,16 +225,21 @@ def test_usage_through_nvml(fake_nvml):
             assert answer, proc.stderr.read()
             return json.loads(answer)
 
-        assert set(ask("usage")) == {"GPU-fake-0000", "GPU-fake-0001", "GPU-fake-0002"}
+        first = ask("usage")
+        assert set(first) == {"GPU-fake-0000", "GPU-fake-0001", "GPU-fake-0002"}
+        assert first["GPU-fake-0000"] == {
+            "memory_used_bytes": 1536 << 20, "memory_total_bytes": 16 << 30, "utilization_percent": 37,
+            "processes": [{"pid": 4242, "used_bytes": 1024 << 20, "sm_percent": 30.0},
+                          {"pid": 4343, "used_bytes": 512 << 20, "sm_percent": 0.0}],
+            "xid_errors": 0, "process_utilization": True}
         put(control, "lost-2")
         usage = ask("usage")
         assert set(usage) == {"GPU-fake-0000", "GPU-fake-0001"}  # the lost card does not answer
-        assert usage["GPU-fake-0000"] == {
-            "memory_used_bytes": 1536 << 20, "memory_total_bytes": 16 << 30, "utilization_percent": 37,
-            "processes": [{"pid": 4242, "used_bytes": 1024 << 20}, {"pid": 4343, "used_bytes": 512 << 20}],
-            "xid_errors": 0}
+        # No sample since the last scrape (NVML's NOT_FOUND): the processes ran nothing.
+        assert [p["sm_percent"] for p in usage["GPU-fake-0000"]["processes"]] == [0.0, 0.0]
         assert usage["GPU-fake-0001"]["utilization_percent"] is None
         assert usage["GPU-fake-0001"]["processes"] == []
+        assert usage["GPU-fake-0001"]["process_utilization"] is False
 
         (control / "lost-2").unlink()
         put(control, "xid-1", "79")

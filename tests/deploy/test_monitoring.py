@@ -103,7 +103,7 @@ def _exported_metric_names() -> set[str]:
     from webhook.agent import exporting, nvml
 
     card = nvml.Card(0, "GPU-0", "m", 1024)
-    row = exporting.CardRow(card, True, True, nvml.Usage(0, 1024 * nvml.MIB, 1), containers=[
+    row = exporting.CardRow(card, True, True, nvml.Usage(0, 1024 * nvml.MIB, 1, process_utilization=True), containers=[
         exporting.ContainerRow("ns", "p", "c", 10, 100, 100)])
     text = exporting.text(exporting.new_registry(lambda: exporting.Observation("n", 100, [row], True)))
     names = {s.name for f in text_string_to_metric_families(text) for s in f.samples}

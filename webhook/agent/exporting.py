@@ -38,6 +38,7 @@ class ContainerRow:
     cap_bytes: int | None  # the memory cap isolation gives it, if any
     used_bytes: int = 0
     processes: int = 0
+    sm_percent: float = 0.0  # its processes' share of the card's SM time, summed
 
     @property
     def over_share(self) -> bool:
@@ -157,6 +158,7 @@ class Observer:
                 else:
                     owner.used_bytes += used
                     owner.processes += 1
+                    owner.sm_percent += proc.sm_percent or 0.0
             row.containers = sorted(holders.values(), key=lambda r: (r.namespace, r.pod, r.container))
             rows.append(row)
         return Observation(self.node, self.policy.shares_per_card, rows, up, time.perf_counter() - started)
@@ -190,6 +192,9 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
     k_cap = gauge("gpushard_container_memory_cap_bytes", "The memory cap isolation gives the container",
                   CONTAINER_LABELS)
     k_procs = gauge("gpushard_container_gpu_processes", "The container's processes on the card", CONTAINER_LABELS)
+    k_util = gauge("gpushard_container_utilization_ratio",
+                   "Share of the card's SM time the container's processes used since the last scrape (where NVML "
+                   "reports it per process)", CONTAINER_LABELS)
     k_over = gauge("gpushard_container_over_share",
                    "1 when the container uses more of the card's memory than its shares give it", CONTAINER_LABELS)
     for row in obs.cards:
@@ -214,6 +219,8 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
             if row.usage is not None:
                 k_used.add_metric(clabels, c.used_bytes)
                 k_procs.add_metric(clabels, c.processes)
+                if row.usage.process_utilization:
+                    k_util.add_metric(clabels, min(1.0, c.sm_percent / 100))
                 k_over.add_metric(clabels, 1 if c.over_share else 0)
     up = gauge("gpushard_agent_podresources_up", "1 when the kubelet's PodResources API answered this scrape",
                ["node"])
@@ -221,7 +228,7 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
     took = gauge("gpushard_agent_scrape_duration_seconds", "Time to gather this scrape", ["node"])
     took.add_metric([obs.node], obs.seconds)
     yield from (g_total, g_used, g_util, g_cap, g_alloc, g_health, c_xid, g_unattr, g_unproc,
-                k_shares, k_used, k_share, k_cap, k_procs, k_over, up, took)
+                k_shares, k_used, k_share, k_cap, k_procs, k_util, k_over, up, took)
 
 
 class Collector(registry.Collector):

@@ -60,6 +60,7 @@ class Process:
 
     pid: int
     used_bytes: int | None  # None where NVML cannot tell
+    sm_percent: float | None = None  # its share of the card's SM time lately; None where not reported
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Usage:
     utilization_percent: int | None  # None where the card does not report it
     processes: tuple[Process, ...] = ()
     xid_errors: int = 0  # critical Xids seen on this card since the agent started
+    process_utilization: bool = False  # whether the processes' sm_percent was reported (0 when idle)
 
 
 def idle_usage(card: Card) -> Usage:
@@ -284,6 +286,7 @@ class NvmlDevices:
             self._cards = self._discover()
             self._state = {c.uuid: {"lost": False, "xid": False} for c in self._cards}
             self._xids = {c.uuid: 0 for c in self._cards}
+            self._seen_sample: dict[str, int] = {}  # per card: the newest process-utilization sample seen
             self._closed = False
             self._events = self._register_events()
         except pynvml.NVMLError as exc:
@@ -396,7 +399,7 @@ class NvmlDevices:
                 self._wait_xid(min(remaining, self._next_probe - now))
             return self._pending.pop(0)
 
-    def _processes(self, handle) -> tuple[Process, ...]:
+    def _processes(self, handle, card_uuid: str) -> tuple[tuple[Process, ...], bool]:
         nv = self._nvml
         found: dict[int, int | None] = {}
         for lister in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
@@ -411,7 +414,29 @@ class NvmlDevices:
                 # A process using compute and graphics is listed twice with the same memory.
                 if proc.pid not in found or (used is not None and used > (found[proc.pid] or 0)):
                     found[int(proc.pid)] = None if used is None else int(used)
-        return tuple(Process(pid, used) for pid, used in sorted(found.items()))
+        sm, supported = self._process_utilization(handle, card_uuid)
+        return tuple(Process(pid, used, sm.get(pid, 0.0) if supported else None)
+                     for pid, used in sorted(found.items())), supported
+
+    def _process_utilization(self, handle, card_uuid: str) -> tuple[dict[int, float], bool]:
+        """Each process's mean SM utilization over the samples since the last scrape, and whether the card
+        reports it at all. NVML keeps a short buffer of samples; asking from the last seen timestamp
+        gives this scrape's window."""
+        nv = self._nvml
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(handle, self._seen_sample.get(card_uuid, 0))
+        except nv.NVMLError as exc:
+            value = getattr(exc, "value", None)
+            if value == nv.NVML_ERROR_NOT_FOUND:  # no sample since then: nothing ran
+                return {}, True
+            if value == nv.NVML_ERROR_NOT_SUPPORTED:
+                return {}, False
+            raise
+        per_pid: dict[int, list[int]] = {}
+        for sample in samples:
+            per_pid.setdefault(int(sample.pid), []).append(int(sample.smUtil))
+            self._seen_sample[card_uuid] = max(self._seen_sample.get(card_uuid, 0), int(sample.timeStamp))
+        return {pid: sum(v) / len(v) for pid, v in per_pid.items()}, True
 
     def _card_usage(self, card: Card) -> Usage:
         nv = self._nvml
@@ -423,9 +448,10 @@ class NvmlDevices:
             if getattr(exc, "value", None) != nv.NVML_ERROR_NOT_SUPPORTED:
                 raise
             utilization = None
+        processes, per_process = self._processes(handle, card.uuid)
         return Usage(memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total),
-                     utilization_percent=utilization, processes=self._processes(handle),
-                     xid_errors=self._xids[card.uuid])
+                     utilization_percent=utilization, processes=processes, xid_errors=self._xids[card.uuid],
+                     process_utilization=per_process)
 
     def usage(self) -> dict[str, Usage]:
         # No lock: NVML's queries are thread-safe, and the health thread holds the lock while it
