@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from prometheus_client import core as prom
 from prometheus_client import exposition, registry
 
-from webhook.agent import attributing, health, nvml, podlisting, podresources
+from webhook.agent import attributing, health, nvml, podlisting, podresources, publishing
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
@@ -269,3 +269,28 @@ class Server:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board, api,
+          node_name: str | None) -> Server | None:
+    """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts."""
+    if not args.metrics_port:
+        return None
+    policy = settings.policy
+    pods = None
+    if api is None:
+        try:
+            api = publishing.api_client()
+        except Exception as exc:  # kubernetes.config raises several unrelated types
+            log.warning("gpushard: no Kubernetes API credentials (%s); GPU processes are not tied to pods", exc)
+    if api is not None and node_name:
+        pods = podlisting.NodePods(api, node_name)
+    client = podresources.Client(args.pod_resources_socket)
+    # Isolation, where configured, caps each container's memory; without it there is no cap to report.
+    isolation = getattr(settings, "isolation", None) or getattr(policy, "isolation", None)
+    observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy),
+                        attributing.ProcReader(args.proc_root), pods, memory_cap_for(isolation, policy.shares_per_card))
+    server = Server(new_registry(observer), args.metrics_port)
+    log.info("gpushard: metrics on port %d (processes read from %s, shares from %s)", server.port,
+             args.proc_root, args.pod_resources_socket)
+    return server

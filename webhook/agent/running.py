@@ -11,18 +11,7 @@ import threading
 from collections.abc import Callable
 
 from webhook import settings as settings_mod
-from webhook.agent import (
-    allocation,
-    attributing,
-    deviceplugin,
-    exporting,
-    health,
-    kubelet,
-    nvml,
-    podlisting,
-    podresources,
-    publishing,
-)
+from webhook.agent import allocation, deviceplugin, exporting, health, kubelet, nvml, publishing
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
@@ -140,7 +129,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         log.info("gpushard: %d card(s); serving %s in %s", len(agent.cards),
                  ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
         try:
-            metrics = _serve_metrics(args, settings, agent, api, node_name)
+            metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name)
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}")
         while not stop.wait(1.0):
@@ -153,29 +142,3 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
             signal.signal(signum, handler)
     log.info("gpushard: agent stopped")
     return 0
-
-
-def _serve_metrics(args: argparse.Namespace, settings: settings_mod.Settings, agent: Agent, api,
-                   node_name: str | None) -> exporting.Server | None:
-    """The per-card and per-container metrics on ``--metrics-port`` (0: none)."""
-    if not args.metrics_port:
-        return None
-    policy = settings.policy
-    pods = None
-    if api is None:
-        try:
-            api = publishing.api_client()
-        except Exception as exc:  # kubernetes.config raises several unrelated types
-            log.warning("gpushard: no Kubernetes API credentials (%s); GPU processes are not tied to pods", exc)
-    if api is not None and node_name:
-        pods = podlisting.NodePods(api, node_name)
-    client = podresources.Client(args.pod_resources_socket)
-    # Isolation, where configured, caps each container's memory; without it there is no cap to report.
-    isolation = getattr(settings, "isolation", None) or getattr(policy, "isolation", None)
-    observer = exporting.Observer(node_name or "", agent.cards, agent.devices, agent.board, policy,
-                                  lambda: client.holdings(policy), attributing.ProcReader(args.proc_root), pods,
-                                  exporting.memory_cap_for(isolation, policy.shares_per_card))
-    server = exporting.Server(exporting.new_registry(observer), args.metrics_port)
-    log.info("gpushard: metrics on port %d (processes read from %s, shares from %s)", server.port,
-             args.proc_root, args.pod_resources_socket)
-    return server
