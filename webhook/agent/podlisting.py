@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 MIN_INTERVAL_S = 5.0  # at most one list per this long, however many unknown containers a scrape finds
 MAX_AGE_S = 60.0  # and one at least this often, so that deleted pods leave the index
-TIMEOUT_S = 10.0
+TIMEOUT_S = 5.0  # inside a scrape: stay well under Prometheus's default 10 s scrape timeout
 
 
 @dataclass(frozen=True)
