@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -199,7 +200,8 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
     from webhook.core import names
     from webhook.core import policy as policy_mod
 
-    workdir = workdir or tempfile.mkdtemp(prefix="gsd-", dir="/tmp")
+    own = workdir is None
+    workdir = workdir or tempfile.mkdtemp(prefix="gsd-", dir="/tmp")  # short: unix socket paths are limited
     proc_root = os.path.join(workdir, "proc")
     os.makedirs(proc_root, exist_ok=True)
     cards = [nvml.Card(0, "GPU-5f1c0a7e-0000-4000-8000-000000000000", "NVIDIA L4", 23034),
@@ -305,6 +307,8 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
         client.close()
         kubelet.stop()
         kube.stop()
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
     return scrapes
 
 
