@@ -36,6 +36,10 @@ proto: $(STAMP)
 		--grpc_python_out=webhook/agent/proto webhook/agent/proto/deviceplugin.proto
 	sed -i 's/^import deviceplugin_pb2/from webhook.agent.proto import deviceplugin_pb2/' \
 		webhook/agent/proto/deviceplugin_pb2_grpc.py
+	$(PY) -m grpc_tools.protoc -I webhook/agent/proto --python_out=webhook/agent/proto \
+		--grpc_python_out=webhook/agent/proto webhook/agent/proto/podresources.proto
+	sed -i 's/^import podresources_pb2/from webhook.agent.proto import podresources_pb2/' \
+		webhook/agent/proto/podresources_pb2_grpc.py
 
 # The container engine: docker, else podman; IMAGE=registry.example.com/gpushard:0.1.0 to name it.
 IMAGE ?= gpushard:dev

@@ -5,8 +5,8 @@ test talks HTTP to this server through the real kubernetes client.
 
 It keeps namespaces, nodes, pods and the pod-template workloads (core, apps/v1 and batch/v1)
 in memory, answers list (with labelSelector and
-fieldSelector on metadata.name, and pages with limit/continue), get, merge-patch of nodes, and
-watch streams with resourceVersions (an object that stops matching a watch's label selector is
+fieldSelector on metadata.name, and pages with limit/continue), get, merge-patch of nodes, GETs through
+the pod proxy, and watch streams with resourceVersions (an object that stops matching a watch's label selector is
 sent as DELETED, as the API server does); it can expire history (watches from older versions,
 and continue tokens issued before, get 410 Gone) and drop every open watch connection; with
 ``tokens`` set it authenticates bearer tokens (401) and lets each read only its namespaces (403),
@@ -21,7 +21,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import jsonpatch
 import jsonpointer
@@ -76,6 +76,9 @@ class FakeKube:
         # Bearer tokens and the namespaces each may read (None: everything), as RBAC would allow;
         # None here means no authentication at all. A namespace's own object counts as inside it.
         self.tokens: dict[str, tuple[str, ...] | None] | None = None
+        # The pod proxy (GET .../pods/<name>:<port>/proxy/<path>): (namespace, name, port) -> handler(path)
+        # giving (status, body); a pod with no handler answers 503 as the API server does for no endpoint.
+        self.proxies: dict[tuple[str, str, int], object] = {}
         self._generation = 0  # bumped to drop open watches
         self.compactions = 0  # bumped by expire_history: continue tokens issued before it get 410 Gone
         self.before: dict[int, dict] = {}  # resourceVersion of a MODIFIED event -> the object before it
@@ -231,8 +234,28 @@ class FakeKube:
                                                f'"{group}" {scope}')
                 return False
 
+            def _proxy(self) -> bool:
+                parts = [unquote(p) for p in urlparse(self.path).path.split("/")]
+                if len(parts) < 8 or parts[1:4] != ["api", "v1", "namespaces"] or parts[5] != "pods" \
+                        or parts[7] != "proxy":
+                    return False
+                namespace, (name, _, port) = parts[4], parts[6].partition(":")
+                handler = fake.proxies.get((namespace, name, int(port or 80)))
+                if handler is None:
+                    self._status(503, "ServiceUnavailable", f"no endpoints available for pod {name!r}")
+                    return True
+                code, body = handler("/".join(parts[8:]))
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return True
+
             def do_GET(self):
                 if not self._before():
+                    return
+                if self._proxy():
                     return
                 resource, namespace, name, query = self._route()
                 if resource is None:

@@ -139,21 +139,17 @@ def _add_status(sub) -> None:
 
 
 def _add_top(sub) -> None:
-    """`top`, where its module is part of this installation; it takes the same kubectl flags."""
-    import importlib.util
-    import pathlib
-
-    # Only a module of this very package: an editable install elsewhere can make another checkout's
-    # webhook.topping findable too.
-    spec = importlib.util.find_spec("webhook.topping")
-    if spec is None or not spec.origin or pathlib.Path(spec.origin).parent != pathlib.Path(__file__).parent:
-        return
-    from webhook import topping
-
-    p = sub.add_parser("top", help="GPU use per pod and per card", parents=[kubectl.flags()])
-    p.add_argument("--config", help="gpushard config file")
-    p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
-    p.set_defaults(func=topping.cmd_top)
+    p = sub.add_parser("top", help="shares held against GPU memory and utilization used, per card and pod",
+                       parents=[kubectl.flags(scope=False, outputs=(kubectl.JSON, kubectl.YAML))])
+    p.add_argument("what", nargs="?", choices=("all", "cards", "pods"), default="all",
+                   help="cards, pods, or both (default)")
+    p.add_argument("-n", "--namespace", help="only pods in this namespace")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="pods of every namespace (the default)")
+    p.add_argument("--node", help="only this node")
+    p.add_argument("--sort-by", choices=("memory", "shares"), help="order the pods by memory used or shares held")
+    p.add_argument("--agent-namespace", default="gpushard-system",
+                   help="where the agents run (default: gpushard-system)")
+    p.set_defaults(func=cmd_top)
 
 
 PLUGIN_COMMANDS = ("status", "audit", "top", "review")
@@ -171,6 +167,19 @@ def build_plugin_parser() -> argparse.ArgumentParser:
     _add_top(sub)
     _add_review(sub)
     return parser
+
+
+# --- top ---------------------------------------------------------------------------------------
+
+def cmd_top(args: argparse.Namespace) -> int:
+    from webhook import connecting, topping
+
+    try:
+        conn = kubectl.client_for(args)
+    except connecting.ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return kubectl.USAGE
+    return topping.run_top(args, conn)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mps-root", default="/run/gpushard/mps", metavar="DIR",
                    help="with isolation: mps, the host folder for each card's MPS pipe and log folders and the "
                         "shared shm folder, mounted at the same path in the agent (default: /run/gpushard/mps)")
+    p.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                   help="serve per-card and per-pod GPU metrics on PORT at /metrics (default: 0, none)")
+    p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                   help="the kubelet's PodResources socket, for the shares each container holds")
+    p.add_argument("--proc-root", default="/proc",
+                   help="the host's /proc, for each GPU process's cgroup (default: /proc)")
     p.set_defaults(func=cmd_agent)
 
     _add_review(sub)

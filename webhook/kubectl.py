@@ -24,7 +24,7 @@ EXIT_CODES = (
             "or an unexpected error (the one-line message says which)"),
     (UNREACHABLE, "the Kubernetes API could not be reached, refused the credentials (401) or forbade a "
                   "call (403), or lacks an object the command needs (`certs --install`: the webhook "
-                  "configuration)"),
+                  "configuration; `top`: an agent serving metrics)"),
     (INTERRUPTED, "interrupted (Ctrl-C)"),
 )
 

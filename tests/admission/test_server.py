@@ -2,7 +2,8 @@
 - a client that trusts only the CA and checks the Service's name reviews a pod and a Deployment through
   /mutate and a pod through /audit, several reviews on one kept-alive connection, the uid echoed;
 - a client trusting another CA, or checking another name, is refused at the handshake;
-- /healthz, /readyz, and /metrics summed over both workers, reflecting the requests made;
+- /healthz, /readyz, and /metrics summed over both workers, reflecting the requests made, with the
+  view's state and the certificate's expiry;
 - a body that is no AdmissionReview is a 400, one announced over the size limit a 413, over the wire;
 - bad certificate, key, bind or cluster arguments stop `serve` with a message naming the problem.
 """
@@ -91,6 +92,10 @@ def test_metrics_add_up_over_every_worker(server):
     assert delta(("unknown", "enforce", "invalid")) == 1
     status, _, body = server.request("GET", "/metrics")
     assert b"gpushard_admission_seconds_bucket" in body
+    # The worker that answers adds its view's state and the serving certificate's expiry.
+    assert b"\ngpushard_view_synced 1.0\n" in body
+    expiry = float(body.split(b"\ngpushard_certificate_expiry_seconds ")[1].split(b"\n")[0])
+    assert 300 * 86400 < expiry <= 366 * 86400
 
 
 def test_bad_bodies_over_the_wire(server):

@@ -10,6 +10,10 @@
  *   no-permission  while it exists, nvmlDeviceSetComputeMode answers NVML_ERROR_NO_PERMISSION
  *   driver         the driver version string (default 615.00-fake)
  * It also exports nvmlDeviceSetMemoryLimits_v1, as drivers that can cap a cgroup's memory do.
+ *   procs-<k>      compute processes on card k, one "<pid> <MiB> [<SM %>]" a line; memory used is their
+ *                  sum; a process with an SM % gives one utilization sample (none at all: NOT_FOUND)
+ *   procutil-<k>   while it exists, card k answers NOT_SUPPORTED for process utilization
+ *   util-<k>       card k's utilization in percent (default 0); "unsupported" answers NOT_SUPPORTED
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -22,12 +26,18 @@
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_NO_PERMISSION 4
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_GPU_IS_LOST 15
 #define XID_CRITICAL 0x8ULL
 
 typedef struct { unsigned long long total, free, used; } memory_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } process_t;
+typedef struct { unsigned int gpu, memory; } utilization_t;
+typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; }
+    process_sample_t;
+#define MAX_PROCS 256
 typedef struct {
     void *device;
     unsigned long long eventType, eventData;
@@ -75,6 +85,7 @@ const char *nvmlErrorString(int result) {
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
     case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     default: return "Unknown Error";
     }
 }
@@ -109,13 +120,77 @@ int nvmlDeviceGetName(void *device, char *name, unsigned int length) {
     return NVML_SUCCESS;
 }
 
+/* Card k's compute processes from procs-<k>; returns how many (at most MAX_PROCS). sm[i] is the
+ * process's SM %, or -1 when its line gives none (sm may be NULL). */
+static unsigned int read_procs_sm(int k, process_t *out, int *sm) {
+    char path[512], line[256];
+    unsigned int n = 0, pid;
+    unsigned long long mib;
+    int util;
+    snprintf(path, sizeof path, "%s/procs-%d", dir(), k);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    while (n < MAX_PROCS && fgets(line, sizeof line, f)) {
+        int got = sscanf(line, "%u %llu %d", &pid, &mib, &util);
+        if (got < 2) continue;
+        memset(&out[n], 0, sizeof out[n]);
+        out[n].pid = pid;
+        out[n].usedGpuMemory = mib << 20;
+        if (sm) sm[n] = got == 3 ? util : -1;
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+static unsigned int read_procs(int k, process_t *out) { return read_procs_sm(k, out, NULL); }
+
 int nvmlDeviceGetMemoryInfo(void *device, memory_t *memory) {
+    process_t procs[MAX_PROCS];
     int k = index_of(device);
     if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
     if (lost(k)) return NVML_ERROR_GPU_IS_LOST;
     memory->total = 16ULL << 30;
     memory->used = 0;
-    memory->free = memory->total;
+    for (unsigned int i = 0, n = read_procs(k, procs); i < n; i++) memory->used += procs[i].usedGpuMemory;
+    memory->free = memory->total - memory->used;
+    return NVML_SUCCESS;
+}
+
+/* The NVML convention: too small an array answers INSUFFICIENT_SIZE with the count needed. */
+int nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count, process_t *infos) {
+    process_t procs[MAX_PROCS];
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(k)) return NVML_ERROR_GPU_IS_LOST;
+    unsigned int n = read_procs(k, procs);
+    if (n > *count || (n > 0 && infos == NULL)) { *count = n; return NVML_ERROR_INSUFFICIENT_SIZE; }
+    memcpy(infos, procs, n * sizeof *procs);
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetGraphicsRunningProcesses_v3(void *device, unsigned int *count, process_t *infos) {
+    (void)infos;
+    if (index_of(device) < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetUtilizationRates(void *device, utilization_t *util) {
+    char path[512], text[32] = "";
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(k)) return NVML_ERROR_GPU_IS_LOST;
+    snprintf(path, sizeof path, "%s/util-%d", dir(), k);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(text, sizeof text, f)) text[0] = 0;
+        fclose(f);
+    }
+    if (strncmp(text, "unsupported", 11) == 0) return NVML_ERROR_NOT_SUPPORTED;
+    util->gpu = (unsigned int)atoi(text);
+    util->memory = 0;
     return NVML_SUCCESS;
 }
 
@@ -216,4 +291,33 @@ int nvmlDeviceSetComputeMode(void *device, int mode) {
 int nvmlDeviceSetMemoryLimits_v1(void *device, void *limits) {
     (void)limits;
     return index_of(device) < 0 ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_NOT_SUPPORTED;
+}
+/* One sample per process with an SM % in procs-<k>, stamped 1000 + the line's position (microseconds),
+ * so that asking again from the newest stamp gives nothing new: NOT_FOUND, as NVML answers. */
+int nvmlDeviceGetProcessUtilization(void *device, process_sample_t *samples, unsigned int *count,
+                                    unsigned long long lastSeen) {
+    process_t procs[MAX_PROCS];
+    int sm[MAX_PROCS];
+    char path[512];
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(k)) return NVML_ERROR_GPU_IS_LOST;
+    snprintf(path, sizeof path, "%s/procutil-%d", dir(), k);
+    if (access(path, F_OK) == 0) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int n = read_procs_sm(k, procs, sm), found = 0;
+    process_sample_t out[MAX_PROCS];
+    for (unsigned int i = 0; i < n; i++) {
+        unsigned long long stamp = 1000 + i;
+        if (sm[i] < 0 || stamp <= lastSeen) continue;
+        memset(&out[found], 0, sizeof out[found]);
+        out[found].pid = procs[i].pid;
+        out[found].timeStamp = stamp;
+        out[found].smUtil = (unsigned int)sm[i];
+        found++;
+    }
+    if (found == 0) return NVML_ERROR_NOT_FOUND;
+    if (samples == NULL || *count < found) { *count = found; return NVML_ERROR_INSUFFICIENT_SIZE; }
+    memcpy(samples, out, found * sizeof *out);
+    *count = found;
+    return NVML_SUCCESS;
 }

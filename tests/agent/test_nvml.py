@@ -1,6 +1,7 @@
 """We test:
 - reading a fake inventory file (YAML and JSON), and errors that name the bad entry;
 - the fake backend: injected events, a timeout with none, and health played by editing the file;
+- usage: the fake backend reports idle cards, then what a test sets, and nothing for a removed card;
 - the null backend;
 - choosing a backend: the fake file wins, and without NVML a clear error (or nothing, if allowed);
 - real NVML discovery (marked gpu; skipped where NVML cannot load).
@@ -119,9 +120,26 @@ def test_a_card_unhealthy_in_the_file_from_the_start_is_reported(tmp_path):
     assert (event.uuid, event.healthy) == ("GPU-a", False)
 
 
+def test_fake_usage_is_idle_until_set_and_a_removed_card_gives_none(tmp_path):
+    path = tmp_path / "inv.yaml"
+    path.write_text(INVENTORY)
+    devices = nvml.FakeDevices.from_file(path, poll=0.02)
+    assert devices.usage()["GPU-aaaa"] == nvml.Usage(0, 81559 * nvml.MIB, 0)
+    busy = nvml.Usage(3 << 30, 81559 * nvml.MIB, 55, (nvml.Process(77, 3 << 30),), xid_errors=1)
+    devices.set_usage("GPU-bbbb", busy)
+    assert devices.usage()["GPU-bbbb"] == busy
+    with pytest.raises(KeyError, match="GPU-cccc"):
+        devices.set_usage("GPU-cccc", busy)
+    path.write_text("cards:\n- {index: 0, uuid: GPU-aaaa, model: NVIDIA H100 80GB HBM3, memoryMiB: 81559}\n")
+    os.utime(path, ns=(time.time_ns() + 10**9,) * 2)
+    assert devices.wait_event(2).uuid == "GPU-bbbb"
+    assert set(devices.usage()) == {"GPU-aaaa"}
+
+
 def test_null_backend_has_nothing():
     devices = nvml.NullDevices()
     assert devices.cards() == []
+    assert devices.usage() == {}
     assert devices.wait_event(0.01) is None
     devices.close()
 

@@ -10,6 +10,9 @@
 - `gpushard agent` with isolation mps on that backend and a stand-in MPS binary: the MIG card left out,
   the others exclusive-process while their daemons run and back to their earlier mode after SIGTERM,
   and Allocate's MPS answer.
+- usage: memory used and total, utilization (or none where unsupported), the processes with their memory
+  (through NVML's ask-for-the-size-first protocol) and their SM utilization since the last scrape (none
+  where unsupported, 0 when no sample came), the count of critical Xids, and no entry for a lost card.
 The library is loaded by soname, so each check runs in a child process with LD_LIBRARY_PATH set.
 """
 
@@ -38,6 +41,19 @@ print(json.dumps([dataclasses.asdict(c) for c in devices.cards()]), flush=True)
 for line in sys.stdin:
     event = devices.wait_event(float(line))
     print(json.dumps(dataclasses.asdict(event) if event else None), flush=True)
+devices.close()
+"""
+
+USAGE = """
+import dataclasses, json, sys
+from webhook.agent import nvml
+devices = nvml.NvmlDevices(probe_interval=60)
+for line in sys.stdin:
+    if line.strip() == "usage":
+        print(json.dumps({u: dataclasses.asdict(x) for u, x in devices.usage().items()}), flush=True)
+    else:
+        event = devices.wait_event(float(line))
+        print(json.dumps(dataclasses.asdict(event) if event else None), flush=True)
 devices.close()
 """
 
@@ -283,3 +299,50 @@ def test_the_agent_on_nvml_with_mps_and_a_mig_card(fake_nvml, tmp_path):
             proc.communicate()
         kubelet.stop()
         fakekubelet.remove_tree(plugin_dir)
+
+
+def test_usage_through_nvml(fake_nvml):
+    env, control = fake_nvml
+    put(control, "cards", "3")
+    put(control, "procs-0", "4242 1024 30\n4343 512\n")
+    put(control, "util-0", "37")
+    put(control, "util-1", "unsupported")
+    put(control, "procutil-1")
+    proc = subprocess.Popen([sys.executable, "-c", USAGE], cwd=ROOT, env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        def ask(line):
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            answer = proc.stdout.readline()
+            assert answer, proc.stderr.read()
+            return json.loads(answer)
+
+        first = ask("usage")
+        assert set(first) == {"GPU-fake-0000", "GPU-fake-0001", "GPU-fake-0002"}
+        assert first["GPU-fake-0000"] == {
+            "memory_used_bytes": 1536 << 20, "memory_total_bytes": 16 << 30, "utilization_percent": 37,
+            "processes": [{"pid": 4242, "used_bytes": 1024 << 20, "sm_percent": 30.0},
+                          {"pid": 4343, "used_bytes": 512 << 20, "sm_percent": 0.0}],
+            "xid_errors": 0, "process_utilization": True}
+        put(control, "lost-2")
+        usage = ask("usage")
+        assert set(usage) == {"GPU-fake-0000", "GPU-fake-0001"}  # the lost card does not answer
+        # No sample since the last scrape (NVML's NOT_FOUND): the processes ran nothing.
+        assert [p["sm_percent"] for p in usage["GPU-fake-0000"]["processes"]] == [0.0, 0.0]
+        assert usage["GPU-fake-0001"]["utilization_percent"] is None
+        assert usage["GPU-fake-0001"]["processes"] == []
+        assert usage["GPU-fake-0001"]["process_utilization"] is False
+
+        (control / "lost-2").unlink()
+        put(control, "xid-1", "79")
+        put(control, "xid-0", "13")  # application Xids are not counted
+        while ask("0.3") is not None:
+            pass
+        usage = ask("usage")
+        assert (usage["GPU-fake-0000"]["xid_errors"], usage["GPU-fake-0001"]["xid_errors"]) == (0, 1)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+        proc.stderr.close()

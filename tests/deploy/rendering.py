@@ -3,7 +3,8 @@
 It knows what gpushard's kustomizations use and refuses anything else, so a new feature
 in a kustomization.yaml fails loudly instead of being rendered wrongly: resources (files
 and folders), patches (strategic merge, including `$patch: delete`, and JSON 6902 with a
-target), images, and labels without selectors.
+target), images, labels without selectors, and ConfigMap generators from files without a
+name hash.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import jsonpatch
 import yaml
 
-KNOWN_FIELDS = {"apiVersion", "kind", "resources", "patches", "images", "labels"}
+KNOWN_FIELDS = {"apiVersion", "kind", "resources", "patches", "images", "labels", "configMapGenerator"}
 # Lists that strategic merge joins by a key instead of replacing (the ones our patches touch).
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
               "volumeMounts": "mountPath", "webhooks": "name", "ports": "containerPort"}
@@ -51,7 +52,30 @@ def listed_files(folder: Path) -> set[Path]:
     for patch in data.get("patches", []):
         if "path" in patch:
             files.add((folder / patch["path"]).resolve())
+    for generator in data.get("configMapGenerator", []):
+        files |= {(folder / entry.partition("=")[2]).resolve() for entry in generator.get("files", [])}
     return files
+
+
+def _generated_config_maps(folder: Path, generators: list[dict]) -> list[dict]:
+    out = []
+    for generator in generators:
+        unknown = set(generator) - {"name", "namespace", "files", "options"}
+        options = generator.get("options") or {}
+        if unknown or set(options) - {"disableNameSuffixHash", "labels"} or not options.get("disableNameSuffixHash"):
+            raise KustomizeError(f"{folder}: configMapGenerator {generator.get('name')}: only files, a namespace "
+                                 "and labels, without a name hash, are rendered here")
+        data = {}
+        for entry in generator["files"]:
+            key, _, path = entry.partition("=")
+            if not path:
+                raise KustomizeError(f"{folder}: configMapGenerator files need key=path, got {entry!r}")
+            data[key] = (folder / path).read_text()
+        meta = {"name": generator["name"], **({"namespace": generator["namespace"]} if "namespace" in generator
+                                              else {}), **({"labels": dict(options["labels"])} if "labels" in options
+                                                           else {})}
+        out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+    return out
 
 
 def _id(obj: dict) -> tuple[str, str, str, str]:
@@ -131,6 +155,14 @@ def pod_specs(obj: dict) -> list[dict]:
     return []
 
 
+def pod_template_labels(obj: dict) -> dict:
+    """The labels of the pods a workload makes."""
+    spec = obj.get("spec") or {}
+    if obj["kind"] == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    return ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+
+
 def _set_images(objects: list[dict], images: list[dict]) -> None:
     for obj in objects:
         for spec in pod_specs(obj):
@@ -154,6 +186,7 @@ def render(folder: Path) -> list[dict]:
     for entry in data.get("resources", []):
         path = folder / entry
         objects += render(path) if path.is_dir() else load_documents(path)
+    objects += _generated_config_maps(folder, data.get("configMapGenerator", []))
     ids = [_id(o) for o in objects]
     duplicates = {i for i in ids if ids.count(i) > 1}
     if duplicates:

@@ -27,6 +27,7 @@ We test:
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 from pathlib import Path
@@ -51,6 +52,8 @@ NAMESPACE = "gpushard-system"
 SHARED_NODE_LABEL = "gpushard.io/shared-node"
 # Required fields of the cert-manager objects (no schema for them ships with kubernetes-validate).
 CERT_MANAGER_REQUIRED = {"Issuer": (), "Certificate": ("secretName", "issuerRef")}
+# The same for the Prometheus operator's monitors (tests/deploy/test_monitoring.py checks them closely).
+MONITOR_REQUIRED = {"PodMonitor": ("selector", "podMetricsEndpoints"), "ServiceMonitor": ("selector", "endpoints")}
 
 
 def _find(objects: list[dict], kind: str, name: str | None = None) -> dict:
@@ -79,6 +82,10 @@ def _agent_pod(objects: list[dict]) -> dict:
 def _validate(obj: dict, where: str) -> None:
     if obj["apiVersion"].startswith("cert-manager.io/"):
         for field in CERT_MANAGER_REQUIRED[obj["kind"]]:
+            assert field in obj["spec"], f"{where}: {obj['kind']} needs spec.{field}"
+        return
+    if obj["apiVersion"] == "monitoring.coreos.com/v1":
+        for field in MONITOR_REQUIRED[obj["kind"]]:
             assert field in obj["spec"], f"{where}: {obj['kind']} needs spec.{field}"
         return
     for version in (OLDEST, NEWEST):
@@ -315,6 +322,17 @@ def test_agent_mounts_exactly_the_kubelet_folders_it_uses(base):
     wanted = {kubelet.DEVICE_PLUGIN_DIR}
     if "pod-resources" in source:
         wanted.add("/var/lib/kubelet/pod-resources")
+    # The host's /proc, read-only, where the metrics read GPU processes' cgroups (instead of hostPID).
+    if args.metrics_port:
+        from webhook.agent import podresources
+
+        wanted.add("/proc")
+        assert mounted[args.proc_root] == "/proc"
+        assert os.path.dirname(args.pod_resources_socket) == "/var/lib/kubelet/pod-resources"
+        assert os.path.dirname(podresources.SOCKET) == "/var/lib/kubelet/pod-resources"
+        read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
+        assert {args.proc_root, "/var/lib/kubelet/pod-resources"} <= read_only
+        assert not pod.get("hostPID")
     assert set(mounted.values()) - {"/dev/null"} == wanted
     # The one other host path: /dev/null as the device-list request for every card.
     assert {p for p, h in mounted.items() if h == "/dev/null"} == {names.DEVICE_LIST_MOUNT_ROOT + "/all"}
@@ -329,6 +347,12 @@ def test_the_agent_sees_every_card_on_both_kinds_of_node(base, node):
     seen.mounts = [(host[m["name"]], m["mountPath"]) for m in container["volumeMounts"] if m["name"] in host]
     cards = [(0, "GPU-a"), (1, "GPU-b")]
     assert toolkit.visible_cards(seen, node, cards) == {"GPU-a", "GPU-b"}
+
+
+def test_agent_serves_metrics_on_its_named_port(base):
+    container = _agent_pod(base)["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == _args(container).metrics_port
 
 
 # --- overlays ------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ We test:
 - each ServiceAccount (webhook, agent, certs Job) is granted every call its program makes,
   at the right scope (cluster-wide lists need a ClusterRoleBinding), and nothing more;
 - the auditor ClusterRole covers `gpushard audit` and `gpushard status` and only reads;
+- the top Role covers `gpushard top` (agent pods and their proxy) in gpushard's namespace, and only reads;
 - no rule uses "*", and neither the webhook, the agent nor the auditor may touch Secrets.
 """
 
@@ -37,6 +38,7 @@ PROGRAMS = {
     "gpushard-agent": ("webhook.agent.running",),
     "gpushard-certs": ("webhook.installing",),
     "auditor": ("webhook.auditing",),
+    "top": ("webhook.topping",),
 }
 # Objects named in the manifests, for rules limited by resourceNames.
 NAMED = {("", "secrets"): "gpushard-tls", ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): "gpushard"}
@@ -68,6 +70,9 @@ def _client_call(method: str) -> Call | None:
             resource += "/" + rest[2]
         prefix = method.split("_", 1)[0]
         verb = "deletecollection" if method.startswith("delete_collection") else VERB_PREFIXES[prefix]
+        if prefix == "connect":  # a proxy or exec call: the verb follows its HTTP method
+            verb = {"get": "get", "head": "get", "options": "get", "post": "create", "put": "update",
+                    "patch": "patch", "delete": "delete"}[method.split("_")[1]]
         return Call(group, resource, verb, namespaced, method)
     return None
 
@@ -237,6 +242,19 @@ def test_the_auditor_role_covers_audit_and_status_and_only_reads(objects):
     # Bound by the operator (examples/auditor-binding.yaml), never by the install itself.
     assert not [o for o in objects if o["kind"].endswith("Binding") and o.get("roleRef", {}).get("name") ==
                 "gpushard-auditor"]
+
+
+def test_the_top_role_covers_top_in_gpushard_s_namespace_and_only_reads(objects):
+    (role,) = [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == "gpushard-top"]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    rules = [(rule, NAMESPACE) for rule in role["rules"]]
+    calls = required()["top"]
+    assert {(c.resource, c.verb) for c in calls} == {("pods", "list"), ("pods/proxy", "get")}
+    missing = sorted(c.method for c in calls if not any(_allows(rule, scope, c) for rule, scope in rules))
+    assert missing == []
+    assert _triples(rules) == {(c.group, c.resource, c.verb) for c in calls}
+    assert not [o for o in objects if o["kind"].endswith("Binding") and o.get("roleRef", {}).get("name") ==
+                "gpushard-top"]
 
 
 def test_no_wildcards_and_no_secrets_where_none_are_needed(objects):

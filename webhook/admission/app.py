@@ -24,15 +24,15 @@ SYNC_GRACE_S = 30.0
 
 
 def create_app(settings: Settings, view: reviews.View | None = None, sync_grace: float = SYNC_GRACE_S,
-               clock: Callable[[], float] = time.monotonic) -> flask.Flask:
+               clock: Callable[[], float] = time.monotonic, certfile: str | None = None) -> flask.Flask:
     """The admission app for ``settings``, choosing cards over ``view`` (None: no view).
 
     /readyz turns ready when the view has synced, or ``sync_grace`` seconds after the app was
-    built, whichever comes first, and says which.
+    built, whichever comes first, and says which. /metrics reports ``certfile``'s expiry, if given.
     """
     app = flask.Flask("gpushard")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
-    app.extensions["gpushard"] = {"settings": settings, "view": view, "metrics": metrics_mod.Metrics(),
+    app.extensions["gpushard"] = {"settings": settings, "view": view, "metrics": metrics_mod.Metrics(view, certfile),
                                   "ready_by": clock() + sync_grace, "clock": clock}
     app.register_blueprint(admission_blueprint())
     app.register_blueprint(health_blueprint())

@@ -31,6 +31,7 @@ GRACEFUL_TIMEOUT = 20
 # The environment variables of the `webhook.wsgi` target.
 CONFIG_ENV = "GPUSHARD_CONFIG"
 CLUSTER_ENV = "GPUSHARD_CLUSTER"
+CERT_ENV = "GPUSHARD_CERT"  # the serving certificate, whose expiry /metrics reports
 
 
 def build_app(config: str | None, cluster: str | None) -> flask.Flask:
@@ -43,7 +44,7 @@ def build_app(config: str | None, cluster: str | None) -> flask.Flask:
 
     settings = settings_mod.load(config)
     view = cluster_mod.open_view(cluster, settings.policy.shares_per_card, settings)
-    return app_mod.create_app(settings, view)
+    return app_mod.create_app(settings, view, certfile=os.environ.get(CERT_ENV) or None)
 
 
 def app_from_env() -> flask.Flask:
@@ -275,6 +276,7 @@ def serve(args: argparse.Namespace) -> int:
     context.current()
     prom_dir = tempfile.mkdtemp(prefix="gpushard-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
+    os.environ[CERT_ENV] = os.path.abspath(args.cert)
     try:
         _Server(gunicorn_options(args, context), args.config, args.cluster).run()
     finally:

@@ -68,6 +68,35 @@ class HealthEvent:
     reason: str = ""
 
 
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process NVML lists on a card; ``pid`` is in the host's PID namespace (the driver knows no other)."""
+
+    pid: int
+    used_bytes: int | None  # None where NVML cannot tell
+    sm_percent: float | None = None  # its share of the card's SM time lately; None where not reported
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one card is doing right now, as NVML reports it."""
+
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilization_percent: int | None  # None where the card does not report it
+    processes: tuple[Process, ...] = ()
+    xid_errors: int = 0  # critical Xids seen on this card since the agent started
+    process_utilization: bool = False  # whether the processes' sm_percent was reported (0 when idle)
+
+
+def idle_usage(card: Card) -> Usage:
+    """An idle card: nothing used, no process."""
+    return Usage(memory_used_bytes=0, memory_total_bytes=card.memory_mib * MIB, utilization_percent=0)
+
+
 class Devices(Protocol):
     """What the agent needs to know about the GPUs; the rest of the agent sees nothing else."""
 
@@ -76,6 +105,9 @@ class Devices(Protocol):
 
     def wait_event(self, timeout: float) -> HealthEvent | None:
         """The next health change, or None when ``timeout`` seconds pass without one."""
+
+    def usage(self) -> dict[str, Usage]:
+        """Each answering card's usage by UUID; a card that does not answer is left out."""
 
     def close(self) -> None:
         """Release the backend; no call follows."""
@@ -106,6 +138,9 @@ class NullDevices:
 
     def cards(self) -> list[Card]:
         return []
+
+    def usage(self) -> dict[str, Usage]:
+        return {}
 
     def wait_event(self, timeout: float) -> HealthEvent | None:
         self._closed.wait(timeout)
@@ -205,6 +240,7 @@ class FakeDevices:
         self._stamp = self._file_stamp()
         # What the file said last, so that a re-read reports only changes.
         self._seen = {c.uuid: (True, True) for c in self._cards}
+        self._usage = {c.uuid: idle_usage(c) for c in self._cards}
 
     @classmethod
     def from_file(cls, path: str | Path, poll: float = 0.5) -> FakeDevices:
@@ -268,6 +304,15 @@ class FakeDevices:
 
     def memory_limits_supported(self) -> bool:
         return self._memory_limits
+    def set_usage(self, uuid: str, usage: Usage) -> None:
+        """What ``usage`` reports for one card from now on (tests and demos play workloads with it)."""
+        if uuid not in self._usage:
+            raise KeyError(f"gpushard: no card {uuid!r} in this inventory")
+        self._usage[uuid] = usage
+
+    def usage(self) -> dict[str, Usage]:
+        # A card removed from the file does not answer, as a lost card does not answer NVML.
+        return {uuid: usage for uuid, usage in self._usage.items() if self._seen[uuid][1]}
 
     def wait_event(self, timeout: float) -> HealthEvent | None:
         deadline = time.monotonic() + timeout
@@ -310,6 +355,9 @@ class NvmlDevices:
         try:
             self._cards = self._discover()
             self._state = {c.uuid: {"lost": False, "xid": False} for c in self._cards}
+            self._xids = {c.uuid: 0 for c in self._cards}
+            self._seen_sample: dict[str, int] = {}  # per card: the newest process-utilization sample seen
+            self._closed = False
             self._events = self._register_events()
         except pynvml.NVMLError as exc:
             pynvml.nvmlShutdown()
@@ -404,6 +452,7 @@ class NvmlDevices:
             uuid = None
         targets = [uuid] if uuid in self._state else [c.uuid for c in self._cards]
         for target in targets:
+            self._xids[target] += 1
             self._set(target, f"critical Xid {xid}", xid=True)
 
     def wait_event(self, timeout: float) -> HealthEvent | None:
@@ -460,9 +509,76 @@ class NvmlDevices:
             return hasattr(ctypes.CDLL("libnvidia-ml.so.1"), MEMORY_LIMITS_SYMBOL)
         except OSError:
             return False
+    def _processes(self, handle, card_uuid: str) -> tuple[tuple[Process, ...], bool]:
+        nv = self._nvml
+        found: dict[int, int | None] = {}
+        for lister in (nv.nvmlDeviceGetComputeRunningProcesses, nv.nvmlDeviceGetGraphicsRunningProcesses):
+            try:
+                listed = lister(handle)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) == nv.NVML_ERROR_NOT_SUPPORTED:
+                    continue
+                raise
+            for proc in listed:
+                used = proc.usedGpuMemory
+                # A process using compute and graphics is listed twice with the same memory.
+                if proc.pid not in found or (used is not None and used > (found[proc.pid] or 0)):
+                    found[int(proc.pid)] = None if used is None else int(used)
+        sm, supported = self._process_utilization(handle, card_uuid)
+        return tuple(Process(pid, used, sm.get(pid, 0.0) if supported else None)
+                     for pid, used in sorted(found.items())), supported
+
+    def _process_utilization(self, handle, card_uuid: str) -> tuple[dict[int, float], bool]:
+        """Each process's mean SM utilization over the samples since the last scrape, and whether the card
+        reports it at all. NVML keeps a short buffer of samples; asking from the last seen timestamp
+        gives this scrape's window."""
+        nv = self._nvml
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(handle, self._seen_sample.get(card_uuid, 0))
+        except nv.NVMLError as exc:
+            value = getattr(exc, "value", None)
+            if value == nv.NVML_ERROR_NOT_FOUND:  # no sample since then: nothing ran
+                return {}, True
+            if value == nv.NVML_ERROR_NOT_SUPPORTED:
+                return {}, False
+            raise
+        per_pid: dict[int, list[int]] = {}
+        for sample in samples:
+            per_pid.setdefault(int(sample.pid), []).append(int(sample.smUtil))
+            self._seen_sample[card_uuid] = max(self._seen_sample.get(card_uuid, 0), int(sample.timeStamp))
+        return {pid: sum(v) / len(v) for pid, v in per_pid.items()}, True
+
+    def _card_usage(self, card: Card) -> Usage:
+        nv = self._nvml
+        handle = nv.nvmlDeviceGetHandleByUUID(card.uuid)
+        memory = nv.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            utilization: int | None = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) != nv.NVML_ERROR_NOT_SUPPORTED:
+                raise
+            utilization = None
+        processes, per_process = self._processes(handle, card.uuid)
+        return Usage(memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total),
+                     utilization_percent=utilization, processes=processes, xid_errors=self._xids[card.uuid],
+                     process_utilization=per_process)
+
+    def usage(self) -> dict[str, Usage]:
+        # No lock: NVML's queries are thread-safe, and the health thread holds the lock while it
+        # waits for events; a scrape must not wait behind it.
+        found = {}
+        for card in self._cards:
+            if self._closed:
+                break
+            try:
+                found[card.uuid] = self._card_usage(card)
+            except self._nvml.NVMLError as exc:
+                log.debug("gpushard: card %d (%s) gave no usage: %s", card.index, card.uuid, exc)
+        return found
 
     def close(self) -> None:
         nv = self._nvml
+        self._closed = True
         with self._lock:
             try:
                 if self._events is not None:

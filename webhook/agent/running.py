@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from webhook import settings as settings_mod
-from webhook.agent import allocation, deviceplugin, health, isolation, kubelet, mps, nvml, publishing
+from webhook.agent import allocation, deviceplugin, exporting, health, isolation, kubelet, mps, nvml, publishing
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,9 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
     if not args.poll_interval > 0:
         return _fail(EXIT_USAGE, f"gpushard: --poll-interval must be a positive number of seconds, "
                                  f"got {args.poll_interval}")
+    if not 0 <= args.metrics_port <= 65535:
+        return _fail(EXIT_USAGE, "gpushard: --metrics-port must be a port number (0 for none), "
+                                 f"got {args.metrics_port}")
     node_name = args.node_name or os.environ.get("NODE_NAME")
     if not args.no_publish and not node_name:
         return _fail(EXIT_USAGE, "gpushard: no node name to publish the inventory on: pass --node-name, "
@@ -143,6 +146,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         return _fail(EXIT_USAGE, f"gpushard: bad inventory file: {exc}")
 
     publisher = None
+    api = None
     if not args.no_publish:
         try:
             api = publishing.api_client()
@@ -163,6 +167,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    metrics = None
     try:
         try:
             agent.start()
@@ -171,9 +176,15 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                      f"{exc} (the agent needs that host folder mounted read-write)")
         log.info("gpushard: %d card(s); serving %s in %s", len(agent.cards),
                  ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
+        try:
+            metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name)
+        except OSError as exc:
+            return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}")
         while not stop.wait(1.0):
             pass
     finally:
+        if metrics is not None:
+            metrics.close()
         agent.stop()
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -221,6 +221,12 @@ class KubeView:
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
         self._view: placement.View | None = None
+        # For the webhook's metrics, by resource: lists and watches made, watches that failed, and
+        # the wall-clock time the API server last said anything (a list, an event, a bookmark).
+        self.lists: collections.Counter = collections.Counter()
+        self.watches: collections.Counter = collections.Counter()
+        self.watch_errors: collections.Counter = collections.Counter()
+        self.heard_at: dict[str, float] = {}
 
     @classmethod
     def start(cls, settings: settings_mod.Settings | None = None,
@@ -474,6 +480,8 @@ class KubeView:
                 log.info("gpushard: the %s list's continue token expired; listing again", resource)
                 continue
             self._apply_list(resource, fresh)
+            self.lists[resource] += 1
+            self.heard_at[resource] = time.time()
             # What the list built lives until the next list: moved out of the collector's sight,
             # later full collections (set off by admissions' garbage) walk only newer objects.
             gc.freeze()
@@ -519,8 +527,10 @@ class KubeView:
                               timeout_seconds=self._watch_timeout,
                               _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout + 30))
         self._responses[resource] = response
+        self.watches[resource] += 1
         try:
             for line in _lines(response, self._stop):
+                self.heard_at[resource] = time.time()
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
@@ -557,6 +567,7 @@ class KubeView:
             except Exception as exc:  # noqa: BLE001 - any failure: back off and start over
                 if self._stop.is_set():
                     break
+                self.watch_errors[resource] += 1
                 status = getattr(exc, "status", None)
                 if status == 410:
                     version = None

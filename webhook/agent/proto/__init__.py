@@ -1,1 +1,1 @@
-"""Stubs generated from deviceplugin.proto (the kubelet device-plugin API v1beta1); regenerate with `make proto`."""
+"""Stubs generated from our .proto files for the kubelet's gRPC APIs; regenerate with `make proto`."""

@@ -1,0 +1,139 @@
+"""We test `gpushard top` against the local Kubernetes API server, which serves the agents' metrics
+through the pod proxy path (GET /api/v1/namespaces/<ns>/pods/<agent>:<port>/proxy/metrics):
+- it finds the running agent pods by label and their named metrics port;
+- the card table (shares held of capacity, memory used of total, utilization, health) and the pod table
+  (shares, memory used, memory share, cap, utilization where reported, OVER for a container above its
+  share), node by node;
+- an agent that does not answer is named on stderr and the others still show; none answering,
+  or no agent at all, is exit status 3 (the cluster lacks what top reads) with a message; JSON and
+  YAML output, --no-headers; filters by node and namespace;
+- the metrics text `gpushard top` reads is the agent's own exposition (webhook.agent.exporting).
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import unquote
+
+import pytest
+import yaml
+
+from tests.fakekube import FakeKube
+from webhook import cli
+from webhook.agent import exporting, nvml
+
+MIB = nvml.MIB
+NS = "gpushard-system"
+
+
+def agent_text(node: str, rows: list[exporting.CardRow]) -> bytes:
+    observation = exporting.Observation(node, 100, rows, pod_resources_up=True)
+    reg = exporting.new_registry(lambda: observation)
+    return exporting.text(reg).encode()
+
+
+def card(index: int, used_mib: int, util: int, *containers: exporting.ContainerRow, healthy: bool = True):
+    c = nvml.Card(index, f"GPU-{index}", "NVIDIA L4", 16384)
+    usage = nvml.Usage(used_mib * MIB, 16384 * MIB, util, process_utilization=index == 0)
+    return exporting.CardRow(c, healthy, True, usage, shares_allocated=sum(r.shares for r in containers),
+                             containers=list(containers))
+
+
+def row(ns: str, pod: str, container: str, shares: int, used_mib: int, cap: bool = False, sm: float = 0.0):
+    share = shares * 16384 * MIB // 100
+    return exporting.ContainerRow(ns, pod, container, shares, share, share if cap else None, used_mib * MIB, 1, sm)
+
+
+def agent_pod(name: str, node: str, port: int = 9401, phase: str = "Running") -> dict:
+    return {"metadata": {"name": name, "namespace": NS,
+                         "labels": {"app.kubernetes.io/name": "gpushard", "app.kubernetes.io/component": "agent"}},
+            "spec": {"nodeName": node, "containers": [{"name": "agent", "ports": [
+                {"name": "metrics", "containerPort": port}]}]},
+            "status": {"phase": phase}}
+
+
+@pytest.fixture
+def kube(tmp_path):
+    with FakeKube() as fake:
+        config = tmp_path / "kubeconfig"
+        config.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+            "users": [{"name": "fake", "user": {}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}))
+        fake.kubeconfig = str(config)
+        yield fake
+
+
+def top(kube, capsys, *args: str) -> tuple[int, str, str]:
+    status = cli.main(["top", *args, "--kubeconfig", kube.kubeconfig])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_top_reads_every_agent_through_the_proxy(kube, capsys):
+    kube.put("pods", agent_pod("agent-a", "node-a"))
+    kube.put("pods", agent_pod("agent-b", "node-b", port=9500))
+    kube.put("pods", agent_pod("agent-c", "node-c", phase="Pending"))
+    kube.put("pods", {**agent_pod("unrelated", "node-a"), "metadata": {"name": "unrelated", "namespace": NS}})
+    text_a = agent_text("node-a", [
+        card(0, 6548, 87, row("ml", "train", "trainer", 25, 4500, sm=52),
+             row("ml", "infer", "server", 50, 2048, sm=35)),
+        card(1, 1024, 12, row("lab", "batch", "worker", 40, 1024, cap=True), healthy=False)])
+    text_b = agent_text("node-b", [card(0, 0, 0, row("lab", "notebook", "jupyter", 30, 0))])
+    kube.proxies[(NS, "agent-a", 9401)] = lambda path: (200, text_a) if path == "metrics" else (404, b"")
+    kube.proxies[(NS, "agent-b", 9500)] = lambda path: (200, text_b) if path == "metrics" else (404, b"")
+
+    status, out, err = top(kube, capsys)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["NODE", "GPU", "MODEL", "SHARES", "MEMORY", "UTIL", "UNATTRIBUTED", "HEALTH"]
+    assert lines[1].split() == ["node-a", "0", "NVIDIA", "L4", "75/100", "6548Mi/16384Mi", "87%", "0Mi", "Healthy"]
+    assert lines[2].split() == ["node-a", "1", "NVIDIA", "L4", "40/100", "1024Mi/16384Mi", "12%", "0Mi", "Unhealthy"]
+    assert lines[3].split()[:5] == ["node-b", "0", "NVIDIA", "L4", "30/100"]
+    pods = [line.split() for line in lines[5:]]
+    assert pods[0] == ["NAMESPACE", "POD", "CONTAINER", "NODE", "GPU", "SHARES", "MEMORY", "MEMORY-SHARE", "CAP",
+                       "UTIL"]
+    assert ["ml", "train", "trainer", "node-a", "0", "25", "4500Mi", "4096Mi", "-", "52%", "OVER"] in pods
+    assert ["ml", "infer", "server", "node-a", "0", "50", "2048Mi", "8192Mi", "-", "35%"] in pods
+    # Card 1 reports no per-process utilization.
+    assert ["lab", "batch", "worker", "node-a", "1", "40", "1024Mi", "6554Mi", "6554Mi", "-"] in pods
+    assert ["lab", "notebook", "jupyter", "node-b", "0", "30", "0Mi", "4915Mi", "-", "0%"] in pods
+    proxied = [unquote(p) for m, p, _ in kube.requests if "/proxy/" in p]
+    assert sorted(proxied) == [f"/api/v1/namespaces/{NS}/pods/agent-a:9401/proxy/metrics",
+                               f"/api/v1/namespaces/{NS}/pods/agent-b:9500/proxy/metrics"]
+
+    status, out, _ = top(kube, capsys, "pods", "-n", "lab", "--sort-by", "shares", "-o", "json")
+    body = json.loads(out)
+    assert list(body) == ["pods"]
+    assert [(p["pod"], p["shares"]) for p in body["pods"]] == [("batch", 40), ("notebook", 30)]
+    assert body["pods"][0]["memory_cap"] == 16384 * MIB * 40 // 100
+
+    status, out, _ = top(kube, capsys, "cards", "--node", "node-b")
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["node-b"]
+    status, out, _ = top(kube, capsys, "cards", "--node", "node-b", "--no-headers")
+    assert [line.split()[0] for line in out.splitlines()] == ["node-b"]
+    status, out, _ = top(kube, capsys, "pods", "-n", "ml", "-o", "yaml")
+    assert status == 0 and sorted(p["pod"] for p in yaml.safe_load(out)["pods"]) == ["infer", "train"]
+
+
+def test_an_agent_away_is_named_and_the_others_shown(kube, capsys):
+    kube.put("pods", agent_pod("agent-a", "node-a"))
+    kube.put("pods", agent_pod("agent-b", "node-b"))
+    kube.proxies[(NS, "agent-a", 9401)] = lambda path: (200, agent_text("node-a", [card(0, 10, 1)]))
+    status, out, err = top(kube, capsys, "cards")
+    assert status == 0
+    assert "node-a" in out and "node-b" not in out
+    assert err.startswith("gpushard: cannot read the metrics of agent agent-b on node 'node-b': HTTP 503")
+
+
+def test_no_agent_or_none_answering(kube, capsys):
+    status, out, err = top(kube, capsys)
+    assert (status, out) == (3, "")
+    assert err.startswith("gpushard: no running agent in namespace 'gpushard-system'")
+    kube.put("pods", agent_pod("agent-a", "node-a"))
+    status, out, err = top(kube, capsys)
+    assert status == 3
+    assert "gpushard: no agent answered" in err
+    status, _, err = cli.main(["top", "--kubeconfig", "/nonexistent/kubeconfig"]), None, capsys.readouterr().err
+    assert status == 2 and err.startswith("gpushard: --kubeconfig /nonexistent/kubeconfig: no such file")

@@ -1,0 +1,81 @@
+"""Which container holds which shares of which card, from the kubelet's PodResources API (v1 ``List``)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import grpc
+
+from webhook.agent import allocation
+from webhook.agent.proto import podresources_pb2 as pb
+from webhook.agent.proto import podresources_pb2_grpc as pb_grpc
+from webhook.core import policy as policy_mod
+
+SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+TIMEOUT_S = 5.0
+
+
+class PodResourcesError(RuntimeError):
+    """The kubelet's PodResources API did not answer."""
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One container's shares of one card."""
+
+    namespace: str
+    pod: str
+    container: str
+    card: int
+    shares: int
+
+
+def holdings(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy) -> list[Holding]:
+    """The card shares in a List answer. Only ``<cardPrefix><k>`` counts: the kubelet may pick the IDs
+    of the node-wide ``gpushard.io/gpu`` from any card, so those name no card."""
+    found = []
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            per_card: dict[int, int] = {}
+            for devices in container.devices:
+                card = policy.resources.card_index(devices.resource_name)
+                if card is None:
+                    continue
+                ids = [allocation.parse_device_id(d) for d in devices.device_ids]
+                per_card[card] = per_card.get(card, 0) + sum(1 for i in ids if i is not None and i[0] == card)
+            found += [Holding(pod.namespace, pod.name, container.name, card, shares)
+                      for card, shares in sorted(per_card.items()) if shares > 0]
+    return found
+
+
+class Client:
+    """A client of the kubelet's PodResources socket; the channel reconnects when the kubelet restarts."""
+
+    def __init__(self, socket: str = SOCKET, timeout: float = TIMEOUT_S) -> None:
+        self.socket = socket
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+
+    def _stub(self) -> pb_grpc.PodResourcesListerStub:
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel(f"unix://{self.socket}")
+            return pb_grpc.PodResourcesListerStub(self._channel)
+
+    def list(self) -> pb.ListPodResourcesResponse:
+        try:
+            return self._stub().List(pb.ListPodResourcesRequest(), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise PodResourcesError(f"PodResources List on {self.socket}: {exc.code().name} {exc.details()}") \
+                from None
+
+    def holdings(self, policy: policy_mod.Policy) -> list[Holding]:
+        return holdings(self.list(), policy)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None

@@ -1,0 +1,240 @@
+"""`gpushard top`: shares held against memory and utilization used, per node, card and pod.
+
+Read from every agent's metrics through the API server's pod proxy
+(``GET /api/v1/namespaces/<ns>/pods/<agent>:<port>/proxy/metrics``), so it needs no route to
+the nodes, only the right to list the agents' pods and to GET their proxy, in their namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import IO
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from webhook import connecting, kubectl
+
+AGENT_NAMESPACE = "gpushard-system"
+AGENT_SELECTOR = "app.kubernetes.io/name=gpushard,app.kubernetes.io/component=agent"
+METRICS_PORT_NAME = "metrics"
+DEFAULT_PORT = 9401
+TIMEOUT_S = 10.0
+MIB = 1024 * 1024
+
+class TopError(Exception):
+    """Nothing to show; the message says why."""
+
+
+@dataclass
+class CardTop:
+    node: str
+    gpu: int
+    uuid: str
+    model: str
+    shares: int = 0
+    capacity: int = 0
+    memory_used: int | None = None
+    memory_total: int | None = None
+    utilization: float | None = None  # 0..1
+    healthy: bool = True
+    unattributed_memory: int = 0
+
+
+@dataclass
+class PodTop:
+    node: str
+    namespace: str
+    pod: str
+    container: str
+    gpu: int
+    shares: int = 0
+    memory_used: int | None = None
+    memory_share: int = 0
+    memory_cap: int | None = None
+    utilization: float | None = None  # 0..1, its processes' share of the card's SM time
+    over_share: bool = False
+
+
+@dataclass
+class Agent:
+    pod: str
+    node: str
+    port: int
+
+
+def parse(text: str) -> tuple[list[CardTop], list[PodTop]]:
+    """Cards and containers from one agent's metrics text."""
+    cards: dict[tuple[str, int], CardTop] = {}
+    pods: dict[tuple, PodTop] = {}
+    card_fields = {"gpushard_card_shares_allocated": "shares", "gpushard_card_shares_capacity": "capacity",
+                   "gpushard_card_memory_used_bytes": "memory_used", "gpushard_card_memory_total_bytes": "memory_total",
+                   "gpushard_card_utilization_ratio": "utilization", "gpushard_card_healthy": "healthy",
+                   "gpushard_card_unattributed_memory_bytes": "unattributed_memory"}
+    pod_fields = {"gpushard_container_shares": "shares", "gpushard_container_memory_used_bytes": "memory_used",
+                  "gpushard_container_memory_share_bytes": "memory_share",
+                  "gpushard_container_memory_cap_bytes": "memory_cap", "gpushard_container_over_share": "over_share",
+                  "gpushard_container_utilization_ratio": "utilization"}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            try:
+                gpu = int(labels.get("gpu", ""))
+            except ValueError:
+                continue
+            if sample.name in card_fields:
+                key = (labels.get("node", ""), gpu)
+                card = cards.setdefault(key, CardTop(key[0], gpu, labels.get("UUID", ""), labels.get("modelName", "")))
+                field = card_fields[sample.name]
+                setattr(card, field, _typed(field, sample.value))
+            elif sample.name in pod_fields:
+                key = (labels.get("node", ""), labels.get("namespace", ""), labels.get("pod", ""),
+                       labels.get("container", ""), gpu)
+                pod = pods.setdefault(key, PodTop(*key))
+                field = pod_fields[sample.name]
+                setattr(pod, field, _typed(field, sample.value))
+    return list(cards.values()), list(pods.values())
+
+
+def _typed(field: str, value: float):
+    if field in ("healthy", "over_share"):
+        return value >= 1
+    if field == "utilization":
+        return value
+    return int(value)
+
+
+def find_agents(core, namespace: str, timeout: float | None = TIMEOUT_S) -> list[Agent]:
+    """The running agent pods and the port each serves its metrics on."""
+    response = core.list_namespaced_pod(namespace, label_selector=AGENT_SELECTOR, _preload_content=False,
+                                        _request_timeout=timeout)
+    body = json.loads(response.data)
+    agents = []
+    for pod in body.get("items") or []:
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        port = None
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            for p in container.get("ports") or []:
+                if p.get("name") == METRICS_PORT_NAME:
+                    port = p.get("containerPort")
+        agents.append(Agent(pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName") or "",
+                            int(port or DEFAULT_PORT)))
+    return sorted(agents, key=lambda a: a.node)
+
+
+def scrape(core, namespace: str, agent: Agent, timeout: float | None = TIMEOUT_S) -> str:
+    """One agent's metrics text through the API server's pod proxy."""
+    response = core.connect_get_namespaced_pod_proxy_with_path(
+        f"{agent.pod}:{agent.port}", namespace, "metrics", _preload_content=False, _request_timeout=timeout)
+    return response.data.decode("utf-8", errors="replace")
+
+
+def gather(core, namespace: str, node: str | None = None, err: IO[str] | None = None,
+           timeout: float | None = TIMEOUT_S) -> tuple[list[CardTop], list[PodTop]]:
+    """Cards and containers of every agent (or of ``node``'s); an agent that does not answer is named on ``err``."""
+    err = err or sys.stderr
+    agents = [a for a in find_agents(core, namespace, timeout) if node is None or a.node == node]
+    if not agents:
+        where = f" on node {node!r}" if node else ""
+        raise TopError(f"gpushard: no running agent{where} in namespace {namespace!r} "
+                       f"(pods labelled {AGENT_SELECTOR})")
+    cards: list[CardTop] = []
+    pods: list[PodTop] = []
+    answered = 0
+    for agent in agents:
+        try:
+            text = scrape(core, namespace, agent, timeout)
+        except Exception as exc:  # one node away must not hide the others
+            status = getattr(exc, "status", None)
+            why = f"HTTP {status} {getattr(exc, 'reason', '')}".strip() if status else str(exc)
+            print(f"gpushard: cannot read the metrics of agent {agent.pod} on node {agent.node!r}: {why}", file=err)
+            continue
+        answered += 1
+        c, p = parse(text)
+        cards += c
+        pods += p
+    if not answered:
+        raise TopError("gpushard: no agent answered; is --metrics-port set on the agents?")
+    return (sorted(cards, key=lambda c: (c.node, c.gpu)),
+            sorted(pods, key=lambda p: (p.node, p.gpu, p.namespace, p.pod, p.container)))
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{round(value / MIB)}Mi"
+
+
+def _table(header: list[str], rows: Iterable[list[str]], no_headers: bool = False) -> str:
+    rows = [*([] if no_headers else [header]), *rows]
+    if not rows:
+        return ""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "".join(line + "\n" for line in lines)
+
+
+def cards_table(cards: list[CardTop], no_headers: bool = False) -> str:
+    return _table(["NODE", "GPU", "MODEL", "SHARES", "MEMORY", "UTIL", "UNATTRIBUTED", "HEALTH"], [
+        [c.node, str(c.gpu), c.model, f"{c.shares}/{c.capacity}",
+         f"{_mib(c.memory_used)}/{_mib(c.memory_total)}",
+         _percent(c.utilization),
+         _mib(c.unattributed_memory), "Healthy" if c.healthy else "Unhealthy"] for c in cards], no_headers)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{round(value * 100)}%"
+
+
+def pods_table(pods: list[PodTop], no_headers: bool = False) -> str:
+    return _table(["NAMESPACE", "POD", "CONTAINER", "NODE", "GPU", "SHARES", "MEMORY", "MEMORY-SHARE", "CAP", "UTIL",
+                   ""], [
+        [p.namespace, p.pod, p.container, p.node, str(p.gpu), str(p.shares), _mib(p.memory_used),
+         _mib(p.memory_share), _mib(p.memory_cap), _percent(p.utilization), "OVER" if p.over_share else ""]
+        for p in pods], no_headers)
+
+
+def run_top(args, conn: connecting.Client, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
+    """`gpushard top [cards|pods]`: the exit status (webhook.kubectl.EXIT_CODES).
+
+    No agent to read, or none answering, is exit 3, as for a cluster that lacks what a command needs.
+    """
+    import kubernetes
+
+    out, err = out or sys.stdout, err or sys.stderr
+    core = kubernetes.client.CoreV1Api(conn.api)
+    timeout = conn.timeout if conn.timeout is not None else TIMEOUT_S
+    try:
+        with connecting.reaching(conn.target, f"list and proxy the agent pods in namespace {args.agent_namespace!r}"):
+            cards, pods = gather(core, args.agent_namespace, args.node, err, timeout)
+    except (TopError, connecting.ApiError) as exc:
+        print(exc, file=err)
+        return kubectl.UNREACHABLE
+    namespace = kubectl.namespace_of(args)
+    if namespace:
+        pods = [p for p in pods if p.namespace == namespace]
+    if args.sort_by == "memory":
+        pods.sort(key=lambda p: -(p.memory_used or 0))
+    elif args.sort_by == "shares":
+        pods.sort(key=lambda p: -p.shares)
+    if args.output in (kubectl.JSON, kubectl.YAML):
+        body = {}
+        if args.what in ("all", "cards"):
+            body["cards"] = [asdict(c) for c in cards]
+        if args.what in ("all", "pods"):
+            body["pods"] = [asdict(p) for p in pods]
+        if args.output == kubectl.JSON:
+            out.write(json.dumps(body, indent=2) + "\n")
+        else:
+            import yaml
+
+            out.write(yaml.safe_dump(body, sort_keys=False))
+        return kubectl.OK
+    parts = []
+    if args.what in ("all", "cards"):
+        parts.append(cards_table(cards, args.no_headers))
+    if args.what in ("all", "pods"):
+        parts.append(pods_table(pods, args.no_headers) if pods else "No containers hold shares.\n")
+    out.write("\n".join(parts))
+    return kubectl.OK
