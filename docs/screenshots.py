@@ -233,12 +233,10 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
                               days=90)
     cert = os.path.join(workdir, "certs", "tls.crt")
     t0 = START.timestamp()
-    kube.put("nodes", {"metadata": {"name": NODE, "labels": {names.CARDS_LABEL: "2"}}, "status": {"allocatable": {
-        names.card_resource(names.CARD_PREFIX, k): "100" for k in (0, 1)}, "conditions": [
-            {"type": "Ready", "status": "True"}]}})
-    kube.put("nodes", {"metadata": {"name": "gpu-node-2", "labels": {names.CARDS_LABEL: "2"}}, "status": {"allocatable": {
-        names.card_resource(names.CARD_PREFIX, k): "100" for k in (0, 1)}, "conditions": [
-            {"type": "Ready", "status": "True"}]}})
+    for name in (NODE, "gpu-node-2"):
+        kube.put("nodes", {"metadata": {"name": name, "labels": {names.CARDS_LABEL: "2"}}, "status": {"allocatable": {
+            names.card_resource(names.CARD_PREFIX, k): "100" for k in (0, 1)}, "conditions": [
+                {"type": "Ready", "status": "True"}]}})
     view = kube_view.KubeView.start(settings_mod.Settings(), api_client=kube.api_client(), watch_timeout=30)
     seen: set[str] = set()
     scrapes = []
