@@ -169,7 +169,7 @@ def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy,
         sub_resource = request.get("subResource")
         decision = decisions.decide(decisions.Request(
             obj, kind, operation, mode, dry_run, old=request.get("oldObject"),
-            sub_resource=sub_resource if isinstance(sub_resource, str) else ""), policy, _snapshot(view))
+            sub_resource=sub_resource if isinstance(sub_resource, str) else "", seed=uid), policy, _snapshot(view))
     except RecursionError:
         decision = decisions.Decision(allowed=False, code=400,
                                       message="gpushard: cannot read object: nested too deeply")
