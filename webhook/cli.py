@@ -107,6 +107,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 2 if settings is None else auditing.run_status(args, settings)
 
 
+# --- replace ---------------------------------------------------------------------------------
+
+def cmd_replace(args: argparse.Namespace) -> int:
+    from webhook import replacing
+
+    return replacing.run(args, _settings(args.config))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpushard", description="Fractional GPUs on Kubernetes: one pod, one physical card.")
@@ -187,6 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", help="kubeconfig context to use (default: the current context)")
     p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("replace", help="evict pinned pods waiting on a full card while another card has room, "
+                                       "so their controller recreates them (one leader, by a Lease)")
+    p.add_argument("--config", help="gpushard config file (its replacement: section)")
+    p.add_argument("--namespace", help="namespace of the Lease (default: $POD_NAMESPACE, else gpushard-system)")
+    p.add_argument("--identity", help="this replacer's name in the Lease (default: $POD_NAME, else host-pid)")
+    p.add_argument("--once", action="store_true", help="one pass (if this process gets the Lease), then exit")
+    p.add_argument("--dry-run", action="store_true", help="say what would be evicted; evict nothing")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context to use (default: the current context)")
+    p.set_defaults(func=cmd_replace)
     return parser
 
 

@@ -173,7 +173,7 @@ def test_every_container_command_line_parses(base):
                 for container in spec["containers"]:
                     assert "command" not in container, "the image's ENTRYPOINT is gpushard"
                     args = _args(container)
-                    assert args.command in ("serve", "agent", "certs")
+                    assert args.command in ("serve", "agent", "certs", "replace")
 
 
 def test_the_config_map_loads_and_names_the_code_defaults(base):
