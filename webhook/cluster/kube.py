@@ -198,9 +198,11 @@ class KubeView:
         self._used: collections.Counter = collections.Counter()  # (node, card) -> shares of bound pods
         # Remembered choices, oldest first (so soonest to expire: one time to live for all), and
         # the same by (card, shares) and by (node, card, shares), for a pod to find its own.
-        self._entries: dict[int, _Entry] = {}
-        self._by_ask: dict[tuple, dict[int, _Entry]] = {}
-        self._by_place: dict[tuple, dict[int, _Entry]] = {}
+        # OrderedDicts: their first item is found in constant time however many went before it,
+        # where a plain dict scans the slots of the items deleted from its front.
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+        self._by_ask: dict[tuple, collections.OrderedDict[int, _Entry]] = {}
+        self._by_place: dict[tuple, collections.OrderedDict[int, _Entry]] = {}
         self._numbers = 0
         self._waiting: dict[str, str] = {}  # uid of an unbound pod -> the node it counts on
         # (node, card) -> shares of remembered choices and of unbound pods counted on the node.
@@ -288,8 +290,9 @@ class KubeView:
         self._numbers += 1
         entry.number = self._numbers
         self._entries[entry.number] = entry
-        self._by_ask.setdefault((entry.card, entry.shares), {})[entry.number] = entry
-        self._by_place.setdefault((entry.node, entry.card, entry.shares), {})[entry.number] = entry
+        for table, key in ((self._by_ask, (entry.card, entry.shares)),
+                           (self._by_place, (entry.node, entry.card, entry.shares))):
+            table.setdefault(key, collections.OrderedDict())[entry.number] = entry
         self._count(entry.node, entry.card, entry.shares)
         self._next_deadline = min(self._next_deadline, entry.deadline)
 
