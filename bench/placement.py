@@ -8,9 +8,16 @@
     capacity in use when the first pod cannot be placed, for gpushard binpack and spread (with a
     scheduler that honours the preferred node, and one that takes any node whose card k has room),
     for the naive scheme of NVIDIA time-slicing replicas (a pod's N replicas from any cards of the
-    node, as the device plugin hands them out), and for offline first-fit-decreasing on the same pods.
+    node, as the device plugin hands them out), and for offline first-fit-decreasing on the same pods;
+    binpack both as `gpushard review` chooses (the best card) and as admission does (a draw among
+    the best few, seeded by the request).
+(c) Stranded pods (bench/stranding.py): 1, 2 and 4 choosers with views 20 changes behind, in bursts
+    of 330-500 pods on 100 nodes x 8 cards 70-80 % full, binding at once or after 29 s and 31 s,
+    with the choice and accounting from before (the best card; unbound pods forgotten after 30 s)
+    and now (a draw among the best few; pinned pods kept until they bind); and churn at 95 % load
+    without and with re-placement; against the scheduler-time bound.
 
-Run: python bench/placement.py [--seed N] [--seeds K] [--quick]
+Run: python bench/placement.py [--seed N] [--seeds K] [--quick] [--long]
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import stranding  # noqa: E402
 
 from webhook.core import placement  # noqa: E402
 
@@ -188,11 +197,13 @@ class Result:
         return self.used / self.capacity
 
 
-def run_gpushard(trace, nodes: int, cards: int, strategy: str, honour: bool, seed: int, behind: int = 0) -> Result:
+def run_gpushard(trace, nodes: int, cards: int, strategy: str, honour: bool, seed: int, behind: int = 0,
+                 draw: bool = False) -> Result:
     """Webhook choice (the real placement code over a view kept current node by node) + a scheduler.
 
     ``behind``: the view catches up only every that many arrivals, as a watch would during a
     burst if choices were not remembered (0: every choice is counted at once, as remember does).
+    ``draw``: choose as admission does, among the best few cards, seeded per pod.
     """
     rng = random.Random(seed + 7)
     used = [[0] * cards for _ in range(nodes)]
@@ -222,7 +233,8 @@ def run_gpushard(trace, nodes: int, cards: int, strategy: str, honour: bool, see
             total -= s
             seen(i)
             continue
-        choice = placement.choose(view, placement.Ask(shares=size), strategy)
+        choice = placement.choose(view, placement.Ask(shares=size), strategy,
+                                  random.Random(f"{seed}-{pod}") if draw else None)
         k = choice.card
         room = [i for i in range(nodes) if used[i][k] + size <= SHARES_PER_CARD]
         if not room:
@@ -236,8 +248,8 @@ def run_gpushard(trace, nodes: int, cards: int, strategy: str, honour: bool, see
         placed += 1
         where[pod] = (i, k, size)
         seen(i)
-    label = f"gpushard {strategy}" + ("" if honour else " (preference ignored)") + (
-        f" (view {behind} pods behind)" if behind else "")
+    label = f"gpushard {strategy}" + (" drawn among the best" if draw else "") + (
+        "" if honour else " (preference ignored)") + (f" (view {behind} pods behind)" if behind else "")
     return Result(label, total, nodes * cards * SHARES_PER_CARD, placed)
 
 
@@ -334,7 +346,9 @@ def bench_packing(seeds: list[int], nodes: int, cards: int, events: int, depart:
         trace = make_trace(seed, events, depart)
         results = [
             run_gpushard(trace, nodes, cards, "binpack", True, seed),
+            run_gpushard(trace, nodes, cards, "binpack", True, seed, draw=True),
             run_gpushard(trace, nodes, cards, "binpack", False, seed),
+            run_gpushard(trace, nodes, cards, "binpack", False, seed, draw=True),
             run_gpushard(trace, nodes, cards, "binpack", True, seed, behind=20),
             run_gpushard(trace, nodes, cards, "spread", True, seed),
             run_gpushard(trace, nodes, cards, "spread", False, seed),
@@ -362,9 +376,63 @@ def bench_packing(seeds: list[int], nodes: int, cards: int, events: int, depart:
         print(f"{name:46} {means[name]:>23.1%} {means[name] / ffd_mean:>7.3f}{extra}")
     ratio = means["gpushard binpack"] / ffd_mean
     print(f"binpack vs FFD: {ratio:.3f} (target >= 0.95): {'met' if ratio >= 0.95 else 'MISSED'}")
+    drawn = means["gpushard binpack drawn among the best"] / ffd_mean
+    print(f"binpack drawn among the best (as admitted) vs FFD: {drawn:.3f} (goal >= 0.98): "
+          f"{'met' if drawn >= 0.98 else 'MISSED'}")
     gain = means["gpushard binpack"] - means["gpushard binpack (preference ignored)"]
     print(f"preferred node honoured vs ignored (binpack): {gain:+.1%} of capacity at first Pending")
     return means
+
+
+# --- (c) stranded pods -----------------------------------------------------------------------------
+
+
+def bench_stranding(seed: int, bursts: int, churns: int, hours: float) -> dict:
+    print(f"\nstranded pods (waiting on a full card while another card had room, as many as the free cards "
+          f"could take together): 100 nodes x 8 cards; views 20 changes behind; {bursts} bursts per row "
+          f"(seeds {seed}..{seed + bursts - 1})")
+    schemes = (("before: best card, unbound pods forgotten after 30 s", False, 30.0),
+               ("now: drawn among the best, pinned pods kept", True, None))
+    out: dict = {}
+    print(f"\n{'burst of 330-500 pods, 70-80 % full':58} {'binds after':>11} {'choosers':>8} "
+          f"{'stranded mean':>13} {'worst':>6} {'worst %':>8}")
+    for delay in (0, 29, 31):
+        for label, draw, forget in schemes:
+            for choosers in (1, 2, 4):
+                runs = [stranding.burst(seed + i, choosers, 20, draw, delay=delay, forget_after=forget)
+                        for i in range(bursts)]
+                worst = max(s / n for n, s in runs)
+                mean = statistics.mean(s for _n, s in runs)
+                out[(delay, draw, choosers)] = worst
+                print(f"{label:58} {delay:>9} s {choosers:>8} {mean:>13.1f} {max(s for _n, s in runs):>6} "
+                      f"{worst:>8.1%}")
+    bound = [stranding.burst_bound(seed + i) for i in range(bursts)]
+    print(f"{'scheduler-time first fit (the bound)':58} {'-':>11} {'any':>8} "
+          f"{statistics.mean(s for _n, s in bound):>13.1f} {max(s for _n, s in bound):>6}")
+    goal = max(out[(0, True, c)] for c in (1, 2, 4))
+    print(f"now, binding at once, worst burst over 1, 2 and 4 choosers: {goal:.1%} stranded (goal <= 2 %): "
+          f"{'met' if goal <= 0.02 else 'MISSED'}")
+
+    print(f"\nchurn at 95 % load (Poisson arrivals, 30 min mean lifetime), 1 chooser, {churns} run(s) of "
+          f"{hours:g} h after 1 h warm-up; re-placement: pendingSeconds 120, interval 30 s")
+    print(f"{'scheme':58} {'stranded mean':>13} {'max':>5} {'> 2 min':>8} {'pending':>8} {'evicted/started':>16}")
+    rows = (("before: best card, forgotten after 30 s, no re-placement", False, False, 30.0),
+            ("now: drawn, kept, no re-placement", True, False, None),
+            ("now: drawn, kept, with re-placement", True, True, None))
+    means = {}
+    for label, draw, replace, forget in rows:
+        runs = [stranding.churn(seed + i, 1, 20, draw, replace, hours=hours, forget_after=forget)
+                for i in range(churns)]
+        means[label] = statistics.mean(r.stranded_mean for r in runs)
+        evicted, started_pods = sum(r.evicted for r in runs), sum(r.started for r in runs)
+        print(f"{label:58} {means[label]:>13.2f} {max(r.stranded_max for r in runs):>5} "
+              f"{statistics.mean(r.stranded_old_mean for r in runs):>8.2f} "
+              f"{statistics.mean(r.pending_mean for r in runs):>8.1f} {evicted / max(1, started_pods):>16.3f}")
+    before, after = means[rows[0][0]], means[rows[2][0]]
+    ratio = after / before if before else float("nan")
+    print(f"churn, with re-placement vs before: {ratio:.2f} of the stranded pods (goal <= 0.10): "
+          f"{'met' if ratio <= 0.10 else 'MISSED'}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -373,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=5, help="packing traces to run (seed, seed+1, ...)")
     parser.add_argument("--rounds", type=int, default=2000, help="timed choices per row")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and one trace")
+    parser.add_argument("--long", action="store_true",
+                        help="stranding: 10 bursts a row, 8 churn runs of 3 h (default: 4 bursts, 3 runs of 1 h)")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.seeds = 300, 1
@@ -380,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     bench_speed(args.seed, args.rounds)
     bench_packing([args.seed + i for i in range(args.seeds)], nodes=100, cards=8, events=12000, depart=0.35)
+    bench_stranding(args.seed, bursts=10 if args.long else (2 if args.quick else 4),
+                    churns=8 if args.long else (1 if args.quick else 3), hours=3.0 if args.long else 1.0)
     print(f"\nplacement bench finished in {time.perf_counter() - started:.0f} s")
     return 0
 
