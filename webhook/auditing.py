@@ -374,6 +374,8 @@ def status_json(use: audit.Usage, shares_per_card: int) -> dict:
         } for n in use.nodes],
         "pending": [{"namespace": h.namespace, "name": h.name, "card": k, "shares": h.shares}
                     for h, k in use.pending],
+        "stranded": [{"namespace": h.namespace, "name": h.name, "card": k, "shares": h.shares, "hint": hint}
+                     for h, k, hint in use.stranded],
         "totals": {"nodes": len(use.nodes), "cards": sum(len(n.cards) for n in use.nodes),
                    "capacity": use.capacity, "used": use.used, "free": use.free},
     }
@@ -413,6 +415,8 @@ def status_table(use: audit.Usage, width: int) -> str:
         rows.append("gpushard: no shared nodes (none offers a per-card resource)")
     for h, k in use.pending:
         rows.append(f"pending: {h.namespace}/{h.name} waits for card {k} ({h.shares} shares)")
+    for h, k, hint in use.stranded:
+        rows.append(f"stranded: {h.namespace}/{h.name} waits on full card {k} while another card has room: {hint}")
     return "\n".join(rows) + "\n"
 
 
