@@ -357,15 +357,15 @@ def bench_packing(seeds: list[int], nodes: int, cards: int, events: int, depart:
         ]
         arrivals = sum(1 for e in trace if e[0] == "arrive")
         print(f"\nseed {seed}: {len(trace)} events, {arrivals} arrivals")
-        print(f"{'scheme':46} {'in use at first Pending':>24} {'pods placed':>12} {'vs FFD':>7}")
+        print(f"{'scheme':58} {'in use at first Pending':>24} {'pods placed':>12} {'vs FFD':>7}")
         ffd = results[-1]
         for r in results:
             table[r.name].append(r)
             note = f"  ({r.spanning} pods = {r.spanning / max(1, r.placed):.0%} span several cards)" \
                 if r.name.startswith("naive") else ""
-            print(f"{r.name:46} {r.utilisation:>23.1%} {r.placed:>12} {r.utilisation / ffd.utilisation:>7.3f}{note}")
+            print(f"{r.name:58} {r.utilisation:>23.1%} {r.placed:>12} {r.utilisation / ffd.utilisation:>7.3f}{note}")
     print(f"\nmean over seeds {seeds}:")
-    print(f"{'scheme':46} {'in use at first Pending':>24} {'vs FFD':>7}")
+    print(f"{'scheme':58} {'in use at first Pending':>24} {'vs FFD':>7}")
     ffd_mean = statistics.mean(r.utilisation for r in table["offline FFD bound"])
     means = {}
     for name, rs in table.items():
@@ -373,7 +373,7 @@ def bench_packing(seeds: list[int], nodes: int, cards: int, events: int, depart:
         extra = ""
         if name.startswith("naive"):
             extra = f"  (pods spanning several cards: {sum(r.spanning for r in rs)} of {sum(r.placed for r in rs)})"
-        print(f"{name:46} {means[name]:>23.1%} {means[name] / ffd_mean:>7.3f}{extra}")
+        print(f"{name:58} {means[name]:>23.1%} {means[name] / ffd_mean:>7.3f}{extra}")
     ratio = means["gpushard binpack"] / ffd_mean
     print(f"binpack vs FFD: {ratio:.3f} (target >= 0.95): {'met' if ratio >= 0.95 else 'MISSED'}")
     drawn = means["gpushard binpack drawn among the best"] / ffd_mean
