@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from webhook import settings  # noqa: E402
 from webhook.core import placement, replacement  # noqa: E402
 
 CAPACITY = 100
@@ -287,7 +288,9 @@ class Churn:
 
 
 def churn(seed: int, choosers: int, lag: int, randomized: bool, replace: bool, hours: float = 2.0,
-          load: float = 0.95, lifetime: float = 1800.0, pending_seconds: float = 120, interval: float = 30,
+          load: float = 0.95, lifetime: float = 1800.0,
+          pending_seconds: float = settings.Replacement().pending_seconds,
+          interval: float = settings.Replacement().interval,
           warmup: float = 3600.0, forget_after: float | None = None) -> Churn:
     """Pods arrive (Poisson) and run for an exponential lifetime, at ``load`` of the capacity on average."""
     rng = random.Random(seed)

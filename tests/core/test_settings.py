@@ -1,6 +1,7 @@
 """We test:
 - the config file of SPEC.md loads into the policy, and an absent file means the defaults;
 - every bad key or value stops the program with a message naming the key and the value;
+- the replacement section (gpushard replace): defaults, values, and its off switch;
 - the static cluster file reads into a view, and its errors name the field.
 """
 
@@ -51,12 +52,24 @@ def test_other_values_load():
     ({"resources": {"fraction": "kubernetes.io/gpu"}}, "resources.fraction"),
     ({"resources": {"shares": "nvidia.com/gpu"}}, "resources: fraction, shares and cardPrefix"),
     ({"policy": ["binpack"]}, "policy: must be a mapping"),
+    ({"replacement": {"enabled": "no"}}, "replacement.enabled: must be true or false, got 'no'"),
+    ({"replacement": {"pendingSeconds": -1}}, "replacement.pendingSeconds: must be an integer of seconds >= 0"),
+    ({"replacement": {"interval": 0}}, "replacement.interval: must be an integer of seconds >= 1, got 0"),
+    ({"replacement": {"interval": 1.5}}, "replacement.interval"),
+    ({"replacement": {"pending": 60}}, "replacement.pending: unknown key"),
+    ({"replacement": "off"}, "replacement: must be a mapping"),
     ([1, 2], "must be a mapping"),
 ])
 def test_bad_config_names_the_key(data, named):
     with pytest.raises(settings.SettingsError) as err:
         settings.from_mapping(data)
     assert named in str(err.value)
+
+
+def test_the_replacement_section():
+    assert settings.from_mapping({}).replacement == settings.Replacement(True, 60, 15)
+    loaded = settings.from_mapping({"replacement": {"enabled": False, "pendingSeconds": 300, "interval": 60}})
+    assert loaded.replacement == settings.Replacement(False, 300, 60)
 
 
 def test_bad_files_name_the_file(tmp_path):
