@@ -416,7 +416,8 @@ def bench_stranding(seed: int, bursts: int, churns: int, hours: float) -> dict:
     print(f"\nchurn at 95 % load (Poisson arrivals, 30 min mean lifetime), 1 chooser, {churns} run(s) of "
           f"{hours:g} h after 1 h warm-up; re-placement as configured by default: pendingSeconds "
           f"{stranding.settings.Replacement().pending_seconds}, interval {stranding.settings.Replacement().interval} s")
-    print(f"{'scheme':58} {'stranded mean':>13} {'max':>5} {'> 2 min':>8} {'pending':>8} {'evicted/started':>16}")
+    waited = f"> {stranding.settings.Replacement().pending_seconds} s"
+    print(f"{'scheme':58} {'stranded mean':>13} {'max':>5} {waited:>8} {'pending':>8} {'evicted/started':>16}")
     rows = (("before: best card, forgotten after 30 s, no re-placement", False, False, 30.0),
             ("now: drawn, kept, no re-placement", True, False, None),
             ("now: drawn, kept, with re-placement", True, True, None))
