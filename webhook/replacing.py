@@ -173,10 +173,10 @@ class Replacer:
         now = self._wall()
         selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
         for obj in self._pages(self._core.list_pod_for_all_namespaces, label_selector=selector):
-            spec, meta = obj.get("spec") or {}, obj.get("metadata") or {}
-            status = obj.get("status") or {}
-            if not isinstance(spec, dict) or status.get("phase") in kube.TERMINAL_PHASES:
-                continue
+            spec, meta, status = (obj.get(key) or {} for key in ("spec", "metadata", "status"))
+            if not (isinstance(spec, dict) and isinstance(meta, dict) and isinstance(status, dict)) or \
+                    status.get("phase") in kube.TERMINAL_PHASES:
+                continue  # an object of the wrong shape is no pod gpushard placed
             shares = kube.pod_card_shares(spec, policy)
             if spec.get("nodeName"):
                 for k, n in shares.items():  # a terminating pod holds its shares until it is gone

@@ -13,7 +13,7 @@ We test:
   means skip: the pod stays, no Event;
 - nothing is evicted when no other card has room, nor before pendingSeconds, nor when the
   off switch is set; only as many as the free cards can take together, oldest first;
-- lists are read page by page.
+- lists are read page by page; objects of odd shapes are skipped, never a crash.
 """
 
 from __future__ import annotations
@@ -264,3 +264,17 @@ def test_lists_are_read_page_by_page(fake):
 def _no_kubeconfig(monkeypatch, fake):
     """`replacing.run` builds its client from a kubeconfig: point it at the fake."""
     monkeypatch.setattr(replacing, "api_client", lambda *_a, **_k: fake.api_client())
+
+
+def test_objects_of_odd_shapes_are_skipped(fake):
+    seed_cluster(fake)
+    shared = {names.SHARED_LABEL: names.SHARED_LABEL_VALUE}
+    fake.put("pods", {"metadata": {"name": "odd-1", "namespace": "team", "labels": shared}, "spec": [], "status": "x"})
+    fake.put("pods", {"metadata": {"name": "odd-2", "namespace": "team", "labels": shared,
+                                   "ownerReferences": {"kind": "ReplicaSet"}},
+                      "spec": {"containers": "none", "affinity": []}, "status": {"phase": "Pending"}})
+    bad_affinity = waiting_pod("odd-3", 0, 25, ("ReplicaSet", "web"))
+    bad_affinity["spec"]["affinity"] = {"nodeAffinity": []}
+    fake.put("pods", bad_affinity)
+    outcome = make(fake).pass_once()
+    assert outcome.evicted == [] and outcome.plan.moves == []
