@@ -96,6 +96,24 @@ class Elector:
             return False
         return self._write(lease, now)
 
+    def release(self) -> None:
+        """Give the lease up (on shutdown), so that another replacer need not wait for it to expire."""
+        try:
+            lease = _json(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
+                                                          _request_timeout=REQUEST_TIMEOUT))
+            spec = dict(lease.get("spec") or {})
+            if spec.get("holderIdentity") != self.identity:
+                return
+            stamp = _now_text(self._wall)
+            spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=stamp, acquireTime=stamp)
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec,
+                    "metadata": {"name": self.name, "namespace": self.namespace,
+                                 "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")}}
+            _json(self._api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
+                                                     _request_timeout=REQUEST_TIMEOUT))
+        except kubernetes.client.ApiException as exc:  # it expires anyway
+            log.warning("gpushard: could not release Lease %s/%s (%s)", self.namespace, self.name, exc.status)
+
     def _write(self, lease: dict | None, now: float) -> bool:
         spec = dict((lease or {}).get("spec") or {})
         stamp = _now_text(self._wall)
@@ -301,6 +319,7 @@ class Replacer:
             except Exception:  # noqa: BLE001 - one failed pass must not end the loop
                 log.exception("gpushard: a re-placement pass failed; trying again next interval")
             stop.wait(self._settings.replacement.interval)
+        self.elector.release()
 
 
 def api_client(kubeconfig: str | None = None, context: str | None = None):

@@ -3,7 +3,8 @@
 We test:
 - leader election on a Lease: of two replacers one leads and the other does nothing; the
   leader renews; after the leader stops renewing for the lease's duration the other takes over
-  (a transition is counted), and the old leader then stands by;
+  (a transition is counted), and the old leader then stands by; a leader that stops releases
+  the lease and the other takes it at once; the loop runs passes until stopped;
 - each owner kind: a ReplicaSet's and a StatefulSet's pods are evicted (one per StatefulSet per
   pass), a Job's only when its podFailurePolicy ignores DisruptionTarget; a Job that would count
   the eviction, a bare pod and a pod whose ReplicaSet is gone are not evicted but reported;
@@ -19,6 +20,7 @@ We test:
 from __future__ import annotations
 
 import datetime
+import threading
 
 import pytest
 
@@ -120,6 +122,27 @@ def test_one_of_two_leads_and_the_other_takes_over_after_the_lease_expires(fake)
     assert lease["spec"]["holderIdentity"] == "r2" and lease["spec"]["leaseTransitions"] == 1
     a_clock.now += 1
     assert a.pass_once() is None  # the old leader comes back and stands by
+
+    # A leader that stops gives the lease up: the other takes it at once.
+    b.elector.release()
+    assert fake.get("leases", names.REPLACER_LEASE, NS)["spec"].get("holderIdentity") is None
+    assert a.pass_once() is not None
+    assert fake.get("leases", names.REPLACER_LEASE, NS)["spec"]["holderIdentity"] == "r1"
+
+
+def test_the_loop_runs_passes_until_stopped_then_releases(fake):
+    seed_cluster(fake)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    replacer = make(fake)
+    stop = threading.Event()
+    thread = threading.Thread(target=replacer.run, args=(stop,))
+    thread.start()
+    o.wait_for(lambda: "web-x1" not in pods(fake), what="the first pass")
+    stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert fake.get("leases", names.REPLACER_LEASE, NS)["spec"].get("holderIdentity") is None
 
 
 def test_each_owner_kind_is_handled_as_its_controller_counts_an_eviction(fake):
