@@ -340,6 +340,7 @@ def test_audit_only_overlay_keeps_only_the_audit_webhook(base):
     hooks = _find(objects, "MutatingWebhookConfiguration")["webhooks"]
     assert [h["name"] for h in hooks] == ["audit.gpushard.io"]
     assert hooks[0]["failurePolicy"] == "Ignore"
+    assert not [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpushard-replacer"]
 
 
 def test_kind_overlay_runs_the_agent_on_the_fake_inventory():
