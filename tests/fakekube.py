@@ -10,7 +10,10 @@ the pod proxy, and watch streams with resourceVersions (an object that stops mat
 sent as DELETED, as the API server does); it can expire history (watches from older versions,
 and continue tokens issued before, get 410 Gone) and drop every open watch connection; with
 ``tokens`` set it authenticates bearer tokens (401) and lets each read only its namespaces (403),
-as RBAC would.
+as RBAC would. For the replacer it also stores Leases and Events (create, replace with a
+resourceVersion check), and answers pod evictions as the API server does: preconditions,
+PodDisruptionBudgets checked only for pods that are not Pending or ended (429 when one allows no
+disruption), the DisruptionTarget condition set, then the pod deleted.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ KINDS.update({"secrets": "Secret", "mutatingwebhookconfigurations": "MutatingWeb
 GROUPS["mutatingwebhookconfigurations"] = "admissionregistration.k8s.io/v1"
 CLUSTER_SCOPED += ("mutatingwebhookconfigurations",)
 WRITABLE = ("secrets", "mutatingwebhookconfigurations")
+# What `gpushard replace` uses: its Lease, Events on evicted pods, and the budgets evictions honour.
+KINDS.update({"leases": "Lease", "events": "Event", "poddisruptionbudgets": "PodDisruptionBudget"})
+GROUPS.update({"leases": "coordination.k8s.io/v1", "poddisruptionbudgets": "policy/v1"})
+WRITABLE += ("leases", "events")
 
 
 def _matches_selector(labels: dict, selector: str) -> bool:
@@ -79,6 +86,9 @@ class FakeKube:
         # The pod proxy (GET .../pods/<name>:<port>/proxy/<path>): (namespace, name, port) -> handler(path)
         # giving (status, body); a pod with no handler answers 503 as the API server does for no endpoint.
         self.proxies: dict[tuple[str, str, int], object] = {}
+        # Called with (namespace, name), the lock held, as an eviction arrives: what changes the pod
+        # between a client's list and its eviction (the scheduler binding it, the kubelet starting it).
+        self.before_eviction: list = []
         self._generation = 0  # bumped to drop open watches
         self.compactions = 0  # bumped by expire_history: continue tokens issued before it get 410 Gone
         self.before: dict[int, dict] = {}  # resourceVersion of a MODIFIED event -> the object before it
@@ -410,12 +420,73 @@ class FakeKube:
                 self._send(201 if create else 200, stored)
 
             def do_POST(self):
+                path = urlparse(self.path).path.rstrip("/").split("/")
+                if path[-1] == "eviction" and path[-3] == "pods":
+                    return self._evict(path[-4], path[-2])
                 self._write(create=True)
+
+            def _evict(self, namespace: str, name: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                if not self._before(body):
+                    return
+                wanted = (json.loads(body or b"{}").get("deleteOptions") or {}).get("preconditions") or {}
+                with fake.lock:
+                    for hook in fake.before_eviction:
+                        hook(namespace, name)
+                    pod = fake.objects["pods"].get((namespace, name))
+                    if pod is None:
+                        return self._status(404, "NotFound", f'pods "{name}" not found')
+                    meta, status = pod["metadata"], pod.get("status") or {}
+                    # As the API server's eviction: budgets do not protect pods that are Pending,
+                    # ended, or already being deleted; an unready pod passes while the budget
+                    # has its healthy pods. Preconditions are checked at the deletion, after.
+                    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                                for c in status.get("conditions") or ())
+                    if status.get("phase") not in ("Pending", "Succeeded", "Failed") and not meta.get(
+                            "deletionTimestamp"):
+                        budgets = [b for b in fake.objects["poddisruptionbudgets"].values()
+                                   if b["metadata"].get("namespace") == namespace and _selects(b, pod)]
+                        if len(budgets) > 1:
+                            return self._status(500, "InternalError",
+                                                "This pod has more than one PodDisruptionBudget")
+                        health = (budgets[0].get("status") or {}) if budgets else {}
+                        if budgets and not ready and 0 < int(health.get("desiredHealthy") or 0) <= int(
+                                health.get("currentHealthy") or 0):
+                            budgets = []
+                        if budgets:
+                            budget = budgets[0]
+                            if int((budget.get("status") or {}).get("disruptionsAllowed") or 0) <= 0:
+                                return self._status(429, "TooManyRequests",
+                                                    "Cannot evict pod as it would violate the pod's disruption budget.")
+                            budget = copy.deepcopy(budget)
+                            budget["status"]["disruptionsAllowed"] -= 1
+                            key = (namespace, budget["metadata"]["name"])
+                            fake.objects["poddisruptionbudgets"][key] = fake._bump("poddisruptionbudgets",
+                                                                                   "MODIFIED", budget)
+                    if wanted.get("uid") not in (None, meta["uid"]) or \
+                            wanted.get("resourceVersion") not in (None, meta["resourceVersion"]):
+                        return self._status(409, "Conflict", "Precondition failed: UID or ResourceVersion")
+                    pod = copy.deepcopy(pod)
+                    pod.setdefault("status", {}).setdefault("conditions", []).append(
+                        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI",
+                         "message": "Eviction API: evicting"})
+                    fake._bump("pods", "MODIFIED", pod)
+                    del fake.objects["pods"][(namespace, name)]
+                    fake._bump("pods", "DELETED", pod)
+                self._send(201, {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
 
             def do_PUT(self):
                 self._write(create=False)
 
         return Handler
+
+
+def _selects(budget: dict, pod: dict) -> bool:
+    """Whether a PodDisruptionBudget's matchLabels select the pod (the fake knows no expressions)."""
+    want = ((budget.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    labels = pod["metadata"].get("labels") or {}
+    return all(labels.get(k) == v for k, v in want.items())
 
 
 def _merge(target: dict, patch: dict) -> dict:

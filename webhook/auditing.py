@@ -446,6 +446,8 @@ def status_json(use: audit.Usage, shares_per_card: int) -> dict:
         } for n in use.nodes],
         "pending": [{"namespace": h.namespace, "name": h.name, "card": k, "shares": h.shares}
                     for h, k in use.pending],
+        "stranded": [{"namespace": h.namespace, "name": h.name, "card": k, "shares": h.shares, "hint": hint}
+                     for h, k, hint in use.stranded],
         "totals": {"nodes": len(use.nodes), "cards": sum(len(n.cards) for n in use.nodes),
                    "capacity": use.capacity, "used": use.used, "free": use.free},
     }
@@ -496,6 +498,8 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
     lines = [] if no_headers else (["gpushard: no shared nodes (none offers a per-card resource)"]
                                    if not use.nodes else [])
     lines += [f"pending: {h.namespace}/{h.name} waits for card {k} ({h.shares} shares)" for h, k in use.pending]
+    lines += [f"stranded: {h.namespace}/{h.name} waits on full card {k} while another card has room: {hint}"
+              for h, k, hint in use.stranded]
     return text + "".join(line + "\n" for line in lines)
 
 

@@ -182,6 +182,14 @@ def cmd_top(args: argparse.Namespace) -> int:
     return topping.run_top(args, conn)
 
 
+# --- replace ---------------------------------------------------------------------------------
+
+def cmd_replace(args: argparse.Namespace) -> int:
+    from webhook import replacing
+
+    return replacing.run(args, _settings(args.config))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpushard", description="Fractional GPUs on Kubernetes: one pod, one physical card.")
@@ -253,6 +261,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit(sub)
     _add_status(sub)
     _add_top(sub)
+
+    p = sub.add_parser("replace", help="evict pinned pods waiting on a full card while another card has room, "
+                                       "so their controller recreates them (one leader, by a Lease)")
+    p.add_argument("--config", help="gpushard config file (its replacement: section)")
+    p.add_argument("--namespace", help="namespace of the Lease (default: $POD_NAMESPACE, else gpushard-system)")
+    p.add_argument("--identity", help="this replacer's name in the Lease (default: $POD_NAME, else host-pid)")
+    p.add_argument("--once", action="store_true", help="one pass (if this process gets the Lease), then exit")
+    p.add_argument("--dry-run", action="store_true", help="say what would be evicted; evict nothing")
+    kubectl.add_cluster_flags(p)
+    p.set_defaults(func=cmd_replace)
     return parser
 
 

@@ -25,9 +25,19 @@ class SettingsError(ValueError):
 
 
 @dataclass(frozen=True)
+class Replacement:
+    """`gpushard replace`: evict pinned pods waiting on a full card while another card has room."""
+
+    enabled: bool = True
+    pending_seconds: int = 60  # how long a pod waits before gpushard re-places it
+    interval: int = 15  # seconds between passes
+
+
+@dataclass(frozen=True)
 class Settings:
     policy: policy_mod.Policy = field(default_factory=policy_mod.Policy)
     source: str = "<defaults>"
+    replacement: Replacement = field(default_factory=Replacement)
 
 
 def _check_keys(where: str, data: dict, allowed: set[str]) -> None:
@@ -100,7 +110,8 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         data = {}
     if not isinstance(data, dict):
         raise SettingsError(f"{source}: the config must be a mapping, got {type(data).__name__}")
-    _check_keys("", data, {"version", "sharesPerCard", "resources", "policy", "deviceListStrategy", "isolation"})
+    _check_keys("", data, {"version", "sharesPerCard", "resources", "policy", "deviceListStrategy", "isolation",
+                           "replacement"})
     version = data.get("version", VERSION)
     if version != VERSION:
         raise SettingsError(f"version: must be {VERSION!r}, got {version!r}")
@@ -146,7 +157,23 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         isolation=_choice("isolation", data.get("isolation", "none"), policy_mod.ISOLATIONS),
         runtime_class_name=runtime_class,
     )
-    return Settings(policy=policy, source=source)
+    return Settings(policy=policy, source=source, replacement=_replacement(data.get("replacement")))
+
+
+def _replacement(value: Any) -> Replacement:
+    data = _mapping("replacement", value)
+    _check_keys("replacement.", data, {"enabled", "pendingSeconds", "interval"})
+    defaults = Replacement()
+    enabled = data.get("enabled", defaults.enabled)
+    if not isinstance(enabled, bool):
+        raise SettingsError(f"replacement.enabled: must be true or false, got {enabled!r}")
+    numbers = {}
+    for key, default, low in (("pendingSeconds", defaults.pending_seconds, 0), ("interval", defaults.interval, 1)):
+        number = data.get(key, default)
+        if isinstance(number, bool) or not isinstance(number, int) or number < low:
+            raise SettingsError(f"replacement.{key}: must be an integer of seconds >= {low}, got {number!r}")
+        numbers[key] = number
+    return Replacement(enabled, numbers["pendingSeconds"], numbers["interval"])
 
 
 def read_yaml(path: Path, what: str, error: type[Exception], formats: str = "YAML") -> object:

@@ -6,7 +6,8 @@ We test:
 - per-card shares of a pod: requests defaulted from limits, init containers against app
   containers and sidecars, several cards, unreadable values and shapes;
 - usage: shared nodes only, finished pods not counted, pending pinned pods listed, a card the
-  node stopped offering kept with capacity 0;
+  node stopped offering kept with capacity 0; pending pods stranded on a full card while another
+  card has room named with what to do (bare pods: recreate them; ReplicaSets: gpushard replace);
 - the context rules on their own: annotation and pin, nvidia.com/gpu and unpinned shares on shared
   nodes, cards the node lacks, objects that cannot be read;
 - odd shapes (an env that is no list, entries that are no mappings, a kind that is no text) are
@@ -102,6 +103,18 @@ def test_usage():
     assert [h.name for h in cards[0].holders] == ["p"]
     assert use.pending == ((audit.Holder("ml", "wait", 5), 0),)
     assert (use.capacity, use.used, use.free) == (100, 90, 70)
+
+
+def test_usage_names_stranded_pods_and_what_to_do():
+    nodes = [node("a", {0: "100", 1: "100"})]
+    owned = {"ownerReferences": [{"kind": "ReplicaSet", "name": "web", "controller": True}]}
+    pods = [pod("full", "a", 0, 90), pod("bare", None, 0, 20), pod("web-1", None, 0, 20, "Pending", **owned),
+            pod("fits", None, 0, 10), pod("huge", None, 0, 100)]
+    use = audit.usage(nodes, pods, POLICY)
+    stranded = {h.name: (k, hint) for h, k, hint in use.stranded}
+    assert set(stranded) == {"bare", "web-1", "huge"}  # fits: card 0 has room; huge: card 1 has 100
+    assert "bare pod" in stranded["bare"][1] and "delete it" in stranded["bare"][1]
+    assert "gpushard replace" in stranded["web-1"][1] and "ReplicaSet" in stranded["web-1"][1]
 
 
 def rules(found) -> list[str]:

@@ -3,6 +3,7 @@
 - policy.exempt and deviceListStrategy load, default to nothing exempt and [envvar, volume-mounts];
 - policy.runtimeClassName: unset, empty or null leaves pods alone; a name loads;
 - every bad key or value stops the program with a message naming the key and the value;
+- the replacement section (gpushard replace): defaults, values, and its off switch;
 - the static cluster file reads into a view, and its errors name the field.
 """
 
@@ -80,12 +81,24 @@ def test_runtime_class_name(value, loaded):
     ({"deviceListStrategy": ["envvar", "envvar"]}, "deviceListStrategy: lists a strategy twice"),
     ({"policy": {"runtimeClassName": "NVIDIA"}}, "policy.runtimeClassName: 'NVIDIA'"),
     ({"policy": {"runtimeClassName": 7}}, "policy.runtimeClassName: 7"),
+    ({"replacement": {"enabled": "no"}}, "replacement.enabled: must be true or false, got 'no'"),
+    ({"replacement": {"pendingSeconds": -1}}, "replacement.pendingSeconds: must be an integer of seconds >= 0"),
+    ({"replacement": {"interval": 0}}, "replacement.interval: must be an integer of seconds >= 1, got 0"),
+    ({"replacement": {"interval": 1.5}}, "replacement.interval"),
+    ({"replacement": {"pending": 60}}, "replacement.pending: unknown key"),
+    ({"replacement": "off"}, "replacement: must be a mapping"),
     ([1, 2], "must be a mapping"),
 ])
 def test_bad_config_names_the_key(data, named):
     with pytest.raises(settings.SettingsError) as err:
         settings.from_mapping(data)
     assert named in str(err.value)
+
+
+def test_the_replacement_section():
+    assert settings.from_mapping({}).replacement == settings.Replacement(True, 60, 15)
+    loaded = settings.from_mapping({"replacement": {"enabled": False, "pendingSeconds": 300, "interval": 60}})
+    assert loaded.replacement == settings.Replacement(False, 300, 60)
 
 
 def test_bad_files_name_the_file(tmp_path):

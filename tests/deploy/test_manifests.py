@@ -182,7 +182,7 @@ def test_every_container_command_line_parses(base):
                 for container in spec["containers"]:
                     assert "command" not in container, "the image's ENTRYPOINT is gpushard"
                     args = _args(container)
-                    assert args.command in ("serve", "agent", "certs")
+                    assert args.command in ("serve", "agent", "certs", "replace")
 
 
 def test_the_config_map_loads_and_names_the_code_defaults(base):
@@ -382,6 +382,7 @@ def test_audit_only_overlay_keeps_only_the_audit_webhook(base):
     assert hooks[0]["failurePolicy"] == "Ignore"
     # and no agent: NVIDIA's device plugin keeps serving the GPUs in audit mode.
     assert not [o for o in objects if o["kind"] == "DaemonSet"]
+    assert not [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpushard-replacer"]
 
 
 def test_isolation_mps_overlay_configures_both_and_gives_the_agent_its_folders(base):

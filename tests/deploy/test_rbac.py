@@ -29,7 +29,7 @@ from tests.deploy import rendering
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpushard-system"
 API_CLASSES = (kubernetes.client.CoreV1Api, kubernetes.client.AppsV1Api, kubernetes.client.BatchV1Api,
-               kubernetes.client.AdmissionregistrationV1Api)
+               kubernetes.client.AdmissionregistrationV1Api, kubernetes.client.CoordinationV1Api)
 VERB_PREFIXES = {"list": "list", "read": "get", "patch": "patch", "create": "create", "replace": "update",
                  "delete": "delete", "connect": "create"}
 # Who runs what: the module a program starts from, and the account it runs as.
@@ -39,9 +39,11 @@ PROGRAMS = {
     "gpushard-certs": ("webhook.installing",),
     "auditor": ("webhook.auditing",),
     "top": ("webhook.topping",),
+    "gpushard-replacer": ("webhook.replacing",),
 }
 # Objects named in the manifests, for rules limited by resourceNames.
-NAMED = {("", "secrets"): "gpushard-tls", ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): "gpushard"}
+NAMED = {("", "secrets"): "gpushard-tls", ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): "gpushard",
+         ("coordination.k8s.io", "leases"): "gpushard-replacer"}
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,7 @@ def test_the_scan_finds_the_calls_we_know_of():
         {"get", "patch"}
 
 
-@pytest.mark.parametrize("account", ["gpushard-webhook", "gpushard-agent", "gpushard-certs"])
+@pytest.mark.parametrize("account", ["gpushard-webhook", "gpushard-agent", "gpushard-certs", "gpushard-replacer"])
 def test_each_service_account_has_exactly_what_its_program_calls(objects, account):
     rules = grants(objects, account)
     calls = required()[account]
@@ -228,6 +230,7 @@ def test_pods_run_as_the_account_their_program_needs(objects):
             accounts[(obj["kind"], obj["metadata"]["name"])] = spec["serviceAccountName"]
     assert accounts == {("Deployment", "gpushard-webhook"): "gpushard-webhook",
                         ("DaemonSet", "gpushard-agent"): "gpushard-agent",
+                        ("Deployment", "gpushard-replacer"): "gpushard-replacer",
                         ("Job", "gpushard-certs"): "gpushard-certs",
                         ("CronJob", "gpushard-certs-renew"): "gpushard-certs"}
 
@@ -262,6 +265,6 @@ def test_no_wildcards_and_no_secrets_where_none_are_needed(objects):
         for rule in obj.get("rules", []) if obj["kind"] in ("Role", "ClusterRole") else []:
             for field in ("apiGroups", "resources", "verbs", "resourceNames"):
                 assert "*" not in rule.get(field, []), f"{obj['kind']} {obj['metadata']['name']}: '*' in {field}"
-    for account in ("gpushard-webhook", "gpushard-agent"):
+    for account in ("gpushard-webhook", "gpushard-agent", "gpushard-replacer"):
         assert not [r for r, _ in grants(objects, account) if "secrets" in r["resources"]]
     assert not [r for r in _rules(objects, "ClusterRole", "gpushard-auditor") if "secrets" in r["resources"]]

@@ -173,7 +173,7 @@ def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy,
         namespace = request.get("namespace")
         decision = decisions.decide(decisions.Request(
             obj, kind, operation, mode, dry_run, old=request.get("oldObject"),
-            sub_resource=sub_resource if isinstance(sub_resource, str) else "",
+            sub_resource=sub_resource if isinstance(sub_resource, str) else "", seed=uid,
             namespace=namespace if isinstance(namespace, str) else ""), policy, _snapshot(view))
     except RecursionError:
         decision = decisions.Decision(allowed=False, code=400,

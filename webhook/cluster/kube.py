@@ -6,12 +6,13 @@ an immutable ``placement.View`` up to date node by node (``placement.replace_nod
 admission takes ``snapshot()`` without waiting on anything. Lists come in pages, each reduced to
 what placement reads before the next; nodes are those the agent labelled with its cards.
 
-Shares a pod holds count on its node and card from the moment the watch shows it bound.
-Between a choice and that moment the view would not know of the pod, so a burst of pods
-would all pick the same nearly full card; ``remember`` therefore counts each choice on its
-node for a short time, until the watch shows a pod that accounts for it. A pod that is seen
-before it is bound (no node yet) keeps its remembered entry alive until it binds; without
-one, the node named by gpushard's preferred affinity term stands in for a while.
+Shares a pod holds count on its node and card from the moment the watch shows it bound. A pod
+gpushard pinned that the watch shows unbound counts on the node its preferred affinity term
+names (where it was chosen) until it binds or goes away, however long that takes. Between a
+choice and the watch showing its pod the view would not know of the pod, so a burst of pods
+would all pick the same nearly full card; ``remember`` therefore counts each choice on its node
+until the watch shows a pod that accounts for it, or for at most ``remember_ttl`` seconds (a
+pod the API server refused never shows). Choices expire oldest first, each in constant time.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 import kubernetes
 
+from webhook import connecting
 from webhook import settings as settings_mod
 from webhook.cluster import static
 from webhook.core import findings as f
@@ -83,7 +85,7 @@ class _Entry:
     card: int
     shares: int
     deadline: float
-    claimed_by: str | None = None  # uid of an unbound pod the entry stands for
+    number: int = 0  # its place among the remembered choices, oldest first
 
 
 # --- reading API objects (raw JSON: the typed models are too slow for thousands of pods) --------
@@ -174,18 +176,13 @@ def read_pod(obj: dict, policy: Policy) -> _Pod | None:
 
 
 def _api_client() -> kubernetes.client.ApiClient | None:
-    """A client for the API server: in-cluster config, else the kubeconfig; None without either."""
-    config = kubernetes.client.Configuration()
+    """A client for the API server from the one kubeconfig loader (kubectl's order; in a pod, the
+    in-cluster service account); None without any."""
     try:
-        kubernetes.config.load_incluster_config(client_configuration=config)
-    except kubernetes.config.ConfigException:
-        try:
-            kubernetes.config.load_kube_config(client_configuration=config)
-        except Exception as exc:  # the loaders raise several kinds; any means "no config"
-            log.error("gpushard: no in-cluster config and no usable kubeconfig (%s); card choice runs "
-                      "without a cluster view", exc)
-            return None
-    return kubernetes.client.ApiClient(config)
+        return connecting.client().api
+    except connecting.ConfigError as exc:
+        log.error("%s; card choice runs without a cluster view", exc)
+        return None
 
 
 # --- the view ------------------------------------------------------------------------------------
@@ -213,9 +210,17 @@ class KubeView:
         self._base: dict[str, placement.Node] = {}  # nodes as listed, no shares used
         self._pods: dict[str, _Pod] = {}
         self._used: collections.Counter = collections.Counter()  # (node, card) -> shares of bound pods
-        self._entries: list[_Entry] = []  # remembered choices, oldest first
-        self._claims: dict[str, _Entry] = {}  # pod uid -> the entry it keeps alive
-        self._tentative: collections.Counter = collections.Counter()  # (node, card) -> remembered shares
+        # Remembered choices, oldest first (so soonest to expire: one time to live for all), and
+        # the same by (card, shares) and by (node, card, shares), for a pod to find its own.
+        # OrderedDicts: their first item is found in constant time however many went before it,
+        # where a plain dict scans the slots of the items deleted from its front.
+        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
+        self._by_ask: dict[tuple, collections.OrderedDict[int, _Entry]] = {}
+        self._by_place: dict[tuple, collections.OrderedDict[int, _Entry]] = {}
+        self._numbers = 0
+        self._waiting: dict[str, str] = {}  # uid of an unbound pod -> the node it counts on
+        # (node, card) -> shares of remembered choices and of unbound pods counted on the node.
+        self._tentative: collections.Counter = collections.Counter()
         self._next_deadline = math.inf
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
@@ -290,37 +295,54 @@ class KubeView:
             self._add_entry(entry)
             touched.add(entry.node)
         now = self._clock()
-        if self._next_deadline <= now:
-            for entry in [e for e in self._entries if e.deadline <= now]:
-                self._drop_entry(entry)
-                touched.add(entry.node)
+        while self._next_deadline <= now:
+            entry = next(iter(self._entries.values()))
+            self._drop_entry(entry)
+            touched.add(entry.node)
         return touched
 
+    def _count(self, node: str, card: int, shares: int) -> None:
+        key = (node, card)
+        self._tentative[key] += shares
+        if self._tentative[key] <= 0:
+            del self._tentative[key]
+
     def _add_entry(self, entry: _Entry) -> None:
-        self._entries.append(entry)
-        self._tentative[(entry.node, entry.card)] += entry.shares
-        if entry.claimed_by is not None:
-            self._claims[entry.claimed_by] = entry
+        self._numbers += 1
+        entry.number = self._numbers
+        self._entries[entry.number] = entry
+        for table, key in ((self._by_ask, (entry.card, entry.shares)),
+                           (self._by_place, (entry.node, entry.card, entry.shares))):
+            table.setdefault(key, collections.OrderedDict())[entry.number] = entry
+        self._count(entry.node, entry.card, entry.shares)
         self._next_deadline = min(self._next_deadline, entry.deadline)
 
     def _drop_entry(self, entry: _Entry) -> None:
-        self._entries.remove(entry)
-        self._tentative[(entry.node, entry.card)] -= entry.shares
-        if self._tentative[(entry.node, entry.card)] <= 0:
-            del self._tentative[(entry.node, entry.card)]
-        if entry.claimed_by is not None:
-            self._claims.pop(entry.claimed_by, None)
-        self._next_deadline = min((e.deadline for e in self._entries), default=math.inf)
+        del self._entries[entry.number]
+        for table, key in ((self._by_ask, (entry.card, entry.shares)),
+                           (self._by_place, (entry.node, entry.card, entry.shares))):
+            group = table[key]
+            del group[entry.number]
+            if not group:
+                del table[key]
+        self._count(entry.node, entry.card, -entry.shares)
+        # Entries are kept in the order they expire: the oldest left is the next due.
+        self._next_deadline = next(iter(self._entries.values())).deadline if self._entries else math.inf
 
-    def _unclaimed(self, card: int, shares: int, node: str | None) -> _Entry | None:
-        """The oldest unclaimed entry for (card, shares), preferring one on ``node``."""
-        fallback = None
-        for entry in self._entries:
-            if entry.claimed_by is None and entry.card == card and entry.shares == shares:
-                if node is None or entry.node == node:
-                    return entry
-                fallback = fallback or entry
-        return fallback
+    def _entry_for(self, pod: _Pod) -> _Entry | None:
+        """The oldest remembered choice that ``pod`` accounts for, if any.
+
+        A pod with gpushard's preferred term was chosen on that node: only an entry there can be
+        its own (another replica's pod of the same size must not take this process's entry). A
+        pod without one takes the oldest entry of its card and shares, preferring its node.
+        """
+        card, shares = min(pod.shares.items())
+        if pod.preferred:
+            group = self._by_place.get((pod.preferred, card, shares))
+        else:
+            group = self._by_place.get((pod.node, card, shares)) if pod.node else None
+            group = group or self._by_ask.get((card, shares))
+        return next(iter(group.values())) if group else None
 
     def _node(self, name: str) -> placement.Node | None:
         """The node as the view shows it: its listed state with the shares held and remembered.
@@ -383,7 +405,12 @@ class KubeView:
         return {name}
 
     def _set_pod(self, uid: str, pod: _Pod | None) -> set[str]:
-        """Account for a pod's new state (None: deleted, or holds nothing); the nodes touched."""
+        """Account for a pod's new state (None: deleted, or holds nothing); the nodes touched.
+
+        A bound pod counts where it runs. An unbound one counts on the node it stands for: the
+        one its preferred term names, else the node of the remembered choice it took over, and
+        it keeps counting there until it binds or goes away.
+        """
         touched: set[str] = set()
         old = self._pods.get(uid)
         if old is not None and old.active and old.node:
@@ -392,34 +419,31 @@ class KubeView:
                 if self._used[(old.node, k)] <= 0:
                     del self._used[(old.node, k)]
             touched.add(old.node)
-        claim = self._claims.get(uid)
+        standing = self._waiting.pop(uid, None)
+        if standing is not None:
+            for k, shares in old.shares.items():
+                self._count(standing, k, -shares)
+            touched.add(standing)
         if pod is None or not pod.active:
             self._pods.pop(uid, None)
-            if claim is not None:
-                self._drop_entry(claim)
-                touched.add(claim.node)
             return touched
         self._pods[uid] = pod
-        card, shares = min(pod.shares.items())
+        # A pod new to the view accounts for the choice made for it, bound or not.
+        entry = self._entry_for(pod) if old is None else None
+        if entry is not None:
+            self._drop_entry(entry)
+            touched.add(entry.node)
         if pod.node:
             for k, held in pod.shares.items():
                 self._used[(pod.node, k)] += held
             touched.add(pod.node)
-            # The pod now counts where it runs: the entry that stood for it has done its work.
-            entry = claim if claim is not None else (self._unclaimed(card, shares, pod.node) if old is None
-                                                     else None)
-            if entry is not None:
-                self._drop_entry(entry)
-                touched.add(entry.node)
-        elif claim is None and old is None:
-            entry = self._unclaimed(card, shares, pod.preferred)
-            if entry is not None:
-                entry.claimed_by = uid
-                self._claims[uid] = entry
-            elif pod.preferred:
-                entry = _Entry(pod.preferred, card, shares, self._clock() + self._ttl, uid)
-                self._add_entry(entry)
-                touched.add(entry.node)
+            return touched
+        standing = pod.preferred or (entry.node if entry is not None else standing)
+        if standing is not None:
+            self._waiting[uid] = standing
+            for k, held in pod.shares.items():
+                self._count(standing, k, held)
+            touched.add(standing)
         return touched
 
     def _reduce(self, resource: str, items, into: dict) -> dict:

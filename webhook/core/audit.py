@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from webhook.core import decisions, hostaccess, names, quantities, rewrite
+from webhook.core import decisions, hostaccess, names, quantities, replacement, rewrite
 from webhook.core import findings as f
 from webhook.core import requests as req
 from webhook.core.policy import Policy
@@ -519,6 +519,9 @@ class NodeUse:
 class Usage:
     nodes: tuple[NodeUse, ...]
     pending: tuple[tuple[Holder, int], ...] = ()  # pinned pods not yet bound to a node, with their card
+    # Pending pods whose card has no room on any shared node while another card has room for
+    # them, with their card and what to do (node constraints aside: the report reads no labels).
+    stranded: tuple[tuple[Holder, int, str], ...] = ()
 
     @property
     def capacity(self) -> int:
@@ -541,12 +544,16 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
     """
     pods = list(pods)
     held = _card_use(pods, policy)
-    pending = []
+    pending, owners = [], {}
     for pod in pods:
         spec = _dict(pod.get("spec"))
         if terminal(pod) or spec.get("nodeName"):
             continue
         ref = ref_of(pod)
+        refs = _dict(pod.get("metadata")).get("ownerReferences")
+        owner = next((o for o in refs if isinstance(o, dict) and o.get("controller")), None) \
+            if isinstance(refs, list) else None
+        owners[(ref.namespace, ref.name)] = owner.get("kind") if owner else None
         for k, shares in card_shares(spec, policy).items():
             pending.append((Holder(ref.namespace, ref.name, shares), k))
     out = []
@@ -567,5 +574,28 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
                                  memory_mib=memory if isinstance(memory, int) and not isinstance(memory, bool)
                                  and memory > 0 else 0))
         out.append(NodeUse(node.name, tuple(cards)))
-    return Usage(tuple(sorted(out, key=lambda n: n.name)),
-                 tuple(sorted(pending, key=lambda p: (p[0].namespace, p[0].name))))
+    pending.sort(key=lambda p: (p[0].namespace, p[0].name))
+    return Usage(tuple(sorted(out, key=lambda n: n.name)), tuple(pending), _stranded(out, pending, owners))
+
+
+def _stranded(nodes: list[NodeUse], pending: list[tuple[Holder, int]],
+              owners: Mapping[tuple[str, str], str | None]) -> tuple[tuple[Holder, int, str], ...]:
+    """Pending pods waiting on a full card while another card has room, and what to do about each."""
+    free = [(c.index, c.free) for n in nodes for c in n.cards]
+    out = []
+    for holder, k in pending:
+        if any(index == k and room >= holder.shares for index, room in free):
+            continue
+        if not any(room >= holder.shares for _index, room in free):
+            continue
+        kind = owners.get((holder.namespace, holder.name))
+        if kind in replacement.RECREATING:
+            hint = f"gpushard replace evicts it so that its {kind} recreates it"
+            if kind == replacement.JOB:
+                hint += " (if the Job's podFailurePolicy ignores DisruptionTarget)"
+        else:
+            pod = replacement.Waiting(uid="", namespace=holder.namespace, name=holder.name, card=k,
+                                      shares=holder.shares, age=0, owner_kind=kind)
+            hint = replacement.judge(pod, None).removeprefix("gpushard: ")
+        out.append((holder, k, hint))
+    return tuple(out)

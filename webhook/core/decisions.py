@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from dataclasses import dataclass, field
 
 from webhook.core import findings as f
@@ -26,6 +27,7 @@ class Request:
     old: object = None  # the object before an UPDATE
     sub_resource: str = ""
     namespace: str = ""  # the request's namespace, when the object does not say it
+    seed: str = ""  # draws the card among the best few (the request's uid); "" picks the best
 
 
 @dataclass
@@ -326,7 +328,8 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         card = pin
     elif shares > 0:
         ask = dataclasses.replace(scheduling, shares=shares, pin=pin)
-        choice = placement.choose(view, ask, policy.placement)
+        choice = placement.choose(view, ask, policy.placement,
+                                  random.Random(request.seed) if request.seed else None)
         card, node = choice.card, choice.node
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)

@@ -88,3 +88,11 @@ POD_KIND = "Pod"
 def card_resource(prefix: str, index: int) -> str:
     """The per-card resource name for card ``index``."""
     return f"{prefix}{index}"
+
+# Re-placement (`gpushard replace`): its Lease, and what its Events on evicted pods say.
+REPLACER_LEASE = "gpushard-replacer"
+REPLACER_COMPONENT = "gpushard-replacer"
+REPLACED_REASON = "GpushardReplaced"
+# Downward-API env of the replacer's pod: its identity in the Lease and the Lease's namespace.
+POD_NAME_ENV = "POD_NAME"
+POD_NAMESPACE_ENV = "POD_NAMESPACE"

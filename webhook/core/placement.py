@@ -21,6 +21,7 @@ import bisect
 import collections
 import functools
 import json
+import random
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -547,8 +548,53 @@ def _warn(rule: str, message: str) -> f.Finding:
     return f.Finding(rule, f.WARN, f"gpushard: {message}")
 
 
-def choose(view: View | None, ask: Ask, strategy: str = "binpack") -> Choice:
-    """Pick card k for the pod. Never fails: a poor view only costs packing, not correctness."""
+# A choice draws uniformly among the best-fitting cards: up to CHOICE_CANDIDATES of them whose
+# free shares are within CHOICE_SLACK of the best one's. Choosers whose views lag each other
+# (webhook replicas, a burst of pods) then rarely pick the same card, where all of them would
+# pick the one best card, and the slack keeps packing where the best card alone would (the
+# figures behind these values are in docs/placement.md).
+CHOICE_CANDIDATES = 16
+CHOICE_SLACK = 5
+
+
+def _candidates(usage: _Usage, mask: int, pin: int | None, shares: int, strategy: str,
+                count: int, slack: int) -> list[tuple[int, int]]:
+    """Up to ``count`` (node position, card index) that fit, best first, in ``search``'s order,
+    whose free shares are within ``slack`` of the best one's."""
+    fs, by_f, out = usage.fs, usage.by_f, []
+    if strategy == "spread":
+        order = range(len(fs) - 1, bisect.bisect_left(fs, shares) - 1, -1)
+    else:
+        order = range(bisect.bisect_left(fs, shares), len(fs))
+    best = None
+    for j in order:
+        free = fs[j]
+        if best is not None and abs(free - best) > slack:
+            break
+        hit = by_f[free] & mask
+        if not hit:
+            continue
+        for k in (pin,) if pin is not None else usage.ks:
+            found = usage.by_kf.get(k, {}).get(free, 0) & hit
+            if found and best is None:
+                best = free
+            while found:
+                low = found & -found
+                out.append((low.bit_length() - 1, k))
+                if len(out) == count:
+                    return out
+                found ^= low
+    return out
+
+
+def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.Random | None = None) -> Choice:
+    """Pick card k for the pod. Never fails: a poor view only costs packing, not correctness.
+
+    Without ``rng`` the best card (ties to the lower index, then the earlier node); with it, one of
+    the best few (CHOICE_CANDIDATES, CHOICE_SLACK), drawn uniformly. The draw uses only ``rng``, so a
+    caller that seeds it per request (as admission does, with the request's uid) leaves no trace
+    on later choices.
+    """
     if view is None:
         k = ask.pin if ask.pin is not None else 0
         return Choice(k, findings=(_warn(f.NO_VIEW, f"no cluster view yet; card {k} chosen without "
@@ -567,6 +613,10 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack") -> Choice:
             f.NO_ROOM, f"no card has {ask.shares} free shares now; card {k} chosen, "
             "the pod stays Pending until one frees up"),))
     pos, k = hit
+    if rng is not None:
+        found = _candidates(usage, mask, ask.pin, ask.shares, strategy, CHOICE_CANDIDATES, CHOICE_SLACK)
+        if len(found) > 1:
+            pos, k = found[rng.randrange(len(found))]
     return Choice(k, node=view.nodes[pos].name, fits=True)
 
 

@@ -1,0 +1,400 @@
+"""Stranded pods: several choosers with lagging views, bursts and churn, with and without re-placement.
+
+A pod is stranded when it waits on its card k, full on every node, while another card has
+room for it. This simulation measures how many, with the real placement and re-placement code:
+
+- a cluster of 100 nodes x 8 cards, 70-80 % full, with the packing benchmark's size mix;
+- choosers (webhook processes) that each choose over their own view: the cluster as it was
+  ``lag`` changes ago, plus their own choices since (as ``remember`` counts them), with the
+  live view's accounting: a created pod counts on the node it was chosen for until it binds;
+- a scheduler that puts each pod on any node whose card k has room (the preferred node first
+  when ``honour``), trying every waiting pod, oldest first, whenever room may have freed;
+- bursts: 330-500 pods created back to back, each scheduled at once; stranded pods counted at
+  the end, as many as the free cards can take together (those a re-placement could rescue);
+- churn: pods arriving at random and leaving after a random lifetime at 95 % load; stranded
+  pods sampled over time; with re-placement, ``core.replacement.plan`` runs every ``interval``
+  seconds and its moves are evicted and recreated (their owner makes a new pod at once).
+
+Run: python bench/stranding.py [--seed N] [--quick] [--long]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import heapq
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from webhook import settings  # noqa: E402
+from webhook.core import placement, replacement  # noqa: E402
+
+CAPACITY = 100
+MIX = ((0.1, 18), (0.2, 8), (0.25, 20), (0.33, 10), (0.5, 18), (0.6, 4), (0.75, 8), (1.0, 14))
+SIZES = [math.ceil(Fraction(str(q)) * CAPACITY) for q, _w in MIX]
+WEIGHTS = [w for _q, w in MIX]
+MEAN_SIZE = sum(s * w for s, w in zip(SIZES, WEIGHTS, strict=True)) / sum(WEIGHTS)
+OWNER = replacement.Owner(replacement.REPLICA_SET, "sim")
+
+
+def draw(rng: random.Random) -> int:
+    return rng.choices(SIZES, WEIGHTS)[0]
+
+
+@dataclass
+class Pod:
+    number: int
+    shares: int
+    card: int = 0
+    preferred: int | None = None  # node position the choice named
+    node: int | None = None  # where it runs
+    created: float = 0.0
+    ends: float = 0.0
+    chooser: int = 0
+    seen_at: int = 0  # position in the change log of its creation (when views learn of it)
+    forgotten: bool = False  # dropped out of the views while unbound (the old 30 s memory)
+
+
+class Chooser:
+    """One webhook process: its own view, lagging the cluster, plus its own recent choices."""
+
+    def __init__(self, sim: Sim, number: int):
+        self.sim, self.number = sim, number
+        self.used = [row[:] for row in sim.used]
+        self.seen = len(sim.log)
+        self.mine: dict[int, tuple[int, int, int]] = {}  # log position of the pod's creation -> choice
+        self.view = placement.View(tuple(sim.node(i, self.used) for i in range(sim.nodes)))
+
+    def choose(self, pod: Pod) -> None:
+        sim, touched = self.sim, set()
+        upto = max(self.seen, len(sim.log) - sim.lag)
+        for position in range(self.seen, upto):
+            i, k, delta = sim.log[position]
+            if i is not None:
+                self.used[i][k] += delta
+                touched.add(i)
+            mine = self.mine.pop(position, None)
+            if mine is not None:  # the view now shows the pod: the remembered choice is done
+                ci, ck, s = mine
+                self.used[ci][ck] -= s
+                touched.add(ci)
+        self.seen = upto
+        if touched:
+            self.view = placement.replace_nodes(self.view, {sim.names[i]: sim.node(i, self.used) for i in touched})
+        rng = random.Random(f"{sim.seed}-{pod.number}") if sim.randomized else None
+        choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack", rng)
+        pod.card = choice.card
+        pod.preferred = sim.position[choice.node] if choice.node is not None else None
+        pod.chooser = self.number
+        sim.log_created(pod)
+        if pod.preferred is not None:
+            self.mine[pod.seen_at] = (pod.preferred, pod.card, pod.shares)
+            self.used[pod.preferred][pod.card] += pod.shares
+            self.view = placement.replace_nodes(self.view, {choice.node: sim.node(pod.preferred, self.used)})
+
+
+class Sim:
+    def __init__(self, used: list[list[int]], choosers: int, lag: int, randomized: bool, honour: bool, seed: int,
+                 forget_after: float | None = None):
+        self.nodes, self.cards = len(used), len(used[0])
+        self.used = used  # the truth: shares held by bound pods
+        self.names = [f"n{i:03d}" for i in range(self.nodes)]
+        self.position = {name: i for i, name in enumerate(self.names)}
+        self.lag, self.randomized, self.honour, self.seed = lag, randomized, honour, seed
+        # The accounting before pinned pods were kept: an unbound pod counted for 30 s only.
+        self.forget_after = forget_after
+        self.unbound: collections.deque = collections.deque()  # (created, pod), for forgetting
+        self.rng = random.Random(seed + 1)
+        self.log: list[tuple[int | None, int, int]] = []  # (node, card, delta) of what views count
+        self.choosers = [Chooser(self, c) for c in range(choosers)]
+        self.pending: dict[int, Pod] = {}  # number -> pod, oldest first
+        self.running: dict[int, Pod] = {}
+        self.created = 0
+        self.evicted = 0
+        self.just_bound: list[Pod] = []
+
+    def node(self, i: int, used: list[list[int]]) -> placement.Node:
+        return placement.Node(self.names[i], cards=tuple(placement.Card(k, CAPACITY, used[i][k])
+                                                          for k in range(self.cards)))
+
+    def log_created(self, pod: Pod) -> None:
+        pod.seen_at = len(self.log)
+        self.log.append((pod.preferred, pod.card, pod.shares))
+
+    def create(self, shares: int, now: float = 0.0) -> Pod:
+        pod = Pod(self.created, shares, created=now)
+        self.created += 1
+        self.choosers[pod.number % len(self.choosers)].choose(pod)
+        self.pending[pod.number] = pod
+        if self.forget_after is not None and pod.preferred is not None:
+            self.unbound.append((now, pod))
+        return pod
+
+    def forget(self, now: float) -> None:
+        """The old accounting: a pod still unbound after ``forget_after`` s stops counting anywhere."""
+        while self.unbound and self.unbound[0][0] + self.forget_after <= now:
+            _created, pod = self.unbound.popleft()
+            if pod.number in self.pending and not pod.forgotten:
+                pod.forgotten = True
+                self.log.append((pod.preferred, pod.card, -pod.shares))
+
+    def try_bind(self, pod: Pod) -> bool:
+        k, s, used = pod.card, pod.shares, self.used
+        if self.honour and pod.preferred is not None and used[pod.preferred][k] + s <= CAPACITY:
+            i = pod.preferred
+        else:
+            room = [i for i in range(self.nodes) if used[i][k] + s <= CAPACITY]
+            if not room:
+                return False
+            i = self.rng.choice(room)
+        used[i][k] += s
+        pod.node = i
+        self.log.append((i, k, s))
+        if pod.preferred is not None and not pod.forgotten:
+            self.log.append((pod.preferred, k, -s))  # it no longer counts where it was chosen
+        del self.pending[pod.number]
+        self.running[pod.number] = pod
+        self.just_bound.append(pod)
+        return True
+
+    def schedule(self) -> None:
+        """Every waiting pod, oldest first, on any node whose card k has room."""
+        best = [max(CAPACITY - self.used[i][k] for i in range(self.nodes)) for k in range(self.cards)]
+        for pod in list(self.pending.values()):
+            if pod.shares <= best[pod.card] and self.try_bind(pod):
+                best[pod.card] = max(CAPACITY - self.used[i][pod.card] for i in range(self.nodes))
+
+    def leave(self, pod: Pod) -> None:
+        self.used[pod.node][pod.card] -= pod.shares
+        self.log.append((pod.node, pod.card, -pod.shares))
+        del self.running[pod.number]
+
+    def delete_pending(self, pod: Pod) -> None:
+        del self.pending[pod.number]
+        if pod.preferred is not None and not pod.forgotten:
+            self.log.append((pod.preferred, pod.card, -pod.shares))
+
+    def stranded(self, now: float = 0.0, older_than: float | None = None) -> int:
+        """Waiting pods whose card has no room anywhere that the free cards could take together
+        (of those waiting longer than ``older_than`` seconds at ``now``)."""
+        best = [max(CAPACITY - self.used[i][k] for i in range(self.nodes)) for k in range(self.cards)]
+        free = sorted(CAPACITY - self.used[i][k] for i in range(self.nodes) for k in range(self.cards))
+        count = 0
+        for pod in self.pending.values():
+            if pod.shares <= best[pod.card] or (older_than is not None and now - pod.created <= older_than):
+                continue  # its own card has room: the scheduler will place it
+            for j, room in enumerate(free):
+                if room >= pod.shares:
+                    free[j] -= pod.shares
+                    count += 1
+                    break
+        return count
+
+    def replace(self, now: float, pending_seconds: float) -> int:
+        """One pass of the re-placement decision; its moves are evicted and recreated at once."""
+        view = placement.View(tuple(self.node(i, self.used) for i in range(self.nodes)))
+        waiting = [replacement.Waiting(uid=str(p.number), namespace="sim", name=str(p.number), card=p.card,
+                                       shares=p.shares, age=now - p.created,
+                                       preferred=self.names[p.preferred] if p.preferred is not None else None,
+                                       owner_kind=OWNER.kind, owner_name=OWNER.name)
+                   for p in self.pending.values()]
+        plan = replacement.plan(view, waiting, pending_seconds, {w.uid: OWNER for w in waiting})
+        for move in plan.moves:
+            pod = self.pending[int(move.pod.uid)]
+            self.delete_pending(pod)
+            self.evicted += 1
+            self.create(pod.shares, now)
+        return len(plan.moves)
+
+
+def start_cluster(rng: random.Random, nodes: int = 100, cards: int = 8, low: float = 0.70,
+                  high: float = 0.80) -> list[list[int]]:
+    used = [[0] * cards for _ in range(nodes)]
+    target = rng.uniform(low, high) * nodes * cards * CAPACITY
+    total, misses = 0, 0
+    while total < target and misses < 10_000:
+        s, i, k = draw(rng), rng.randrange(nodes), rng.randrange(cards)
+        if used[i][k] + s <= CAPACITY:
+            used[i][k] += s
+            total += s
+        else:
+            misses += 1
+    return used
+
+
+def burst(seed: int, choosers: int, lag: int, randomized: bool, honour: bool = False, delay: float = 0.0,
+          forget_after: float | None = None, rate: float = 5.0) -> tuple[int, int]:
+    """(pods in the burst, stranded pods at its end).
+
+    Pods are created ``rate`` a second; the scheduler binds each ``delay`` seconds after its creation
+    (a backlog, gates, waiting for CPU), trying again whenever a pod binds.
+    """
+    rng = random.Random(seed)
+    used = start_cluster(rng)
+    count = rng.randint(330, 500)
+    sim = Sim(used, choosers, lag, randomized, honour, seed, forget_after)
+    due: collections.deque = collections.deque()
+    for n in range(count):
+        now = n / rate
+        while due and due[0][0] <= now:
+            _t, pod = due.popleft()
+            if forget_after is not None:
+                sim.forget(_t)
+            sim.try_bind(pod)
+        if forget_after is not None:
+            sim.forget(now)
+        due.append((now + delay, sim.create(draw(rng), now)))
+    for when, pod in due:
+        if forget_after is not None:
+            sim.forget(when)
+        sim.try_bind(pod)
+    sim.schedule()
+    return count, sim.stranded()
+
+
+def burst_bound(seed: int) -> tuple[int, int]:
+    """The scheduler choosing the card itself (first fit at scheduling time): stranded by definition only
+    when nothing fits, so what the free cards could take at the end is the bound."""
+    rng = random.Random(seed)
+    used = start_cluster(rng)
+    count = rng.randint(330, 500)
+    cards = len(used[0])
+    waiting = []
+    for _ in range(count):
+        s = draw(rng)
+        spot = next(((i, k) for i in range(len(used)) for k in range(cards) if used[i][k] + s <= CAPACITY), None)
+        if spot is None:
+            waiting.append(s)
+        else:
+            used[spot[0]][spot[1]] += s
+    free = [CAPACITY - u for row in used for u in row]
+    return count, sum(1 for s in waiting if any(f >= s for f in free))
+
+
+@dataclass
+class Churn:
+    stranded_mean: float  # waiting on a full card while another card had room, sampled every 10 s
+    stranded_max: int
+    stranded_old_mean: float  # the same, counting only pods waiting longer than pending_seconds
+    pending_mean: float
+    started: int
+    evicted: int
+
+
+def churn(seed: int, choosers: int, lag: int, randomized: bool, replace: bool, hours: float = 2.0,
+          load: float = 0.95, lifetime: float = 1800.0,
+          pending_seconds: float = settings.Replacement().pending_seconds,
+          interval: float = settings.Replacement().interval,
+          warmup: float = 3600.0, forget_after: float | None = None) -> Churn:
+    """Pods arrive (Poisson) and run for an exponential lifetime, at ``load`` of the capacity on average."""
+    rng = random.Random(seed)
+    nodes, cards = 100, 8
+    sim = Sim([[0] * cards for _ in range(nodes)], choosers, lag, randomized, False, seed, forget_after)
+    rate = load * nodes * cards * CAPACITY / (MEAN_SIZE * lifetime)  # arrivals per second
+    end = warmup + hours * 3600
+    samples, old, pendings = [], [], []
+    started, evicted_before = 0, 0
+    now, next_arrival, next_pass = 0.0, rng.expovariate(rate), interval
+    ends: list[tuple[float, int]] = []
+    while now < end:
+        now += 1.0
+        while next_arrival <= now:
+            sim.create(draw(rng), next_arrival)
+            next_arrival += rng.expovariate(rate)
+        while ends and ends[0][0] <= now:
+            _t, number = heapq.heappop(ends)
+            sim.leave(sim.running[number])
+        if forget_after is not None:
+            sim.forget(now)
+        sim.schedule()
+        for pod in sim.just_bound:
+            heapq.heappush(ends, (now + rng.expovariate(1 / lifetime), pod.number))
+            started += now > warmup
+        sim.just_bound.clear()
+        if replace and now >= next_pass:
+            next_pass += interval
+            sim.replace(now, pending_seconds)
+        if now == warmup:
+            evicted_before = sim.evicted
+        if now > warmup and int(now) % 10 == 0:
+            samples.append(sim.stranded())
+            old.append(sim.stranded(now, pending_seconds))
+            pendings.append(len(sim.pending))
+    return Churn(statistics.mean(samples), max(samples), statistics.mean(old), statistics.mean(pendings), started,
+                 sim.evicted - evicted_before)
+
+
+def report(seed: int, bursts: int, churns: int, hours: float) -> dict:
+    print(f"stranded pods (waiting on a full card while another card had room, as many as the free cards "
+          f"could take together): 100 nodes x 8 cards; views 20 changes behind; {bursts} bursts per row "
+          f"(seeds {seed}..{seed + bursts - 1})")
+    schemes = (("before: best card, unbound pods forgotten after 30 s", False, 30.0),
+               ("now: drawn among the best, pinned pods kept", True, None))
+    out: dict = {}
+    print(f"\n{'burst of 330-500 pods, 70-80 % full':58} {'binds after':>11} {'choosers':>8} "
+          f"{'stranded mean':>13} {'worst':>6} {'worst %':>8}")
+    for delay in (0, 29, 31):
+        for label, draw, forget in schemes:
+            for choosers in (1, 2, 4):
+                runs = [burst(seed + i, choosers, 20, draw, delay=delay, forget_after=forget)
+                        for i in range(bursts)]
+                worst = max(s / n for n, s in runs)
+                mean = statistics.mean(s for _n, s in runs)
+                out[(delay, draw, choosers)] = worst
+                print(f"{label:58} {delay:>9} s {choosers:>8} {mean:>13.1f} {max(s for _n, s in runs):>6} "
+                      f"{worst:>8.1%}")
+    bound = [burst_bound(seed + i) for i in range(bursts)]
+    print(f"{'scheduler-time first fit (the bound)':58} {'-':>11} {'any':>8} "
+          f"{statistics.mean(s for _n, s in bound):>13.1f} {max(s for _n, s in bound):>6}")
+    goal = max(out[(0, True, c)] for c in (1, 2, 4))
+    print(f"now, binding at once, worst burst over 1, 2 and 4 choosers: {goal:.1%} stranded (goal <= 2 %): "
+          f"{'met' if goal <= 0.02 else 'MISSED'}")
+
+    print(f"\nchurn at 95 % load (Poisson arrivals, 30 min mean lifetime), 1 chooser, {churns} run(s) of "
+          f"{hours:g} h after 1 h warm-up; re-placement as configured by default: pendingSeconds "
+          f"{settings.Replacement().pending_seconds}, interval {settings.Replacement().interval} s")
+    waited = f"> {settings.Replacement().pending_seconds} s"
+    print(f"{'scheme':58} {'stranded mean':>13} {'max':>5} {waited:>8} {'pending':>8} {'evicted/started':>16}")
+    rows = (("before: best card, forgotten after 30 s, no re-placement", False, False, 30.0),
+            ("now: drawn, kept, no re-placement", True, False, None),
+            ("now: drawn, kept, with re-placement", True, True, None))
+    means = {}
+    for label, draw, replace, forget in rows:
+        runs = [churn(seed + i, 1, 20, draw, replace, hours=hours, forget_after=forget)
+                for i in range(churns)]
+        means[label] = statistics.mean(r.stranded_mean for r in runs)
+        evicted, started_pods = sum(r.evicted for r in runs), sum(r.started for r in runs)
+        print(f"{label:58} {means[label]:>13.2f} {max(r.stranded_max for r in runs):>5} "
+              f"{statistics.mean(r.stranded_old_mean for r in runs):>8.2f} "
+              f"{statistics.mean(r.pending_mean for r in runs):>8.1f} {evicted / max(1, started_pods):>16.3f}")
+    before, after = means[rows[0][0]], means[rows[2][0]]
+    ratio = after / before if before else float("nan")
+    print(f"churn, with re-placement vs before: {ratio:.2f} of the stranded pods (goal <= 0.10): "
+          f"{'met' if ratio <= 0.10 else 'MISSED'}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=20261129)
+    parser.add_argument("--quick", action="store_true", help="2 bursts a row, 1 churn run of 1 h")
+    parser.add_argument("--long", action="store_true",
+                        help="10 bursts a row, 8 churn runs of 3 h (default: 4 bursts, 3 runs of 1 h)")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    report(args.seed, bursts=10 if args.long else (2 if args.quick else 4),
+           churns=8 if args.long else (1 if args.quick else 3), hours=3.0 if args.long else 1.0)
+    print(f"\nstranding bench finished in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

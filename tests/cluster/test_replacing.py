@@ -1,0 +1,303 @@
+"""The re-placement loop against the local API server (`gpushard replace`).
+
+We test:
+- leader election on a Lease: of two replacers one leads and the other does nothing; the
+  leader renews; after the leader stops renewing for the lease's duration the other takes over
+  (a transition is counted), and the old leader then stands by; a leader that stops releases
+  the lease and the other takes it at once; the loop runs passes until stopped;
+- each owner kind: a ReplicaSet's and a StatefulSet's pods are evicted (one per StatefulSet per
+  pass), a Job's only when its podFailurePolicy ignores DisruptionTarget; a Job that would count
+  the eviction, a bare pod and a pod whose ReplicaSet is gone are not evicted but reported;
+- the eviction goes through the Eviction API (the pod gets DisruptionTarget, then is deleted)
+  and a core/v1 Event on the pod says why;
+- a PodDisruptionBudget's 429 (the pod bound and started between the list and the eviction)
+  means skip: the pod stays, no Event;
+- nothing is evicted when no other card has room, nor before pendingSeconds, nor when the
+  off switch is set; only as many as the free cards can take together, oldest first;
+- lists are read page by page; objects of odd shapes are skipped, never a crash.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+
+from tests.cluster import kubeobjects as o
+from webhook import replacing
+from webhook import settings as settings_mod
+from webhook.core import names, placement
+
+NOW = 1_800_000_000.0
+NS = "gpushard-system"
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def stamp(seconds_ago: float) -> str:
+    return datetime.datetime.fromtimestamp(NOW - seconds_ago, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def waiting_pod(name: str, card: int, shares: int, owner: tuple[str, str] | None, age: float = 600,
+                preferred: str | None = "gpu-a", namespace: str = "team") -> dict:
+    extra = {}
+    if preferred:
+        extra["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            placement.preferred_affinity_term(preferred)]}}
+    obj = o.pod(name, card, shares, phase="Pending", namespace=namespace, extra=extra)
+    obj["metadata"]["creationTimestamp"] = stamp(age)
+    obj["metadata"]["labels"]["app"] = name.rsplit("-", 1)[0]
+    if owner:
+        kind, owner_name = owner
+        obj["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1" if kind != "Job" else "batch/v1",
+                                               "kind": kind, "name": owner_name, "uid": f"uid-{owner_name}",
+                                               "controller": True, "blockOwnerDeletion": True}]
+    return obj
+
+
+def workload(kind: str, name: str, namespace: str = "team", spec: dict | None = None) -> dict:
+    return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"}, "spec": spec or {},
+            "status": {}}
+
+
+IGNORE_DISRUPTION = {"podFailurePolicy": {"rules": [
+    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}, "backoffLimit": 0}
+
+
+def seed_cluster(fake, free_card1: int = 60):
+    """Card 0 is full on both nodes (90 of 100 used); card 1 of gpu-b has ``free_card1`` free."""
+    fake.put("nodes", o.node("gpu-a", {0: 100, 1: 100}))
+    fake.put("nodes", o.node("gpu-b", {0: 100, 1: 100}))
+    fake.put("pods", o.pod("full-a0", 0, 90, "gpu-a"))
+    fake.put("pods", o.pod("full-b0", 0, 90, "gpu-b"))
+    fake.put("pods", o.pod("full-a1", 1, 100, "gpu-a"))
+    if free_card1 < 100:
+        fake.put("pods", o.pod("part-b1", 1, 100 - free_card1, "gpu-b"))
+
+
+def make(fake, identity="r1", clock=None, **replacement):
+    settings = settings_mod.Settings(replacement=settings_mod.Replacement(**{
+        "pending_seconds": 120, "interval": 5, **replacement}))
+    return replacing.Replacer(fake.api_client(), settings, identity, NS, clock=clock or Clock(), wall=lambda: NOW)
+
+
+def pods(fake) -> set[str]:
+    return {name for (_ns, name) in fake.objects["pods"]}
+
+
+def events(fake) -> list[dict]:
+    return list(fake.objects["events"].values())
+
+
+def test_one_of_two_leads_and_the_other_takes_over_after_the_lease_expires(fake):
+    seed_cluster(fake)
+    a_clock, b_clock = Clock(), Clock()
+    a, b = make(fake, "r1", a_clock), make(fake, "r2", b_clock)
+    assert a.pass_once() is not None
+    assert b.pass_once() is None
+    lease = fake.get("leases", names.REPLACER_LEASE, NS)
+    assert lease["spec"]["holderIdentity"] == "r1" and lease["spec"]["leaseTransitions"] == 0
+    duration = lease["spec"]["leaseDurationSeconds"]
+    assert duration == 15
+
+    # The leader renews; the other sees the lease change and keeps waiting from that moment.
+    a_clock.now += 10
+    assert a.pass_once() is not None
+    b_clock.now += 10
+    assert b.pass_once() is None
+    b_clock.now += duration - 1
+    assert b.pass_once() is None
+
+    # r1 stops renewing (it died): once r2 has seen the same lease for its duration, r2 takes over.
+    b_clock.now += 2
+    assert b.pass_once() is not None
+    lease = fake.get("leases", names.REPLACER_LEASE, NS)
+    assert lease["spec"]["holderIdentity"] == "r2" and lease["spec"]["leaseTransitions"] == 1
+    a_clock.now += 1
+    assert a.pass_once() is None  # the old leader comes back and stands by
+
+    # A leader that stops gives the lease up: the other takes it at once.
+    b.elector.release()
+    assert fake.get("leases", names.REPLACER_LEASE, NS)["spec"].get("holderIdentity") is None
+    assert a.pass_once() is not None
+    assert fake.get("leases", names.REPLACER_LEASE, NS)["spec"]["holderIdentity"] == "r1"
+
+
+def test_the_loop_runs_passes_until_stopped_then_releases(fake):
+    seed_cluster(fake)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    replacer = make(fake)
+    stop = threading.Event()
+    thread = threading.Thread(target=replacer.run, args=(stop,))
+    thread.start()
+    o.wait_for(lambda: "web-x1" not in pods(fake), what="the first pass")
+    stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert fake.get("leases", names.REPLACER_LEASE, NS)["spec"].get("holderIdentity") is None
+
+
+def test_each_owner_kind_is_handled_as_its_controller_counts_an_eviction(fake):
+    seed_cluster(fake, free_card1=100)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("statefulsets", workload("StatefulSet", "db"))
+    fake.put("jobs", workload("Job", "train-safe", spec=IGNORE_DISRUPTION))
+    fake.put("jobs", workload("Job", "train-counted", spec={"backoffLimit": 6}))
+    fake.put("pods", waiting_pod("web-x1", 0, 20, ("ReplicaSet", "web"), age=900))
+    fake.put("pods", waiting_pod("db-0", 0, 15, ("StatefulSet", "db"), age=800))
+    fake.put("pods", waiting_pod("db-1", 0, 15, ("StatefulSet", "db"), age=700))
+    fake.put("pods", waiting_pod("train-safe-a", 0, 15, ("Job", "train-safe"), age=600))
+    fake.put("pods", waiting_pod("train-counted-a", 0, 15, ("Job", "train-counted"), age=500))
+    fake.put("pods", waiting_pod("bare-1", 0, 15, None, age=400))
+    fake.put("pods", waiting_pod("orphan-1", 0, 15, ("ReplicaSet", "gone"), age=300))
+
+    outcome = make(fake).pass_once()
+    evicted = [m.pod.name for m in outcome.evicted]
+    assert evicted == ["web-x1", "db-0", "train-safe-a"]  # oldest first; one pod of db this pass
+    assert not {"web-x1", "db-0", "train-safe-a"} & pods(fake)
+    stuck = {s.pod.name: s.why for s in outcome.plan.stuck}
+    assert set(stuck) == {"train-counted-a", "bare-1", "orphan-1"}
+    assert "backoffLimit" in stuck["train-counted-a"] and "DisruptionTarget" in stuck["train-counted-a"]
+    assert "bare pod" in stuck["bare-1"]
+    assert "gone" in stuck["orphan-1"]
+    assert {"db-1", "train-counted-a", "bare-1", "orphan-1"} <= pods(fake)
+
+    # The evicted pods got the DisruptionTarget condition before they were deleted.
+    deleted = {e[3]["metadata"]["name"]: e[3] for e in fake.events if e[1] == "pods" and e[2] == "DELETED"}
+    for name in evicted:
+        conditions = deleted[name]["status"]["conditions"]
+        assert {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}.items() <= \
+            conditions[-1].items()
+
+    # The next pass takes db-1 (its StatefulSet's turn has come).
+    outcome = make(fake).pass_once()
+    assert [m.pod.name for m in outcome.evicted] == ["db-1"]
+
+
+def test_an_event_on_the_pod_says_why(fake):
+    seed_cluster(fake)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    outcome = make(fake).pass_once()
+    assert [m.pod.name for m in outcome.evicted] == ["web-x1"]
+    (event,) = events(fake)
+    assert event["metadata"]["namespace"] == "team"
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": "web-x1", "namespace": "team",
+                                       "uid": "uid-team-web-x1"}
+    assert event["reason"] == names.REPLACED_REASON and event["type"] == "Normal"
+    assert event["source"] == {"component": names.REPLACER_COMPONENT}
+    message = event["message"]
+    assert message.startswith("gpushard: evicted after 600s Pending: card 0 has no room for 25 shares")
+    assert "card 1 of node gpu-b" in message and "ReplicaSet web" in message
+
+
+def test_a_disruption_budget_429_means_skip(fake):
+    seed_cluster(fake)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    fake.put("poddisruptionbudgets", {"metadata": {"name": "web", "namespace": "team"},
+                                      "spec": {"selector": {"matchLabels": {"app": "web"}}},
+                                      "status": {"disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1}})
+
+    def bound_and_started(namespace, name):  # room freed up after all, between list and eviction
+        pod = fake.objects["pods"][(namespace, name)]
+        pod["spec"]["nodeName"] = "gpu-a"
+        pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+
+    fake.before_eviction.append(bound_and_started)
+    outcome = make(fake).pass_once()
+    assert outcome.evicted == [] and [why for _m, why in outcome.refused] == [
+        "a disruption budget allows no eviction now"]
+    assert "web-x1" in pods(fake) and events(fake) == []
+
+
+def test_a_pod_that_changed_since_the_list_is_not_evicted(fake):
+    seed_cluster(fake)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+
+    def bound(namespace, name):  # bound, not yet running: no budget involved, the precondition holds
+        pod = fake.get("pods", name, namespace)
+        pod["spec"]["nodeName"] = "gpu-a"
+        fake.put("pods", pod)
+
+    fake.before_eviction.append(bound)
+    outcome = make(fake).pass_once()
+    assert [why for _m, why in outcome.refused] == ["the pod changed since it was listed"]
+    assert "web-x1" in pods(fake) and events(fake) == []
+
+
+def test_nothing_is_evicted_when_no_other_card_has_room(fake):
+    seed_cluster(fake, free_card1=20)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    outcome = make(fake).pass_once()
+    assert outcome.evicted == [] and outcome.plan.stuck == [] and outcome.plan.waiting_for_room == 1
+    assert "web-x1" in pods(fake) and events(fake) == []
+
+
+def test_only_as_many_as_the_free_cards_take_oldest_first_and_not_too_soon(fake):
+    seed_cluster(fake, free_card1=60)  # room for two pods of 25 on card 1 of gpu-b
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    for i, age in enumerate((300, 900, 600, 700, 60)):
+        fake.put("pods", waiting_pod(f"web-x{i}", 0, 25, ("ReplicaSet", "web"), age=age))
+    # A pod waiting on card 1 (which has room) will be scheduled there: its room is not handed out.
+    fake.put("pods", waiting_pod("other-1", 1, 10, None, preferred="gpu-b"))
+    outcome = make(fake).pass_once()
+    assert [m.pod.name for m in outcome.evicted] == ["web-x1", "web-x3"]
+    assert {m.to_node for m in outcome.evicted} == {"gpu-b"}
+    assert {"web-x0", "web-x2", "web-x4", "other-1"} <= pods(fake)
+
+
+def test_the_off_switch_and_dry_run_evict_nothing(fake, capsys):
+    seed_cluster(fake)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    settings = settings_mod.Settings(replacement=settings_mod.Replacement(enabled=False))
+    args = type("Args", (), {"once": True, "kubeconfig": None, "context": None, "namespace": NS,
+                             "identity": "r1", "dry_run": False})()
+    assert replacing.run(args, settings) == 0
+    assert "re-placement is off" in capsys.readouterr().out
+    assert not fake.requests
+    dry = replacing.Replacer(fake.api_client(), settings_mod.Settings(), "r1", NS, wall=lambda: NOW, dry_run=True)
+    outcome = dry.pass_once()
+    assert [m.pod.name for m in outcome.plan.moves] == ["web-x1"] and outcome.evicted == []
+    assert "web-x1" in pods(fake) and events(fake) == []
+
+
+def test_lists_are_read_page_by_page(fake):
+    fake.put("nodes", o.node("gpu-a", {0: 100}))
+    for i in range(replacing.PAGE + 20):
+        fake.put("pods", o.pod(f"p{i}", 0, 0 if i else 1, "gpu-a"))
+    view, waiting = make(fake).read()
+    assert waiting == [] and view.nodes[0].cards[0].used == 1
+    lists = [path for method, path, _ in fake.requests if method == "GET" and "/pods?" in path]
+    assert len(lists) == 2 and "continue=" in lists[1]
+
+
+@pytest.fixture(autouse=True)
+def _no_kubeconfig(monkeypatch, fake):
+    """`replacing.run` builds its client from a kubeconfig: point it at the fake."""
+    monkeypatch.setattr(replacing, "api_client", lambda *_a, **_k: fake.api_client())
+
+
+def test_objects_of_odd_shapes_are_skipped(fake):
+    seed_cluster(fake)
+    shared = {names.SHARED_LABEL: names.SHARED_LABEL_VALUE}
+    fake.put("pods", {"metadata": {"name": "odd-1", "namespace": "team", "labels": shared}, "spec": [], "status": "x"})
+    fake.put("pods", {"metadata": {"name": "odd-2", "namespace": "team", "labels": shared,
+                                   "ownerReferences": {"kind": "ReplicaSet"}},
+                      "spec": {"containers": "none", "affinity": []}, "status": {"phase": "Pending"}})
+    bad_affinity = waiting_pod("odd-3", 0, 25, ("ReplicaSet", "web"))
+    bad_affinity["spec"]["affinity"] = {"nodeAffinity": []}
+    fake.put("pods", bad_affinity)
+    outcome = make(fake).pass_once()
+    assert outcome.evicted == [] and outcome.plan.moves == []

@@ -1,0 +1,104 @@
+"""We test the re-placement decision (`core.replacement`), pure, over hand-made views:
+- a pod is re-placed only when its card has no room on any node it may run on and another card
+  has room on such a node (a node it may not run on does not count);
+- the room that waiting pods whose card has room will take is set aside first, on their
+  preferred node when it fits there;
+- oldest first, only as many as the free cards take together; gated and young pods wait;
+- owners: bare pods and unknown kinds are reported, never moved; owners still to look up are
+  named (unjudged) and nothing is moved for them until they are judged;
+- a Job's podFailurePolicy: the first rule matching DisruptionTarget decides.
+"""
+
+from webhook.core import placement as pl
+from webhook.core import replacement as rp
+
+
+def node(name, *used, labels=None):
+    return pl.Node(name, labels or {}, cards=tuple(pl.Card(k, 100, u) for k, u in enumerate(used)))
+
+
+def pod(name, card=0, shares=30, age=600.0, owner=("ReplicaSet", "web"), **kw):
+    kind, owner_name = owner if owner else (None, "")
+    return rp.Waiting(uid=f"uid-{name}", namespace="ns", name=name, card=card, shares=shares, age=age,
+                      owner_kind=kind, owner_name=owner_name, **kw)
+
+
+FOUND = rp.Owner("ReplicaSet", "web")
+
+
+def plan(view, pods, owners=None, pending=120):
+    owners = {p.uid: FOUND for p in pods} if owners is None else owners
+    return rp.plan(view, pods, pending, owners)
+
+
+def test_moves_only_where_another_card_has_room_on_a_node_the_pod_may_run_on():
+    view = pl.View(nodes=(node("a", 90, 90), node("b", 90, 0, labels={"pool": "other"})))
+    picky = pod("picky", ask=pl.Ask(shares=0, node_selector={"pool": "main"}))
+    anywhere = pod("anywhere")
+    out = plan(view, [picky, anywhere])
+    assert [(m.pod.name, m.to_node, m.to_card) for m in out.moves] == [("anywhere", "b", 1)]
+    assert out.waiting_for_room == 1
+
+
+def test_room_for_waiting_pods_that_fit_is_set_aside_first_on_their_preferred_node():
+    view = pl.View(nodes=(node("a", 95, 50), node("b", 95, 50)))
+    fits = pod("fits", card=1, shares=50, age=10, preferred="b")  # fits on b (50 free): takes it
+    stranded = [pod("s1", age=900), pod("s2", age=800)]
+    out = plan(view, [fits, *stranded])
+    assert [(m.pod.name, m.to_node) for m in out.moves] == [("s1", "a")]
+    assert out.waiting_for_room == 1
+
+
+def test_oldest_first_and_as_many_as_fit_together_gated_and_young_wait():
+    view = pl.View(nodes=(node("a", 95, 40),))  # card 1 takes two pods of 30
+    pods = [pod("young", age=60), pod("p1", age=300), pod("p2", age=900), pod("gated", age=1000, gated=True),
+            pod("p3", age=600)]
+    out = plan(view, pods)
+    assert [m.pod.name for m in out.moves] == ["p2", "p3"]
+    assert out.waiting_for_room == 1  # p1: nothing left for it
+
+
+def test_owners_bare_unknown_and_unjudged():
+    view = pl.View(nodes=(node("a", 95, 0),))
+    bare = pod("bare", owner=None, age=900)
+    daemon = pod("daemon", owner=("DaemonSet", "d"), age=800)
+    web = pod("web-1", age=700)
+    first = rp.plan(view, [bare, daemon, web], 120)
+    assert first.moves == [] and [p.name for p in first.unjudged] == ["web-1"]
+    assert [s.pod.name for s in first.stuck] == ["bare", "daemon"]
+    assert "bare pod" in first.stuck[0].why and first.stuck[0].why.startswith("gpushard: ")
+    second = rp.plan(view, [bare, daemon, web], 120, {web.uid: FOUND})
+    assert [m.pod.name for m in second.moves] == ["web-1"]
+    gone = rp.plan(view, [web], 120, {web.uid: rp.Owner("ReplicaSet", "web", found=False)})
+    assert gone.moves == [] and "gone" in gone.stuck[0].why
+
+
+def test_jobs_are_moved_only_when_the_eviction_does_not_count():
+    view = pl.View(nodes=(node("a", 95, 0),))
+    job_pod = pod("j", owner=("Job", "train"))
+    counted = rp.plan(view, [job_pod], 120, {job_pod.uid: rp.Owner("Job", "train")})
+    assert counted.moves == [] and "backoffLimit" in counted.stuck[0].why
+    safe = rp.plan(view, [job_pod], 120, {job_pod.uid: rp.Owner("Job", "train", ignores_disruption=True)})
+    assert [m.pod.name for m in safe.moves] == ["j"]
+    done = rp.plan(view, [job_pod], 120, {job_pod.uid: rp.Owner("Job", "train", ignores_disruption=True,
+                                                                 finished=True)})
+    assert done.moves == [] and "finished" in done.stuck[0].why
+
+
+def test_the_first_rule_on_disruption_target_decides():
+    ignore = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    fail = {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    exit_codes = {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}
+    assert rp.job_ignores_disruption({"podFailurePolicy": {"rules": [exit_codes, ignore]}})
+    assert not rp.job_ignores_disruption({"podFailurePolicy": {"rules": [fail, ignore]}})
+    assert not rp.job_ignores_disruption({"podFailurePolicy": {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "False"}]}]}})
+    assert not rp.job_ignores_disruption({"backoffLimit": 3})
+    assert not rp.job_ignores_disruption({"podFailurePolicy": "odd"})
+
+
+def test_one_pod_per_stateful_set_per_pass():
+    view = pl.View(nodes=(node("a", 95, 0),))
+    pods = [pod(f"db-{i}", shares=20, age=900 - i, owner=("StatefulSet", "db")) for i in range(3)]
+    out = rp.plan(view, pods, 120, {p.uid: rp.Owner("StatefulSet", "db") for p in pods})
+    assert [m.pod.name for m in out.moves] == ["db-0"]

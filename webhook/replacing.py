@@ -1,0 +1,366 @@
+"""`gpushard replace`: one leader evicts pinned pods that wait on a full card while another card has room.
+
+The loop runs in its own Deployment, not in `gpushard serve`: the webhook stays read-only and
+lean on the admission path (no eviction rights, no full pod list per worker), and a replacer
+that is down only delays re-placement, never an admission. Replicas and rollouts may overlap:
+a ``coordination.k8s.io/v1`` Lease elects the one that acts. Each pass lists nodes and pinned
+pods page by page, asks ``core.replacement`` what to evict, looks up the owners it names,
+evicts through the Eviction API (``policy/v1``; a 429 from a disruption budget means skip)
+and records a core/v1 Event on each evicted pod that says why.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import kubernetes
+
+from webhook import connecting, kubectl
+from webhook import settings as settings_mod
+from webhook.cluster import kube
+from webhook.core import findings as f
+from webhook.core import names, placement, replacement
+
+log = logging.getLogger(__name__)
+
+PAGE = 500  # items per list page: memory stays bounded however many pods the cluster holds
+DEFAULT_NAMESPACE = "gpushard-system"
+REQUEST_TIMEOUT = (10, 60)
+
+
+def _now_text(wall: Callable[[], float]) -> str:
+    """A MicroTime (RFC 3339 with microseconds, UTC) as Leases and Events carry."""
+    return datetime.datetime.fromtimestamp(wall(), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(text: object) -> float | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _json(response) -> dict:
+    try:
+        return json.loads(response.data)
+    finally:
+        response.release_conn()
+
+
+class Elector:
+    """Leader election on a Lease, as client-go's leaderelection does it.
+
+    Whether another holder's lease expired is judged on this process's own clock, from when it
+    last saw the lease change, never by comparing its renewTime with our clock (clocks differ).
+    Every write carries the resourceVersion read, so two candidates never both win.
+    """
+
+    def __init__(self, api_client, namespace: str, name: str, identity: str, duration_s: int, *,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+        self._api = kubernetes.client.CoordinationV1Api(api_client)
+        self.namespace, self.name, self.identity, self.duration = namespace, name, identity, duration_s
+        self._clock, self._wall = clock, wall
+        self._record: tuple | None = None
+        self._observed = 0.0
+
+    def lead(self) -> bool:
+        """Take or renew the lease; True while this process leads."""
+        now = self._clock()
+        try:
+            lease = _json(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
+                                                          _request_timeout=REQUEST_TIMEOUT))
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                log.warning("gpushard: cannot read Lease %s/%s (%s)", self.namespace, self.name, exc.status)
+                return False
+            return self._write(None, now)
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, (lease.get("metadata") or {}).get("resourceVersion"))  # any write changes it
+        if record != self._record:
+            self._record, self._observed = record, now
+        duration = spec.get("leaseDurationSeconds") or self.duration
+        if holder and holder != self.identity and now < self._observed + duration:
+            return False
+        return self._write(lease, now)
+
+    def release(self) -> None:
+        """Give the lease up (on shutdown), so that another replacer need not wait for it to expire."""
+        try:
+            lease = _json(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
+                                                          _request_timeout=REQUEST_TIMEOUT))
+            spec = dict(lease.get("spec") or {})
+            if spec.get("holderIdentity") != self.identity:
+                return
+            stamp = _now_text(self._wall)
+            spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=stamp, acquireTime=stamp)
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec,
+                    "metadata": {"name": self.name, "namespace": self.namespace,
+                                 "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")}}
+            _json(self._api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
+                                                     _request_timeout=REQUEST_TIMEOUT))
+        except kubernetes.client.ApiException as exc:  # it expires anyway
+            log.warning("gpushard: could not release Lease %s/%s (%s)", self.namespace, self.name, exc.status)
+
+    def _write(self, lease: dict | None, now: float) -> bool:
+        spec = dict((lease or {}).get("spec") or {})
+        stamp = _now_text(self._wall)
+        if spec.get("holderIdentity") != self.identity:
+            if spec.get("holderIdentity"):
+                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+            spec["acquireTime"] = stamp
+            spec.setdefault("leaseTransitions", 0)
+        spec.update(holderIdentity=self.identity, leaseDurationSeconds=self.duration, renewTime=stamp)
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}
+        try:
+            if lease is None:
+                written = self._api.create_namespaced_lease(self.namespace, body, _preload_content=False,
+                                                            _request_timeout=REQUEST_TIMEOUT)
+            else:
+                body["metadata"]["resourceVersion"] = (lease.get("metadata") or {}).get("resourceVersion")
+                written = self._api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
+                                                             _request_timeout=REQUEST_TIMEOUT)
+        except kubernetes.client.ApiException as exc:
+            if exc.status not in (409,):  # 409: another candidate wrote first
+                log.warning("gpushard: cannot write Lease %s/%s (%s)", self.namespace, self.name, exc.status)
+            return False
+        written = _json(written)
+        self._record = ((written.get("spec") or {}).get("holderIdentity") or "",
+                        (written.get("metadata") or {}).get("resourceVersion"))
+        self._observed = now
+        return True
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one pass did."""
+
+    plan: replacement.Plan
+    evicted: list[replacement.Move] = dataclasses.field(default_factory=list)
+    refused: list[tuple[replacement.Move, str]] = dataclasses.field(default_factory=list)  # (move, why)
+
+
+class Replacer:
+    """The loop; ``pass_once`` is one leader-checked pass."""
+
+    def __init__(self, api_client, settings: settings_mod.Settings, identity: str, namespace: str, *,
+                 lease_name: str = names.REPLACER_LEASE, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, dry_run: bool = False):
+        self._core = kubernetes.client.CoreV1Api(api_client)
+        self._apps = kubernetes.client.AppsV1Api(api_client)
+        self._batch = kubernetes.client.BatchV1Api(api_client)
+        self._settings = settings
+        self._wall = wall
+        self._dry_run = dry_run
+        self.identity = identity
+        # Renewed every pass: it outlives a pass or two that run long before another takes over.
+        duration = max(15, 3 * settings.replacement.interval)
+        self.elector = Elector(api_client, namespace, lease_name, identity, duration, clock=clock, wall=wall)
+
+    # --- reading the cluster -------------------------------------------------------------------
+
+    def _pages(self, call: Callable, **kwargs):
+        token = None
+        while True:
+            page = _json(call(limit=PAGE, _continue=token, _preload_content=False,
+                              _request_timeout=REQUEST_TIMEOUT, **kwargs))
+            yield from page.get("items") or ()
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    def read(self) -> tuple[placement.View, list[replacement.Waiting]]:
+        """The cards' usage by bound pods, and the pinned pods no node has taken yet."""
+        policy = self._settings.policy
+        nodes = [n for n in (kube.read_node(obj, policy) for obj in self._pages(self._core.list_node)) if n]
+        used: collections.Counter = collections.Counter()
+        waiting = []
+        now = self._wall()
+        selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
+        for obj in self._pages(self._core.list_pod_for_all_namespaces, label_selector=selector):
+            spec, meta, status = (obj.get(key) or {} for key in ("spec", "metadata", "status"))
+            if not (isinstance(spec, dict) and isinstance(meta, dict) and isinstance(status, dict)) or \
+                    status.get("phase") in kube.TERMINAL_PHASES:
+                continue  # an object of the wrong shape is no pod gpushard placed
+            shares = kube.pod_card_shares(spec, policy)
+            if spec.get("nodeName"):
+                for k, n in shares.items():  # a terminating pod holds its shares until it is gone
+                    used[(spec["nodeName"], k)] += n
+                continue
+            if len(shares) != 1 or meta.get("deletionTimestamp") or status.get("phase") != "Pending":
+                continue
+            ((card, count),) = shares.items()
+            try:
+                ask = placement.ask_from_spec(spec, count, card)
+            except f.ObjectError as exc:
+                log.warning("gpushard: skipped pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+                continue
+            created = _parse_time(meta.get("creationTimestamp"))
+            owner = next((r for r in meta.get("ownerReferences") or () if isinstance(r, dict) and r.get("controller")),
+                         None)
+            waiting.append(replacement.Waiting(
+                uid=str(meta.get("uid") or ""), namespace=str(meta.get("namespace") or ""),
+                name=str(meta.get("name") or ""), card=card, shares=count,
+                age=max(0.0, now - created) if created is not None else 0.0, ask=ask,
+                preferred=placement.preferred_node(spec), owner_kind=owner.get("kind") if owner else None,
+                owner_name=str(owner.get("name") or "") if owner else "", gated=bool(spec.get("schedulingGates")),
+                version=str(meta.get("resourceVersion") or "")))
+        view = placement.View(nodes=tuple(
+            dataclasses.replace(n, cards=tuple(dataclasses.replace(c, used=used[(n.name, c.index)]) for c in n.cards))
+            for n in nodes))
+        return view, waiting
+
+    def owner(self, pod: replacement.Waiting) -> replacement.Owner:
+        """The pod's controller as the API shows it now."""
+        reads = {replacement.REPLICA_SET: self._apps.read_namespaced_replica_set,
+                 replacement.STATEFUL_SET: self._apps.read_namespaced_stateful_set,
+                 replacement.JOB: self._batch.read_namespaced_job}
+        try:
+            obj = _json(reads[pod.owner_kind](pod.owner_name, pod.namespace, _preload_content=False,
+                                              _request_timeout=REQUEST_TIMEOUT))
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return replacement.Owner(pod.owner_kind, pod.owner_name, found=False)
+            raise
+        meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+        finished = bool(spec.get("suspend")) or any(
+            isinstance(c, dict) and c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+            for c in status.get("conditions") or ())
+        return replacement.Owner(pod.owner_kind, pod.owner_name, deleting=bool(meta.get("deletionTimestamp")),
+                                 ignores_disruption=replacement.job_ignores_disruption(spec), finished=finished)
+
+    # --- one pass --------------------------------------------------------------------------------
+
+    def pass_once(self) -> Outcome | None:
+        """One pass if this process leads (None if another does)."""
+        if not self.elector.lead():
+            return None
+        view, waiting = self.read()
+        pending = self._settings.replacement.pending_seconds
+        plan = replacement.plan(view, waiting, pending)
+        owners: dict[str, replacement.Owner | None] = {}
+        while plan.unjudged:
+            owners.update({pod.uid: self.owner(pod) for pod in plan.unjudged})
+            plan = replacement.plan(view, waiting, pending, owners)
+        outcome = Outcome(plan)
+        for stuck in plan.stuck:
+            log.warning("gpushard: pod %s/%s waits on full card %d while card %d of %s has room: %s",
+                        stuck.pod.namespace, stuck.pod.name, stuck.pod.card, stuck.to_card, stuck.to_node, stuck.why)
+        for move in plan.moves:
+            if self._dry_run:
+                log.info("gpushard: would evict %s/%s: %s", move.pod.namespace, move.pod.name,
+                         replacement.event_message(move))
+                continue
+            why = self._evict(move)
+            if why is None:
+                outcome.evicted.append(move)
+                self._record(move)
+            else:
+                outcome.refused.append((move, why))
+        return outcome
+
+    def _evict(self, move: replacement.Move) -> str | None:
+        """None once evicted; else why the API refused (the pod is skipped this pass)."""
+        pod = move.pod
+        preconditions = {"uid": pod.uid}
+        if pod.version:
+            preconditions["resourceVersion"] = pod.version  # bound or changed since listed: refused
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod.name, "namespace": pod.namespace},
+                "deleteOptions": {"preconditions": preconditions}}
+        try:
+            _json(self._core.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _preload_content=False,
+                                                            _request_timeout=REQUEST_TIMEOUT))
+        except kubernetes.client.ApiException as exc:
+            reason = {429: "a disruption budget allows no eviction now", 404: "the pod is gone",
+                      409: "the pod changed since it was listed"}.get(exc.status, f"HTTP {exc.status}")
+            log.info("gpushard: did not evict %s/%s: %s", pod.namespace, pod.name, reason)
+            return reason
+        log.info("gpushard: evicted %s/%s: %s", pod.namespace, pod.name, replacement.event_message(move))
+        return None
+
+    def _record(self, move: replacement.Move) -> None:
+        pod = move.pod
+        stamp = _now_text(self._wall)
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": f"{pod.name}.{uuid.uuid4().hex[:16]}", "namespace": pod.namespace},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
+                                   "uid": pod.uid},
+                "reason": names.REPLACED_REASON, "message": replacement.event_message(move)[:1024],
+                "type": "Normal", "action": "Evict", "count": 1,
+                "firstTimestamp": stamp[:19] + "Z", "lastTimestamp": stamp[:19] + "Z",
+                "source": {"component": names.REPLACER_COMPONENT},
+                "reportingComponent": names.REPLACER_COMPONENT, "reportingInstance": self.identity}
+        try:
+            _json(self._core.create_namespaced_event(pod.namespace, body, _preload_content=False,
+                                                     _request_timeout=REQUEST_TIMEOUT))
+        except kubernetes.client.ApiException as exc:
+            log.warning("gpushard: evicted %s/%s but could not record its Event (%s)", pod.namespace, pod.name,
+                        exc.status)
+
+    def run(self, stop: threading.Event) -> None:
+        """Pass after pass until ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                self.pass_once()
+            except Exception:  # noqa: BLE001 - one failed pass must not end the loop
+                log.exception("gpushard: a re-placement pass failed; trying again next interval")
+            stop.wait(self._settings.replacement.interval)
+        self.elector.release()
+
+
+def api_client(kubeconfig: str | None = None, context: str | None = None, timeout: float | None = None):
+    """A client from the one kubeconfig loader (webhook.connecting, kubectl's order); in a pod, with no
+    kubeconfig around, the in-cluster service account."""
+    return connecting.client(kubeconfig, context, timeout).api
+
+
+def run(args, settings: settings_mod.Settings) -> int:
+    """`gpushard replace`: the loop, or one pass with --once."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    stop = threading.Event()
+    if not settings.replacement.enabled:
+        # Off: never evict. The Deployment keeps running (idle) so that the switch needs no manifest change.
+        print(f"gpushard: re-placement is off (replacement.enabled: false in {settings.source})")
+        if args.once:
+            return 0
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
+        return 0
+    try:
+        timeout = connecting.parse_timeout(getattr(args, "request_timeout", None), default=None)
+        client = api_client(args.kubeconfig, args.context, timeout)
+    except connecting.ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return kubectl.USAGE
+    namespace = args.namespace or os.environ.get(names.POD_NAMESPACE_ENV) or DEFAULT_NAMESPACE
+    identity = args.identity or os.environ.get(names.POD_NAME_ENV) or f"{socket.gethostname()}-{os.getpid()}"
+    replacer = Replacer(client, settings, identity, namespace, dry_run=args.dry_run)
+    if args.once:
+        outcome = replacer.pass_once()
+        if outcome is None:
+            print(f"gpushard: another replacer holds Lease {namespace}/{names.REPLACER_LEASE}; nothing done")
+            return 0
+        print(f"gpushard: evicted {len(outcome.evicted)}, refused {len(outcome.refused)}, "
+              f"not re-placed {len(outcome.plan.stuck)}, waiting for room {outcome.plan.waiting_for_room}")
+        return 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    replacer.run(stop)
+    return 0
