@@ -145,4 +145,12 @@ def test_demo_runs_end_to_end():
     assert "admitted: 25 shares, pinned to card 0 (node gpu-node-a preferred" in out
     assert "denied (403): gpushard: container \"train\" asks nvidia.com/gpu 1.5" in out
     assert "'NVIDIA_VISIBLE_DEVICES': 'void'" in out
-    assert 'outcome="denied"} 3.0' in out
+    # Host access around the device plugin: every offending field named.
+    assert 'denied (403): gpushard: volume "dev" is hostPath /dev (spec.volumes[0].hostPath.path)' in out
+    assert 'container "shell" is privileged (spec.containers[0].securityContext.privileged)' in out
+    # Limits the author wrote for itself are removed from the admitted pod.
+    greedy = out[out.index("Pod research/greedy"):]
+    greedy = greedy[:greedy.index("\n\n")]
+    assert "admitted: 25 shares" in greedy and "NVIDIA_GPU_MEMORY_LIMIT'" not in greedy.split("warning:")[0]
+    assert "audit annotation limit-env-set:" in greedy
+    assert 'outcome="denied"} 4.0' in out
