@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +77,7 @@ def _names(key: str, value: Any) -> list[str]:
 def _exempt(value: Any) -> policy_mod.Exempt:
     """policy.exempt: what is trusted with host access in enforce namespaces."""
     ex = _mapping("policy.exempt", value)
-    _check_keys("policy.exempt.", ex, {"serviceAccounts", "namespaces"})
+    _check_keys("policy.exempt.", ex, {"serviceAccounts", "namespaces", "hostPaths"})
     namespaces = _names("policy.exempt.namespaces", ex.get("namespaces"))
     for name in namespaces:
         if not _NAMESPACE.match(name):
@@ -86,7 +87,12 @@ def _exempt(value: Any) -> policy_mod.Exempt:
         namespace, _, account = entry.partition("/")
         if not _NAMESPACE.match(namespace) or not _ACCOUNT.match(account):
             raise SettingsError(f"policy.exempt.serviceAccounts: {entry!r} is not namespace/name")
-    return policy_mod.Exempt(service_accounts=frozenset(accounts), namespaces=frozenset(namespaces))
+    host_paths = _names("policy.exempt.hostPaths", ex.get("hostPaths"))
+    for path in host_paths:
+        if not path.startswith("/") or "\x00" in path:
+            raise SettingsError(f"policy.exempt.hostPaths: {path!r} is not an absolute path")
+    return policy_mod.Exempt(service_accounts=frozenset(accounts), namespaces=frozenset(namespaces),
+                             host_paths=tuple("/" + posixpath.normpath(p).lstrip("/") for p in host_paths))
 
 
 def _device_list_strategy(value: Any) -> tuple[str, ...]:

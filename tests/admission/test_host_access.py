@@ -1,8 +1,11 @@
 """We test, through the admission app as the API server calls it, host access in gpushard namespaces:
-- each way around the device plugin (privileged, also in init and debug containers; SYS_ADMIN/ALL;
-  hostPID; hostPath of /dev, the kubelet's folders, the toolkit's device-list folder and /dev/null
-  mounted under it; device-injecting annotations; envFrom in passthrough containers) is a 403
-  whose message names the container (or volume, annotation) and the field;
+- each way around the device plugin (privileged, also in init and debug containers; any capability
+  beyond Pod Security's baseline; hostPID; hostPath of /dev, /proc, /sys, the kubelet's folders, the
+  container runtimes' sockets, CDI specs, the toolkit's folders and its device-list folder, and
+  /dev/null mounted under it, even at a path that only starts like it; any other hostPath the
+  operator did not allow; device-injecting annotations, NVIDIA's and GKE's included; envFrom in
+  passthrough containers) is a 403 whose message names the container (or volume, annotation) and
+  the field;
 - audit mode reports the same as warnings and audit annotations, and allows;
 - an exempt service account or namespace (policy.exempt) is let through, nobody else;
 - a debug container added next to an older one: only the new one is changed, and the patch
@@ -140,6 +143,62 @@ def test_audit_mode_reports_the_same_and_allows(client):
 def _exempting(view, **exempt):
     settings = settings_mod.from_mapping({"policy": {"exempt": exempt}})
     return app_mod.create_app(settings, view).test_client()
+
+
+@pytest.mark.parametrize("cap", ["SYS_MODULE", "DAC_READ_SEARCH", "SYS_RAWIO", "BPF", "PERFMON", " sys_ptrace"])
+def test_capabilities_beyond_baseline_are_denied(client, cap):
+    obj = _gpu_pod()
+    obj["spec"]["containers"][1]["securityContext"] = {"capabilities": {"add": ["NET_BIND_SERVICE", "CHOWN", cap]}}
+    message = _denied(client, obj)
+    assert message.count("adds capability") == 1  # the baseline ones pass
+    assert f'container "sidecar" adds capability {cap} (spec.containers[1].securityContext.capabilities.add)' in message
+
+
+@pytest.mark.parametrize("path,exposes", [
+    ("/proc/1/root/dev", "the node's processes and kernel controls"),
+    ("/sys/bus/pci", "the node's processes and kernel controls"),
+    ("/run/containerd/containerd.sock", "/run/containerd, which the container runtime"),
+    ("/var/run/crio/crio.sock", "/var/run/crio, which the container runtime"),
+    ("/var/run/nri/nri.sock", "/var/run/nri, which"),
+    ("/etc/cdi", "/etc/cdi, which"),
+    ("/usr/local/nvidia/toolkit", "/usr/local/nvidia, which"),
+    ("/run/gpushard/mps", "/run/gpushard, which"),
+])
+def test_host_paths_that_reach_the_runtime_or_the_kernel_are_denied(client, path, exposes):
+    message = _denied(client, _gpu_pod(volumes=[{"name": "host", "hostPath": {"path": path}}]))
+    assert f'"host" is hostPath {path} (spec.volumes[0].hostPath.path), which exposes {exposes}' in message
+
+
+def test_any_other_host_path_needs_the_operators_leave(view):
+    obj = _gpu_pod(volumes=[{"name": "logs", "hostPath": {"path": "/var/log/pods"}}])
+    message = _denied(_exempting(view), obj)
+    assert message == ('gpushard: volume "logs" is hostPath /var/log/pods (spec.volumes[0].hostPath.path); pods '
+                       'here mount only host paths the operator allows (policy.exempt.hostPaths)')
+    assert post(_exempting(view, hostPaths=["/var/log"]), "/mutate", objects.review(obj))["allowed"] is True
+    # Allowing a folder never allows what lies around the device plugin, even below or above it.
+    assert "which exposes a folder holding /dev" in _denied(
+        _exempting(view, hostPaths=["/"]), _gpu_pod(volumes=[{"name": "root", "hostPath": {"path": "/"}}]))
+    # A symlink through another process's root is still /proc.
+    assert "which exposes the node's processes" in _denied(_exempting(view, hostPaths=["/"]), _gpu_pod(
+        volumes=[{"name": "null", "hostPath": {"path": "/proc/1/root/dev/null"}}]))
+
+
+def test_a_mount_that_only_starts_like_the_device_list_folder_is_denied(client):
+    # NVIDIA's toolkit takes every mount whose path starts with its folder, "/" or not: this one
+    # reads as device "all", and /proc/1/root/dev/null resolves to /dev/null on the node.
+    obj = _gpu_pod(volumes=[{"name": "null", "emptyDir": {}}])
+    obj["spec"]["containers"][1]["volumeMounts"] = [
+        {"name": "null", "mountPath": "/var/run/nvidia-container-devicesall"}]
+    assert ('container "sidecar" mounts volume "null" at /var/run/nvidia-container-devicesall '
+            "(spec.containers[1].volumeMounts[0].mountPath)") in _denied(client, obj)
+
+
+@pytest.mark.parametrize("key", ["nvidia.cdi.k8s.io/container.main", "nvidia.cdi.k8s.io/container.*",
+                                 "cdi.nri.io/container.main", "devices.gke.io/container.main"])
+def test_nvidia_and_other_injectors_annotations_are_denied(client, key):
+    obj = _gpu_pod()
+    obj["metadata"]["annotations"] = {key: "nvidia.com/gpu=all"}
+    assert f'annotation "{key}" (metadata.annotations)' in _denied(client, obj)
 
 
 def test_exempt_service_accounts_and_namespaces_pass(view):

@@ -76,6 +76,8 @@ def test_runtime_class_name(value, loaded):
     ({"policy": {"exempt": {"namespaces": ["Kube_System"]}}}, "policy.exempt.namespaces: 'Kube_System'"),
     ({"policy": {"exempt": {"users": []}}}, "policy.exempt.users: unknown key"),
     ({"policy": {"exempt": ["ns/sa"]}}, "policy.exempt: must be a mapping"),
+    ({"policy": {"exempt": {"hostPaths": ["var/log"]}}}, "policy.exempt.hostPaths: 'var/log' is not an absolute path"),
+    ({"policy": {"exempt": {"hostPaths": "/var/log"}}}, "policy.exempt.hostPaths: must be a list"),
     ({"deviceListStrategy": ["env"]}, "deviceListStrategy: must be one of envvar, volume-mounts, cdi-cri, got 'env'"),
     ({"deviceListStrategy": []}, "deviceListStrategy: must be a non-empty list"),
     ({"deviceListStrategy": ["envvar", "envvar"]}, "deviceListStrategy: lists a strategy twice"),

@@ -65,7 +65,7 @@ def _under(path: str, root: str) -> bool:
 
 
 def _exposed(path: str) -> str | None:
-    """What a hostPath of ``path`` exposes, or None when it is none of gpushard's concern."""
+    """What a hostPath of ``path`` exposes around the device plugin, or None."""
     for root in names.HOST_DEVICE_PATHS:
         if _under(path, root):
             return _what(root)
@@ -77,9 +77,13 @@ def _exposed(path: str) -> str | None:
 def _what(root: str) -> str:
     if root == "/dev":
         return "the node's device files"
+    if root in ("/proc", "/sys"):
+        return "the node's processes and kernel controls"
     if root == "/var/lib/kubelet":
         return "the kubelet's folders (device-plugin sockets, pod-resources)"
-    return "the toolkit's device-list folder"
+    if root in names.DEVICE_LIST_MOUNT_ROOTS:
+        return "the toolkit's device-list folder"
+    return f"{root}, which the container runtime, the NVIDIA toolkit or gpushard's agent uses"
 
 
 def _annotation_denied(key: str) -> bool:
@@ -101,15 +105,16 @@ def _container(container: dict, label: str, where: str) -> list[f.Finding]:
             "so it would see every card of the node"), name))
     added = _list(_dict(security.get("capabilities")).get("add"))
     for cap in added:
-        text = str(cap).upper().removeprefix("CAP_")
-        if text in names.HOST_CAPABILITIES:
+        text = str(cap).strip().upper().removeprefix("CAP_")
+        if text not in names.BASELINE_CAPABILITIES:
             found.append(_deny(f.ADDED_CAPABILITIES, (
                 f"gpushard: {label} \"{name}\" adds capability {cap} ({where}.securityContext.capabilities.add), "
-                "so it could reach every card of the node"), name))
+                "beyond Pod Security's baseline, so it could reach the node's devices"), name))
     for i, mount in enumerate(_list(container.get("volumeMounts"))):
         mount = _dict(mount)
         path = normal_path(mount.get("mountPath"))
-        if path is not None and _under(path, names.DEVICE_LIST_MOUNT_ROOT):
+        # The toolkit matches the bare prefix: ".../nvidia-container-devicesall" names "all".
+        if path is not None and path.startswith(names.DEVICE_LIST_MOUNT_ROOTS):
             found.append(_deny(f.DEVICE_LIST_MOUNT, (
                 f"gpushard: {label} \"{name}\" mounts volume \"{mount.get('name')}\" at {path} "
                 f"({where}.volumeMounts[{i}].mountPath), the toolkit's device-list folder"), name))
@@ -127,19 +132,33 @@ def container_findings(spec: dict, where: str, only: Iterable[tuple[str, int]] |
     return found
 
 
-def _volumes(spec: dict, where: str) -> list[f.Finding]:
+def _allowed_host_path(path: str, policy: Policy) -> bool:
+    return any(_under(path, allowed) for allowed in policy.exempt.host_paths)
+
+
+def _volumes(spec: dict, where: str, policy: Policy) -> list[f.Finding]:
+    """hostPath volumes: none unless the operator allows the path, and never one around the device plugin.
+
+    Pod Security's baseline allows no hostPath at all; a list of dangerous folders would always miss
+    one (a runtime's socket, a symlink through /proc/1/root), so the default is none.
+    """
     found = []
     for i, volume in enumerate(_list(spec.get("volumes"))):
         volume = _dict(volume)
         host = volume.get("hostPath")
         if host is None:
             continue
-        path = normal_path(_dict(host).get("path"))
+        raw = _dict(host).get("path")
+        path = normal_path(raw)
+        field = f"{where}.volumes[{i}].hostPath.path"
         exposed = _exposed(path) if path is not None else None
         if exposed:
             found.append(_deny(f.HOST_PATH, (
-                f"gpushard: volume \"{volume.get('name')}\" is hostPath {path} ({where}.volumes[{i}].hostPath.path), "
-                f"which exposes {exposed}")))
+                f"gpushard: volume \"{volume.get('name')}\" is hostPath {path} ({field}), which exposes {exposed}")))
+        elif path is None or not _allowed_host_path(path, policy):
+            found.append(_deny(f.HOST_PATH, (
+                f"gpushard: volume \"{volume.get('name')}\" is hostPath {path or repr(raw)} ({field}); pods here "
+                "mount only host paths the operator allows (policy.exempt.hostPaths)")))
     return found
 
 
@@ -181,7 +200,7 @@ def pod_findings(spec: dict, annotations: object, where: str, annotations_where:
         found.append(_deny(f.HOST_PID, (
             f"gpushard: the pod shares the node's process namespace ({where}.hostPID), "
             "so it could reach other pods' cards through their processes")))
-    found += _volumes(spec, where)
+    found += _volumes(spec, where, policy)
     found += _annotations(_dict(annotations), annotations_where)
     found += container_findings(spec, where)
     found += _env_from(spec, asks, where)

@@ -34,17 +34,33 @@ DEVICE_LIST_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 DEVICE_LIST_MOUNT_SOURCE = "/dev/null"
 NVIDIA_CDI_KIND = "nvidia.com/gpu"
 
-# Host folders a pod must not reach in an enforce namespace: device nodes, the kubelet's
-# folders (device-plugin sockets, pod-resources), the toolkit's device-list folder.
-HOST_DEVICE_PATHS = ("/dev", "/var/lib/kubelet", DEVICE_LIST_MOUNT_ROOT, "/run/nvidia-container-devices")
+# Host folders that reach cards around the device plugin, or what starts containers: device
+# nodes, /proc and /sys (other processes' devices, the driver's controls), the kubelet's folders
+# (device-plugin and pod-resources sockets), the container runtimes' sockets and state, NRI's
+# socket, CDI specs, the NVIDIA toolkit's and driver's folders, the toolkit's device-list folder,
+# and gpushard's own MPS folders. An enforce namespace mounts no host path at all unless the
+# operator allows it (policy.exempt.hostPaths), and never one at, under or above these.
+HOST_DEVICE_PATHS = ("/dev", "/proc", "/sys", "/var/lib/kubelet", "/etc/kubernetes",
+                     DEVICE_LIST_MOUNT_ROOT, "/run/nvidia-container-devices",
+                     "/run/containerd", "/var/run/containerd", "/var/lib/containerd", "/run/crio", "/var/run/crio",
+                     "/var/lib/containers", "/run/docker.sock", "/var/run/docker.sock", "/var/lib/docker",
+                     "/run/nri", "/var/run/nri", "/etc/cdi", "/run/cdi", "/var/run/cdi",
+                     "/etc/nvidia-container-runtime", "/etc/nvidia-container-toolkit", "/usr/local/nvidia",
+                     "/run/nvidia", "/var/run/nvidia", "/run/gpushard", "/var/run/gpushard")
+# Mount paths under which NVIDIA's toolkit reads a device list (it matches the bare prefix, so
+# ".../nvidia-container-devicesall" counts too).
+DEVICE_LIST_MOUNT_ROOTS = (DEVICE_LIST_MOUNT_ROOT, "/run/nvidia-container-devices")
 # Pod annotation keys (exact, or followed by "/" or ".") that make a runtime or an NRI plugin
-# inject devices or mounts: CDI (container toolkit, containerd, CRI-O), CRI-O's device
-# annotation (new and deprecated spelling), NRI's device-injector (new and deprecated domains).
-DEVICE_ANNOTATIONS = ("cdi.k8s.io", "devices.crio.io", "io.kubernetes.cri-o.Devices",
+# inject devices or mounts: CDI (container toolkit, containerd, CRI-O), NVIDIA's NRI plugin
+# (nvidia.cdi.k8s.io/container.<name>), CRI-O's device annotation (new and deprecated spelling),
+# NRI's device-injector (new and deprecated domains) and CDI injector, GKE's device injector.
+DEVICE_ANNOTATIONS = ("cdi.k8s.io", "nvidia.cdi.k8s.io", "devices.crio.io", "io.kubernetes.cri-o.Devices",
                       "devices.noderesource.dev", "cdi-devices.noderesource.dev", "mounts.noderesource.dev",
-                      "devices.nri.io", "cdi-devices.nri.io", "mounts.nri.io")
-# Linux capabilities that open every device (the toolkit treats CAP_SYS_ADMIN as privileged).
-HOST_CAPABILITIES = ("SYS_ADMIN", "ALL")
+                      "devices.nri.io", "cdi-devices.nri.io", "mounts.nri.io", "cdi.nri.io", "devices.gke.io")
+# The capabilities Pod Security's baseline profile lets a container add; any other (SYS_ADMIN,
+# SYS_MODULE, SYS_RAWIO, DAC_READ_SEARCH, BPF, ...) can reach the node's devices or kernel.
+BASELINE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+                         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")
 # Isolation: the limits the card-k device plugin hands each container (see docs/isolation.md).
 # Read by NVIDIA's container toolkit's apply-cuda-memory-limits CDI hook, in whole MiB.
 GPU_MEMORY_LIMIT_ENV = "NVIDIA_GPU_MEMORY_LIMIT"

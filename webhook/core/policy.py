@@ -46,6 +46,9 @@ class Exempt:
 
     service_accounts: frozenset[str] = frozenset()  # "namespace/name"
     namespaces: frozenset[str] = frozenset()
+    # Host paths (and what lies below them) any pod of an enforce namespace may mount; never one
+    # that reaches the folders of names.HOST_DEVICE_PATHS.
+    host_paths: tuple[str, ...] = ()
 
     def covers(self, namespace: str, service_account: str) -> bool:
         return namespace in self.namespaces or f"{namespace}/{service_account}" in self.service_accounts
