@@ -59,7 +59,8 @@ def test_device_list_mounts_are_denied_everywhere(policy, namespace, path):
     spec = {**pod_spec(mounting(path)), "volumes": [NULL]}
     outcome = admit(policy, wrap("Pod", spec), namespace)
     assert outcome.matched and not outcome.allowed
-    assert outcome.message.startswith('gpushard: container "app" mounts a volume under /var/run/nvidia-container-devices')
+    assert outcome.message.startswith(
+        'gpushard: container "app" mounts a volume under /var/run/nvidia-container-devices')
 
 
 @pytest.mark.parametrize("kind", sorted(RESOURCES))
