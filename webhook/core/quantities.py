@@ -77,6 +77,7 @@ def _parse_text(text: str) -> Fraction:
     return Fraction(numerator, denominator)
 
 
+@functools.lru_cache(maxsize=4096)
 def to_shares(quantity: Fraction, shares_per_card: int) -> tuple[int, bool]:
     """Shares for a fraction of a card: ceil(q x sharesPerCard), and whether ceil rounded."""
     exact = quantity * shares_per_card
