@@ -48,7 +48,10 @@ def service_account(spec: dict) -> str:
 
 
 def exempt(spec: dict, namespace: str, policy: Policy) -> bool:
-    return policy.exempt.covers(namespace, service_account(spec))
+    trusted = policy.exempt
+    if not trusted.namespaces and not trusted.service_accounts:
+        return False  # the default: nobody is trusted, and no service account needs reading
+    return trusted.covers(namespace, service_account(spec))
 
 
 def normal_path(path: object) -> str | None:
@@ -82,10 +85,12 @@ def _what(root: str) -> str:
     return "the toolkit's device-list folder"
 
 
+_DEVICE_ANNOTATIONS_LOWER = tuple(base.lower() for base in names.DEVICE_ANNOTATIONS)
+
+
 def _annotation_denied(key: str) -> bool:
     lowered = key.lower()
-    for base in names.DEVICE_ANNOTATIONS:
-        base = base.lower()
+    for base in _DEVICE_ANNOTATIONS_LOWER:
         if lowered == base or lowered.startswith(base + "/") or lowered.startswith(base + "."):
             return True
     return False
@@ -122,7 +127,9 @@ def container_findings(spec: dict, where: str, only: Iterable[tuple[str, int]] |
     found = []
     for key, label in CONTAINER_LISTS:
         for i, container in enumerate(_list(spec.get(key))):
-            if isinstance(container, dict) and (chosen is None or (key, i) in chosen):
+            # Only a security context or a mount can hold a finding: skip the rest without a look.
+            if (isinstance(container, dict) and (chosen is None or (key, i) in chosen)
+                    and (container.get("securityContext") is not None or container.get("volumeMounts") is not None)):
                 found += _container(container, label, f"{where}.{key}[{i}]")
     return found
 
@@ -144,6 +151,8 @@ def _volumes(spec: dict, where: str) -> list[f.Finding]:
 
 
 def _annotations(annotations: dict, where: str) -> list[f.Finding]:
+    if not annotations:
+        return []
     return [_deny(f.DEVICE_ANNOTATION, (
         f"gpushard: annotation \"{key}\" ({where}) makes the container runtime inject devices"))
         for key in sorted(map(str, annotations)) if _annotation_denied(key)]
@@ -181,10 +190,12 @@ def pod_findings(spec: dict, annotations: object, where: str, annotations_where:
         found.append(_deny(f.HOST_PID, (
             f"gpushard: the pod shares the node's process namespace ({where}.hostPID), "
             "so it could reach other pods' cards through their processes")))
-    found += _volumes(spec, where)
+    if spec.get("volumes") is not None:
+        found += _volumes(spec, where)
     found += _annotations(_dict(annotations), annotations_where)
     found += container_findings(spec, where)
-    found += _env_from(spec, asks, where)
+    if any(ask.passthrough for ask in asks):
+        found += _env_from(spec, asks, where)
     return found
 
 
