@@ -245,11 +245,15 @@ def eligible(node: Node, ask: Ask) -> bool:
 # --- indexes -----------------------------------------------------------------------------------
 
 
+# Built once: json.dumps with options builds a new encoder per call.
+_KEY_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=repr)
+
+
 def _constraints_key(ask: Ask) -> str:
     """One string per distinct set of scheduling constraints (the node name aside)."""
     parts = [dict(ask.node_selector), list(ask.required_terms), list(ask.tolerations)]
     try:
-        return json.dumps(parts, sort_keys=True, separators=(",", ":"), default=repr)
+        return _KEY_ENCODER.encode(parts)
     except (TypeError, ValueError):  # keys of mixed types cannot be sorted: fall back to repr
         return repr(parts)
 
