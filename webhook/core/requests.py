@@ -74,6 +74,11 @@ def _text(value: object) -> str:
     return text if len(text) <= QUOTE_MAX else text[: QUOTE_MAX - 3] + "..."
 
 
+def _where(name: str) -> str:
+    """How a message names the container (built only when there is something to say)."""
+    return f'container "{_text(name)}"'
+
+
 def _gpu_key(key: object, res) -> bool:
     """Whether a resource name is one of gpushard's (a prefix alone counts: it may be a bad card name)."""
     return key == res.fraction or key == res.shares or (isinstance(key, str) and key.startswith(res.card_prefix))
@@ -84,7 +89,6 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
     res = policy.resources
     name = container.get("name")
     name = name if isinstance(name, str) and name else f"{list_key}[{position}]"
-    where = f'container "{_text(name)}"'
     group = APP
     if list_key == "initContainers":
         group = SIDECAR if container.get("restartPolicy") == "Always" else INIT
@@ -105,7 +109,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
         return ask
 
     def deny(rule: str, message: str) -> None:
-        ask.findings.append(f.Finding(rule, f.DENY, f"gpushard: {where} {message}", name))
+        ask.findings.append(f.Finding(rule, f.DENY, f"gpushard: {_where(name)} {message}", name))
 
     def one_value(resource: str) -> tuple[Fraction | None, str]:
         """The resource's value, requiring requests == limits; (None, "") when absent or bad."""
@@ -121,7 +125,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
                      f"(write e.g. 0.25, 250m or 1)")
                 return None, ""
             text = _text(lim)
-            if value < 0:
+            if value.numerator < 0:  # a Fraction's sign is its numerator's
                 deny(f.BAD_QUANTITY, f"asks {resource} {text!r}; a GPU ask cannot be negative")
                 return None, ""
             return value, text
@@ -175,14 +179,14 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
         return ask
 
     spc = policy.shares_per_card
-    if fraction is not None and fraction != 0:
+    if fraction is not None and fraction.numerator != 0:
         ask.fraction, ask.fraction_text = fraction, fraction_text
-        if fraction < 1:
+        if fraction.numerator < fraction.denominator:  # below 1, without Fraction comparisons
             ask.shares, rounded = quantities.to_shares(fraction, spc)
             if rounded:
                 ask.findings.append(f.Finding(
                     f.ROUNDED, f.WARN,
-                    f"gpushard: {where} asks {res.fraction} {fraction_text}; rounded up to {ask.shares} "
+                    f"gpushard: {_where(name)} asks {res.fraction} {fraction_text}; rounded up to {ask.shares} "
                     f"of {spc} shares", name))
         elif fraction == 1:
             if policy.whole_cards == "passthrough":
