@@ -47,6 +47,9 @@ def set_env(container: dict, name: str, value: str) -> None:
     if not isinstance(env, list):
         env = []
     same = [e for e in env if isinstance(e, dict) and e.get("name") == name]
+    if not same:  # the usual case: nothing to drop, one walk of the list
+        container["env"] = [*env, {"name": name, "value": value}]
+        return
     if len(same) == 1 and same[0] == {"name": name, "value": value}:
         return
     container["env"] = [e for e in env if not (isinstance(e, dict) and e.get("name") == name)]
