@@ -101,7 +101,8 @@ def _finite_float(text: str) -> float:
 
 # Built once: json.loads and json.dumps with options build a new decoder or encoder per call.
 _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
-_PATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+# The patch holds parts of a parsed JSON body and gpushard's own values: it has no cycles to look for.
+_PATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False)
 
 
 def _short(value: object, limit: int = 40) -> str:
