@@ -82,7 +82,8 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str]) -> N
         current = resources.get(part)
         current = dict(current) if isinstance(current, dict) else {}
         for key in list(current):
-            if key in (res.fraction, res.shares) or res.card_index(key) is not None:
+            if key in (res.fraction, res.shares) or (
+                    isinstance(key, str) and key.startswith(res.card_prefix) and res.card_index(key) is not None):
                 del current[key]
         current.update(wanted)
         resources[part] = current
