@@ -333,5 +333,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         card, node = choice.card, choice.node
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)
-    new = isolation.strip_env(rewrite.pod(obj, asks, card, shares, policy, node=node), asks)
+    new = rewrite.pod(obj, asks, card, shares, policy, node=node)
+    if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):  # else strip_env has nothing to remove
+        new = isolation.strip_env(new, asks)
     return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares)
