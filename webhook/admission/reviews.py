@@ -105,6 +105,11 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_flo
 _PATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False)
 
 
+def encode_patch(patch: list[dict]) -> str:
+    """The ``patch`` field of a response: the JSONPatch as compact JSON, base64-encoded."""
+    return base64.b64encode(_PATCH_ENCODER.encode(patch).encode()).decode()
+
+
 def _short(value: object, limit: int = 40) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -224,8 +229,7 @@ def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy,
         patch = patches.make(obj, decision.obj)
         if patch:
             extra["patchType"] = "JSONPatch"
-            text = _PATCH_ENCODER.encode(patch)
-            extra["patch"] = base64.b64encode(text.encode()).decode()
+            extra["patch"] = encode_patch(patch)
             outcome = PATCHED
     # Only a pod gpushard just rewrote is new to the view: a reinvocation over its own output
     # (an empty patch) must not count the same pod twice.
