@@ -249,13 +249,29 @@ def eligible(node: Node, ask: Ask) -> bool:
 _KEY_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=repr)
 
 
+# Keys already made, by the repr of their parts: repr is about half the price of the sorted JSON, and
+# pods of one workload spell their constraints alike. Bounded in count and in the text kept.
+_KEYS: dict[str, str] = {}
+KEYS_KEPT = 1024
+KEY_TEXT_KEPT = 2048
+
+
 def _constraints_key(ask: Ask) -> str:
     """One string per distinct set of scheduling constraints (the node name aside)."""
     parts = [dict(ask.node_selector), list(ask.required_terms), list(ask.tolerations)]
+    spelled = repr(parts)
+    key = _KEYS.get(spelled)
+    if key is not None:
+        return key
     try:
-        return _KEY_ENCODER.encode(parts)
+        key = _KEY_ENCODER.encode(parts)
     except (TypeError, ValueError):  # keys of mixed types cannot be sorted: fall back to repr
-        return repr(parts)
+        key = spelled
+    if len(spelled) <= KEY_TEXT_KEPT:
+        if len(_KEYS) >= KEYS_KEPT:
+            _KEYS.clear()
+        _KEYS[spelled] = key
+    return key
 
 
 def _lowest_bit(bits: int) -> int:
