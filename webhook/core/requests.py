@@ -79,9 +79,13 @@ def _where(name: str) -> str:
     return f'container "{_text(name)}"'
 
 
-def _gpu_key(key: object, res) -> bool:
-    """Whether a resource name is one of gpushard's (a prefix alone counts: it may be a bad card name)."""
-    return key == res.fraction or key == res.shares or (isinstance(key, str) and key.startswith(res.card_prefix))
+def _names_gpu(resources: dict, res) -> bool:
+    """Whether any resource name is one of gpushard's (a prefix alone counts: it may be a bad card name)."""
+    ours, prefix = (res.fraction, res.shares), res.card_prefix
+    for key in resources:
+        if key in ours or (isinstance(key, str) and key.startswith(prefix)):
+            return True
+    return False
 
 
 def read(list_key: str, position: int, container: dict, policy: Policy) -> ContainerAsk:
@@ -105,7 +109,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
         requests = _mapping(requests, f"spec.{list_key}[{position}].resources.requests")
     # Most containers (sidecars, init steps) name no GPU resource at all: nothing below could
     # find anything in them, so they are read with one look at each resource name.
-    if not any(_gpu_key(key, res) for key in limits) and not any(_gpu_key(key, res) for key in requests):
+    if not _names_gpu(limits, res) and not _names_gpu(requests, res):
         return ask
 
     def deny(rule: str, message: str) -> None:
@@ -160,7 +164,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
         if res.card_index(key) is None:
             deny(f.BAD_CARD, f"names {_text(key)!r}, which is no card resource (cards are "
                  f"{res.card_prefix}0, {res.card_prefix}1, ...)")
-    if ask.denied:
+    if ask.findings:  # only denials so far
         return ask
     pins = sorted(i for i in map(res.card_index, card_keys) if i is not None)
     pin_values = {}
@@ -168,7 +172,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
         value, text = one_value(res.card(k))
         if value is not None:
             pin_values[k] = (value, text)
-    if ask.denied:
+    if ask.findings:  # only denials so far
         return ask
 
     if len(pins) > 1:
