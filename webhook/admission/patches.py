@@ -28,6 +28,8 @@ def _same(a: object, b: object) -> bool:
 
 def escape(key: object) -> str:
     """A JSON Pointer reference token (RFC 6901)."""
+    if type(key) is str and "~" not in key and "/" not in key:
+        return key  # most keys: nothing to escape
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
