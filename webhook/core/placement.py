@@ -80,8 +80,9 @@ class Node:
 
 def same_scheduling(a: Node, b: Node) -> bool:
     """Whether two node states admit exactly the same pods (shares aside)."""
+    # A node rebuilt for its shares keeps its labels and taints objects: no need to compare them.
     return (a.name == b.name and a.ready == b.ready and a.unschedulable == b.unschedulable
-            and a.taints == b.taints and a.labels == b.labels)
+            and (a.taints is b.taints or a.taints == b.taints) and (a.labels is b.labels or a.labels == b.labels))
 
 
 @dataclass(frozen=True)
@@ -556,7 +557,7 @@ def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
         return view
     topology = view._topology
     gone = sorted((i for name, node in changes.items() if node is None for i in topology.by_name.get(name, ())),
-                  reverse=True)
+                  reverse=True) if None in changes.values() else ()
     if gone:
         view = _without(view, gone)
         topology = view._topology
