@@ -190,8 +190,7 @@ def pod_findings(spec: dict, annotations: object, where: str, annotations_where:
         found.append(_deny(f.HOST_PID, (
             f"gpushard: the pod shares the node's process namespace ({where}.hostPID), "
             "so it could reach other pods' cards through their processes")))
-    if spec.get("volumes") is not None:
-        found += _volumes(spec, where)
+    found += _volumes(spec, where)
     found += _annotations(_dict(annotations), annotations_where)
     found += container_findings(spec, where)
     if any(ask.passthrough for ask in asks):
