@@ -10,7 +10,10 @@ and ``remember`` the choice, which updates the view. Rows:
 - review after a watch event: a pod event reaches the view (as the watch thread applies it, not
   timed) before each review, so each choice is the first on a view derived from that event;
 - remember, choice after event: those two parts alone;
-- full rebuild: the indexes built from scratch over the same nodes, for scale.
+- full rebuild: the indexes built from scratch over the same nodes, for scale;
+- stages: the parts of a review timed one by one in the order the server runs them (reading the
+  body; the decision, that is the asks, the rules, the choice and the rewrite; the patch walk and
+  its JSON; remembering the choice), to show where a review's time goes.
 
 Prints p50 and p99 microseconds per row.
 
@@ -31,9 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from webhook import settings as settings_mod  # noqa: E402
-from webhook.admission import reviews  # noqa: E402
+from webhook.admission import patches, reviews  # noqa: E402
 from webhook.cluster import kube  # noqa: E402
-from webhook.core import names, placement  # noqa: E402
+from webhook.core import decisions, names, placement  # noqa: E402
 
 CARDS = 8
 
@@ -102,6 +105,32 @@ def _us(samples: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1e6, ordered[int(len(ordered) * 0.99)] * 1e6
 
 
+def stages(body: bytes, policy, view: kube.KubeView, rounds: int, reset) -> list[tuple[str, list[float]]]:
+    """A review's parts timed one by one, as ``reviews.review`` runs them for this body."""
+    timed: dict[str, list[float]] = {"stage: read the body": [], "stage: decide (asks, rules, choice, rewrite)": [],
+                                     "stage: patch walk and its JSON": [], "stage: remember the choice": []}
+    parts = list(timed.values())
+    for i in range(rounds):
+        t0 = time.perf_counter()
+        request = reviews.parse(body)
+        t1 = time.perf_counter()
+        decision = decisions.decide(decisions.Request(
+            request["object"], request["kind"]["kind"], request["operation"], names.MODE_ENFORCE,
+            request["dryRun"], old=request["oldObject"], seed=request["uid"], namespace=request["namespace"]),
+            policy, view.snapshot())
+        t2 = time.perf_counter()
+        patch = patches.make(request["object"], decision.obj)
+        reviews.encode_patch(patch)
+        t3 = time.perf_counter()
+        view.remember(decision.node, decision.card, decision.shares)
+        t4 = time.perf_counter()
+        for samples, took in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            samples.append(took)
+        if i % 500 == 499:
+            reset()
+    return list(timed.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=200)
@@ -166,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         placement.choose(fresh, ask)
         rebuilds.append(time.perf_counter() - started)
     rows.append(("full index rebuild + choice", rebuilds))
+
+    reset()
+    rows += stages(body, policy, view, args.rounds, reset)
 
     print(f"{args.nodes} nodes x {CARDS} cards, {args.nodes * 4} pods; {args.rounds} rounds; microseconds")
     print("| what | p50 | p99 |")

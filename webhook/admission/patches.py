@@ -28,6 +28,8 @@ def _same(a: object, b: object) -> bool:
 
 def escape(key: object) -> str:
     """A JSON Pointer reference token (RFC 6901)."""
+    if type(key) is str and "~" not in key and "/" not in key:
+        return key  # most keys: nothing to escape
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
@@ -36,11 +38,16 @@ def _diff(a: object, b: object, path: str, out: list[dict]) -> None:
         return
     kind = type(a)
     if kind is dict and type(b) is dict:
+        kept = 0
         for key, value in a.items():
             if key not in b:
                 out.append({"op": "remove", "path": f"{path}/{escape(key)}"})
-            elif b[key] is not value:  # shared subtrees are the common case: skip them cheaply
+                continue
+            kept += 1
+            if b[key] is not value:  # shared subtrees are the common case: skip them cheaply
                 _diff(value, b[key], f"{path}/{escape(key)}", out)
+        if kept == len(b):
+            return  # every key of b is one of a's: nothing to add
         for key, value in b.items():
             if key not in a:
                 out.append({"op": "add", "path": f"{path}/{escape(key)}", "value": value})

@@ -61,7 +61,14 @@ class Answer:
 def parse(body: bytes) -> dict:
     """The ``request`` of an AdmissionReview body, checked just enough to answer it by uid."""
     try:
-        review = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+        if isinstance(body, (bytes, bytearray)):
+            # As json.loads reads bytes (UTF-8, -16 or -32), with one decoder built once, not per body.
+            body = body.decode(json.detect_encoding(body), "surrogatepass")
+        elif not isinstance(body, str):
+            raise TypeError(f"the JSON object must be str, bytes or bytearray, not {type(body).__name__}")
+        if body.startswith("\ufeff"):
+            raise ValueError("unexpected UTF-8 BOM")
+        review = _DECODER.decode(body)
     except (ValueError, RecursionError):
         # ValueError covers bad UTF-8, bad JSON, NaN and infinities, and integers over
         # Python's digit limit; RecursionError a body nested deeper than the decoder will go.
@@ -90,6 +97,17 @@ def _finite_float(text: str) -> float:
     if math.isinf(value):
         raise ValueError(f"{text} is out of range")
     return value
+
+
+# Built once: json.loads and json.dumps with options build a new decoder or encoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+# The patch holds parts of a parsed JSON body and gpushard's own values: it has no cycles to look for.
+_PATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False)
+
+
+def encode_patch(patch: list[dict]) -> str:
+    """The ``patch`` field of a response: the JSONPatch as compact JSON, base64-encoded."""
+    return base64.b64encode(_PATCH_ENCODER.encode(patch).encode()).decode()
 
 
 def _short(value: object, limit: int = 40) -> str:
@@ -211,8 +229,7 @@ def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy,
         patch = patches.make(obj, decision.obj)
         if patch:
             extra["patchType"] = "JSONPatch"
-            text = json.dumps(patch, separators=(",", ":"), allow_nan=False)
-            extra["patch"] = base64.b64encode(text.encode()).decode()
+            extra["patch"] = encode_patch(patch)
             outcome = PATCHED
     # Only a pod gpushard just rewrote is new to the view: a reinvocation over its own output
     # (an empty patch) must not count the same pod twice.

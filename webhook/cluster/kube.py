@@ -313,7 +313,10 @@ class KubeView:
         self._entries[entry.number] = entry
         for table, key in ((self._by_ask, (entry.card, entry.shares)),
                            (self._by_place, (entry.node, entry.card, entry.shares))):
-            table.setdefault(key, collections.OrderedDict())[entry.number] = entry
+            group = table.get(key)
+            if group is None:  # not setdefault: that would build an OrderedDict on every call
+                group = table[key] = collections.OrderedDict()
+            group[entry.number] = entry
         self._count(entry.node, entry.card, entry.shares)
         self._next_deadline = min(self._next_deadline, entry.deadline)
 
@@ -364,8 +367,10 @@ class KubeView:
             return node
         cards = current.cards
         changed = None
+        held, tentative = self._used, self._tentative
         for j, c in enumerate(cards):
-            used = self._used.get((name, c.index), 0) + self._tentative.get((name, c.index), 0)
+            key = (name, c.index)
+            used = held.get(key, 0) + tentative.get(key, 0)
             if used != c.used:
                 if changed is None:
                     changed = list(cards)
@@ -387,7 +392,8 @@ class KubeView:
         changes = {}
         for name in touched:
             node = self._node(name)
-            if node != self._current.get(name):  # node heartbeats change nothing we read
+            current = self._current.get(name)
+            if node is not current and node != current:  # node heartbeats change nothing we read
                 changes[name] = node
                 if node is None:
                     self._current.pop(name, None)

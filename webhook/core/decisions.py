@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-import random
 from dataclasses import dataclass, field
 
+from webhook.core import draws, hostaccess, isolation, names, placement, rewrite
 from webhook.core import findings as f
-from webhook.core import hostaccess, isolation, names, placement, rewrite
 from webhook.core import requests as req
 from webhook.core.policy import Policy
 
@@ -327,11 +325,15 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         # and neither place nor count the pod again.
         card = pin
     elif shares > 0:
-        ask = dataclasses.replace(scheduling, shares=shares, pin=pin)
+        # Built directly: dataclasses.replace costs more than the rest of this branch.
+        ask = placement.Ask(shares, pin, scheduling.node_name, scheduling.node_selector,
+                            scheduling.required_terms, scheduling.tolerations)
         choice = placement.choose(view, ask, policy.placement,
-                                  random.Random(request.seed) if request.seed else None)
+                                  draws.Draw(request.seed) if request.seed else None)
         card, node = choice.card, choice.node
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)
-    new = isolation.strip_env(rewrite.pod(obj, asks, card, shares, policy, node=node), asks)
+    new = rewrite.pod(obj, asks, card, shares, policy, node=node)
+    if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):  # else strip_env has nothing to remove
+        new = isolation.strip_env(new, asks)
     return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares)

@@ -48,7 +48,10 @@ def service_account(spec: dict) -> str:
 
 
 def exempt(spec: dict, namespace: str, policy: Policy) -> bool:
-    return policy.exempt.covers(namespace, service_account(spec))
+    trusted = policy.exempt
+    if not trusted.namespaces and not trusted.service_accounts:
+        return False  # the default: nobody is trusted, and no service account needs reading
+    return trusted.covers(namespace, service_account(spec))
 
 
 def normal_path(path: object) -> str | None:
@@ -86,10 +89,12 @@ def _what(root: str) -> str:
     return f"{root}, which the container runtime, the NVIDIA toolkit or gpushard's agent uses"
 
 
+_DEVICE_ANNOTATIONS_LOWER = tuple(base.lower() for base in names.DEVICE_ANNOTATIONS)
+
+
 def _annotation_denied(key: str) -> bool:
     lowered = key.lower()
-    for base in names.DEVICE_ANNOTATIONS:
-        base = base.lower()
+    for base in _DEVICE_ANNOTATIONS_LOWER:
         if lowered == base or lowered.startswith(base + "/") or lowered.startswith(base + "."):
             return True
     return False
@@ -127,7 +132,9 @@ def container_findings(spec: dict, where: str, only: Iterable[tuple[str, int]] |
     found = []
     for key, label in CONTAINER_LISTS:
         for i, container in enumerate(_list(spec.get(key))):
-            if isinstance(container, dict) and (chosen is None or (key, i) in chosen):
+            # Only a security context or a mount can hold a finding: skip the rest without a look.
+            if (isinstance(container, dict) and (chosen is None or (key, i) in chosen)
+                    and (container.get("securityContext") is not None or container.get("volumeMounts") is not None)):
                 found += _container(container, label, f"{where}.{key}[{i}]")
     return found
 
@@ -163,6 +170,8 @@ def _volumes(spec: dict, where: str, policy: Policy) -> list[f.Finding]:
 
 
 def _annotations(annotations: dict, where: str) -> list[f.Finding]:
+    if not annotations:
+        return []
     return [_deny(f.DEVICE_ANNOTATION, (
         f"gpushard: annotation \"{key}\" ({where}) makes the container runtime inject devices"))
         for key in sorted(map(str, annotations)) if _annotation_denied(key)]
@@ -203,7 +212,8 @@ def pod_findings(spec: dict, annotations: object, where: str, annotations_where:
     found += _volumes(spec, where, policy)
     found += _annotations(_dict(annotations), annotations_where)
     found += container_findings(spec, where)
-    found += _env_from(spec, asks, where)
+    if any(ask.passthrough for ask in asks):
+        found += _env_from(spec, asks, where)
     return found
 
 

@@ -80,8 +80,9 @@ class Node:
 
 def same_scheduling(a: Node, b: Node) -> bool:
     """Whether two node states admit exactly the same pods (shares aside)."""
+    # A node rebuilt for its shares keeps its labels and taints objects: no need to compare them.
     return (a.name == b.name and a.ready == b.ready and a.unschedulable == b.unschedulable
-            and a.taints == b.taints and a.labels == b.labels)
+            and (a.taints is b.taints or a.taints == b.taints) and (a.labels is b.labels or a.labels == b.labels))
 
 
 @dataclass(frozen=True)
@@ -245,13 +246,33 @@ def eligible(node: Node, ask: Ask) -> bool:
 # --- indexes -----------------------------------------------------------------------------------
 
 
+# Built once: json.dumps with options builds a new encoder per call.
+_KEY_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=repr)
+
+
+# Keys already made, by the repr of their parts: repr is about half the price of the sorted JSON, and
+# pods of one workload spell their constraints alike. Bounded in count and in the text kept.
+_KEYS: dict[str, str] = {}
+KEYS_KEPT = 1024
+KEY_TEXT_KEPT = 2048
+
+
 def _constraints_key(ask: Ask) -> str:
     """One string per distinct set of scheduling constraints (the node name aside)."""
     parts = [dict(ask.node_selector), list(ask.required_terms), list(ask.tolerations)]
+    spelled = repr(parts)
+    key = _KEYS.get(spelled)
+    if key is not None:
+        return key
     try:
-        return json.dumps(parts, sort_keys=True, separators=(",", ":"), default=repr)
+        key = _KEY_ENCODER.encode(parts)
     except (TypeError, ValueError):  # keys of mixed types cannot be sorted: fall back to repr
-        return repr(parts)
+        key = spelled
+    if len(spelled) <= KEY_TEXT_KEPT:
+        if len(_KEYS) >= KEYS_KEPT:
+            _KEYS.clear()
+        _KEYS[spelled] = key
+    return key
 
 
 def _lowest_bit(bits: int) -> int:
@@ -370,6 +391,10 @@ class _Usage:
         choice (one card's free shares) costs a few small dict copies, not the whole index.
         The result equals ``_Usage.build`` over the new nodes.
         """
+        if len(old) == 1 and len(new) == 1:
+            moved = self._one_card(old, new)
+            if moved is not None:
+                return moved
         usage = _Usage(dict(self.by_kf), self.by_f, self.has_k, self.has_any)
         copied: set[int] = set()  # card indexes whose free-share table is already ours
         fresh_f = fresh_k = False  # whether by_f, has_k are already ours
@@ -438,6 +463,53 @@ class _Usage:
         usage.fs = sorted(usage.by_f) if resort_f else self.fs
         return usage
 
+    def _one_card(self, old: Mapping[int, Node], new: Mapping[int, Node]) -> _Usage | None:
+        """``derive`` for one node whose cards are the same but one, which changed its free shares
+        (a remembered choice, most pod events); None for any other change."""
+        ((i, was_node),), ((j, now_node),) = old.items(), new.items()
+        was_cards, now_cards = was_node.cards, now_node.cards
+        if i != j or len(was_cards) != len(now_cards) or was_cards is now_cards:
+            return None
+        changed = [n for n, card in enumerate(now_cards) if card is not was_cards[n]]
+        if len(changed) != 1:
+            return None
+        a, b = was_cards[changed[0]], now_cards[changed[0]]
+        k = a.index
+        if b.index != k or any(c.index == k for c in now_cards if c is not b):
+            return None  # a card index twice on one node: leave it to the general walk
+        was, now = a.capacity - a.used, b.capacity - b.used
+        by_kf = dict(self.by_kf)
+        if was == now:
+            return _Usage(by_kf, self.by_f, self.has_k, self.has_any)._sorted_as(self)
+        bit = 1 << i
+        table = by_kf[k] = dict(by_kf.get(k, {}))
+        bits = table.get(was, 0) & ~bit
+        if bits:
+            table[was] = bits
+        else:
+            table.pop(was, None)
+        table[now] = table.get(now, 0) | bit
+        by_f = dict(self.by_f)
+        held = {c.capacity - c.used for c in now_cards}
+        resort = False
+        for free in (was, now):
+            had = free in by_f
+            bits = by_f.get(free, 0)
+            bits = (bits | bit) if free in held else (bits & ~bit)
+            if bits:
+                by_f[free] = bits
+            else:
+                by_f.pop(free, None)
+            resort = resort or had != bool(bits)
+        usage = _Usage(by_kf, by_f, self.has_k, self.has_any | bit)
+        usage.ks = self.ks
+        usage.fs = sorted(by_f) if resort else self.fs
+        return usage
+
+    def _sorted_as(self, other: _Usage) -> _Usage:
+        self.ks, self.fs = other.ks, other.fs
+        return self
+
     def search(self, mask: int, pin: int | None, shares: int, strategy: str) -> tuple[int, int] | None:
         """(node position, card index) of the best card for ``shares``, or None when none fits.
 
@@ -485,7 +557,7 @@ def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
         return view
     topology = view._topology
     gone = sorted((i for name, node in changes.items() if node is None for i in topology.by_name.get(name, ())),
-                  reverse=True)
+                  reverse=True) if None in changes.values() else ()
     if gone:
         view = _without(view, gone)
         topology = view._topology
@@ -606,17 +678,18 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
         why = (f"no shared node with card {k} matches this pod's scheduling rules" if ask.pin is not None
                else "no shared node matches this pod's scheduling rules")
         return Choice(k, findings=(_warn(f.NO_MATCHING_NODE, f"{why}; card {k} chosen, the pod may stay Pending"),))
-    hit = usage.search(mask, ask.pin, ask.shares, strategy)
+    if rng is not None:
+        # The candidates start with search's answer, and there are none exactly when it has none.
+        found = _candidates(usage, mask, ask.pin, ask.shares, strategy, CHOICE_CANDIDATES, CHOICE_SLACK)
+        hit = (found[rng.randrange(len(found))] if len(found) > 1 else found[0]) if found else None
+    else:
+        hit = usage.search(mask, ask.pin, ask.shares, strategy)
     if hit is None:
         _pos, k = usage.most_free(mask, ask.pin)
         return Choice(k, findings=(_warn(
             f.NO_ROOM, f"no card has {ask.shares} free shares now; card {k} chosen, "
             "the pod stays Pending until one frees up"),))
     pos, k = hit
-    if rng is not None:
-        found = _candidates(usage, mask, ask.pin, ask.shares, strategy, CHOICE_CANDIDATES, CHOICE_SLACK)
-        if len(found) > 1:
-            pos, k = found[rng.randrange(len(found))]
     return Choice(k, node=view.nodes[pos].name, fits=True)
 
 

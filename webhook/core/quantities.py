@@ -79,9 +79,10 @@ def _parse_text(text: str) -> Fraction:
 
 def to_shares(quantity: Fraction, shares_per_card: int) -> tuple[int, bool]:
     """Shares for a fraction of a card: ceil(q x sharesPerCard), and whether ceil rounded."""
-    exact = quantity * shares_per_card
-    shares = math.ceil(exact)
-    return shares, shares != exact
+    # In integers (a Fraction's denominator is positive): Fraction arithmetic costs microseconds.
+    scaled = quantity.numerator * shares_per_card
+    shares, rest = divmod(scaled, quantity.denominator)
+    return (shares + 1, True) if rest else (shares, False)
 
 
 def decimal_text(value: Fraction, places: int = 6) -> str:

@@ -74,28 +74,65 @@ def _text(value: object) -> str:
     return text if len(text) <= QUOTE_MAX else text[: QUOTE_MAX - 3] + "..."
 
 
+def _where(name: str) -> str:
+    """How a message names the container (built only when there is something to say)."""
+    return f'container "{_text(name)}"'
+
+
+def _names_gpu(resources: dict, res) -> bool:
+    """Whether any resource name is one of gpushard's (a prefix alone counts: it may be a bad card name)."""
+    ours, prefix = (res.fraction, res.shares), res.card_prefix
+    for key in resources:
+        if key in ours or (isinstance(key, str) and key.startswith(prefix)):
+            return True
+    return False
+
+
 def read(list_key: str, position: int, container: dict, policy: Policy) -> ContainerAsk:
     """Read and check one container's ask."""
     res = policy.resources
     name = container.get("name")
     name = name if isinstance(name, str) and name else f"{list_key}[{position}]"
-    where = f'container "{_text(name)}"'
     group = APP
     if list_key == "initContainers":
         group = SIDECAR if container.get("restartPolicy") == "Always" else INIT
     ask = ContainerAsk(name=name, group=group, list_key=list_key, position=position)
-    resources = _mapping(container.get("resources"), f"spec.{list_key}[{position}].resources")
-    limits = _mapping(resources.get("limits"), f"spec.{list_key}[{position}].resources.limits")
-    requests = _mapping(resources.get("requests"), f"spec.{list_key}[{position}].resources.requests")
+    resources = container.get("resources")
+    if resources is None:
+        return ask
+    if type(resources) is not dict:
+        resources = _mapping(resources, f"spec.{list_key}[{position}].resources")
+    limits, requests = resources.get("limits"), resources.get("requests")
+    if type(limits) is not dict:
+        limits = _mapping(limits, f"spec.{list_key}[{position}].resources.limits")
+    if type(requests) is not dict:
+        requests = _mapping(requests, f"spec.{list_key}[{position}].resources.requests")
+    # Most containers (sidecars, init steps) name no GPU resource at all: nothing below could
+    # find anything in them, so they are read with one look at each resource name.
+    if not _names_gpu(limits, res) and not _names_gpu(requests, res):
+        return ask
 
     def deny(rule: str, message: str) -> None:
-        ask.findings.append(f.Finding(rule, f.DENY, f"gpushard: {where} {message}", name))
+        ask.findings.append(f.Finding(rule, f.DENY, f"gpushard: {_where(name)} {message}", name))
 
     def one_value(resource: str) -> tuple[Fraction | None, str]:
         """The resource's value, requiring requests == limits; (None, "") when absent or bad."""
         lim, req = limits.get(resource), requests.get(resource)
         if lim is None and req is None:
             return None, ""
+        if type(lim) is str and lim == req:
+            # The usual ask, the same text in both: read once (an error is said for limits first).
+            try:
+                value = quantities.parse(lim)
+            except quantities.QuantityError:
+                deny(f.BAD_QUANTITY, f"asks {resource} {_text(lim)!r} in limits; that is not a quantity "
+                     f"(write e.g. 0.25, 250m or 1)")
+                return None, ""
+            text = _text(lim)
+            if value.numerator < 0:  # a Fraction's sign is its numerator's
+                deny(f.BAD_QUANTITY, f"asks {resource} {text!r}; a GPU ask cannot be negative")
+                return None, ""
+            return value, text
         values = {}
         for label, raw in (("limits", lim), ("requests", req)):
             if raw is None:
@@ -118,19 +155,24 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
 
     fraction, fraction_text = one_value(res.fraction)
     shares_q, shares_text = one_value(res.shares)
-    for key in sorted(set(limits) | set(requests), key=str):
-        if isinstance(key, str) and key.startswith(res.card_prefix) and res.card_index(key) is None:
+    prefix = res.card_prefix
+    # Only names with the card prefix can be a card or a bad card; sorting just those keeps the
+    # order of the findings, since every one of them is text.
+    card_keys = sorted({key for key in limits if isinstance(key, str) and key.startswith(prefix)}
+                       | {key for key in requests if isinstance(key, str) and key.startswith(prefix)})
+    for key in card_keys:
+        if res.card_index(key) is None:
             deny(f.BAD_CARD, f"names {_text(key)!r}, which is no card resource (cards are "
                  f"{res.card_prefix}0, {res.card_prefix}1, ...)")
-    if ask.denied:
+    if ask.findings:  # only denials so far
         return ask
-    pins = sorted(i for i in (res.card_index(k) for k in set(limits) | set(requests)) if i is not None)
+    pins = sorted(i for i in map(res.card_index, card_keys) if i is not None)
     pin_values = {}
     for k in pins:
         value, text = one_value(res.card(k))
         if value is not None:
             pin_values[k] = (value, text)
-    if ask.denied:
+    if ask.findings:  # only denials so far
         return ask
 
     if len(pins) > 1:
@@ -141,14 +183,14 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
         return ask
 
     spc = policy.shares_per_card
-    if fraction is not None and fraction != 0:
+    if fraction is not None and fraction.numerator != 0:
         ask.fraction, ask.fraction_text = fraction, fraction_text
-        if fraction < 1:
+        if fraction.numerator < fraction.denominator:  # below 1, without Fraction comparisons
             ask.shares, rounded = quantities.to_shares(fraction, spc)
             if rounded:
                 ask.findings.append(f.Finding(
                     f.ROUNDED, f.WARN,
-                    f"gpushard: {where} asks {res.fraction} {fraction_text}; rounded up to {ask.shares} "
+                    f"gpushard: {_where(name)} asks {res.fraction} {fraction_text}; rounded up to {ask.shares} "
                     f"of {spc} shares", name))
         elif fraction == 1:
             if policy.whole_cards == "passthrough":

@@ -47,6 +47,9 @@ def set_env(container: dict, name: str, value: str) -> None:
     if not isinstance(env, list):
         env = []
     same = [e for e in env if isinstance(e, dict) and e.get("name") == name]
+    if not same:  # the usual case: nothing to drop, one walk of the list
+        container["env"] = [*env, {"name": name, "value": value}]
+        return
     if len(same) == 1 and same[0] == {"name": name, "value": value}:
         return
     container["env"] = [e for e in env if not (isinstance(e, dict) and e.get("name") == name)]
@@ -79,7 +82,8 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str]) -> N
         current = resources.get(part)
         current = dict(current) if isinstance(current, dict) else {}
         for key in list(current):
-            if key in (res.fraction, res.shares) or res.card_index(key) is not None:
+            if key in (res.fraction, res.shares) or (
+                    isinstance(key, str) and key.startswith(res.card_prefix) and res.card_index(key) is not None):
                 del current[key]
         current.update(wanted)
         resources[part] = current
