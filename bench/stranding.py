@@ -385,7 +385,7 @@ def report(seed: int, bursts: int, churns: int, hours: float) -> dict:
     rows = (  # label, drawn, waiting pods spread over the indexes, re-placement (pendingSeconds, interval), forget
         ("before: best card, forgotten after 30 s, no re-placement", False, False, None, 30.0),
         ("drawn, kept, waiting on the most free index", True, False, None, None),
-        ("the same, re-placement 60 s / 15 s (the old defaults)", True, False, (60, 15), None),
+        ("drawn, most free index, re-placement 60 s / 15 s (old)", True, False, (60, 15), None),
         ("now: waiting pods spread over the indexes", True, True, None, None),
         (f"now, re-placement {defaults.pending_seconds} s / {defaults.interval} s (the defaults)", True, True,
          (defaults.pending_seconds, defaults.interval), None),
