@@ -407,7 +407,10 @@ def report(seed: int, bursts: int, churns: int, hours: float) -> dict:
             print(f"{label:58} {means[index]:>13.2f} {max(r.stranded_max for r in runs):>5} "
                   f"{statistics.mean(r.stranded_old_mean for r in runs):>8.2f} "
                   f"{statistics.mean(r.pending_mean for r in runs):>8.1f} {evicted / max(1, started_pods):>16.3f}")
-        ratio = means[4] / means[0] if means[0] else float("nan")
+        if not means[0]:
+            print("churn: no pod stranded before in these runs, nothing to compare (longer runs: --long)")
+            continue
+        ratio = means[4] / means[0]
         print(f"churn, now with re-placement vs before: {ratio:.2f} of the stranded pods (goal <= 0.10): "
               f"{'met' if ratio <= 0.10 else 'MISSED'}")
         out[("churn", honour)] = ratio
