@@ -7,15 +7,21 @@ room for it. This simulation measures how many, with the real placement and re-p
 - choosers (webhook processes) that each choose over their own view: the cluster as it was
   ``lag`` changes ago, plus their own choices since (as ``remember`` counts them), with the
   live view's accounting: a created pod counts on the node it was chosen for until it binds;
-- a scheduler that puts each pod on any node whose card k has room (the preferred node first
-  when ``honour``), trying every waiting pod, oldest first, whenever room may have freed;
+  a pod that fits nowhere waits on a drawn card index (``spread_waiting``) or, as before, on
+  the most free card's;
+- a scheduler that puts each pod on any node whose card k has room, trying every waiting pod,
+  oldest first, whenever room may have freed; with ``honour``, on its preferred node when card k
+  has room there, as kube-scheduler's default scoring does (NodeAffinity scores the preferred
+  term 100 at weight 2, more than any other default plugin can make up: kubernetes/kubernetes
+  ``pkg/scheduler/apis/config/v1/default_plugins.go``). Both are reported: the first is the
+  pessimistic bound the figures started from, the second the scheduler gpushard runs with;
 - bursts: 330-500 pods created back to back, each scheduled at once; stranded pods counted at
   the end, as many as the free cards can take together (those a re-placement could rescue);
 - churn: pods arriving at random and leaving after a random lifetime at 95 % load; stranded
   pods sampled over time; with re-placement, ``core.replacement.plan`` runs every ``interval``
   seconds and its moves are evicted and recreated (their owner makes a new pod at once).
 
-Run: python bench/stranding.py [--seed N] [--quick] [--long]
+Run: python bench/stranding.py [--seed N] [--quick] [--long] [--sweep]
 """
 
 from __future__ import annotations
@@ -91,6 +97,8 @@ class Chooser:
             self.view = placement.replace_nodes(self.view, {sim.names[i]: sim.node(i, self.used) for i in touched})
         rng = random.Random(f"{sim.seed}-{pod.number}") if sim.randomized else None
         choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack", rng)
+        if not choice.fits and not sim.spread_waiting:  # as before: wait on the most free card's index
+            choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack")
         pod.card = choice.card
         pod.preferred = sim.position[choice.node] if choice.node is not None else None
         pod.chooser = self.number
@@ -103,12 +111,13 @@ class Chooser:
 
 class Sim:
     def __init__(self, used: list[list[int]], choosers: int, lag: int, randomized: bool, honour: bool, seed: int,
-                 forget_after: float | None = None):
+                 forget_after: float | None = None, spread_waiting: bool = True):
         self.nodes, self.cards = len(used), len(used[0])
         self.used = used  # the truth: shares held by bound pods
         self.names = [f"n{i:03d}" for i in range(self.nodes)]
         self.position = {name: i for i, name in enumerate(self.names)}
         self.lag, self.randomized, self.honour, self.seed = lag, randomized, honour, seed
+        self.spread_waiting = spread_waiting  # a pod that fits nowhere waits on a drawn index (admission's rng)
         # The accounting before pinned pods were kept: an unbound pod counted for 30 s only.
         self.forget_after = forget_after
         self.unbound: collections.deque = collections.deque()  # (created, pod), for forgetting
@@ -279,11 +288,14 @@ def burst_bound(seed: int) -> tuple[int, int]:
     return count, sum(1 for s in waiting if any(f >= s for f in free))
 
 
+OLD = 60.0  # seconds: the churn tables also count the stranded pods that waited longer than this
+
+
 @dataclass
 class Churn:
     stranded_mean: float  # waiting on a full card while another card had room, sampled every 10 s
     stranded_max: int
-    stranded_old_mean: float  # the same, counting only pods waiting longer than pending_seconds
+    stranded_old_mean: float  # the same, counting only pods waiting longer than OLD seconds
     pending_mean: float
     started: int
     evicted: int
@@ -293,11 +305,17 @@ def churn(seed: int, choosers: int, lag: int, randomized: bool, replace: bool, h
           load: float = 0.95, lifetime: float = 1800.0,
           pending_seconds: float = settings.Replacement().pending_seconds,
           interval: float = settings.Replacement().interval,
-          warmup: float = 3600.0, forget_after: float | None = None) -> Churn:
-    """Pods arrive (Poisson) and run for an exponential lifetime, at ``load`` of the capacity on average."""
+          warmup: float = 3600.0, forget_after: float | None = None, honour: bool = True,
+          spread_waiting: bool = True) -> Churn:
+    """Pods arrive (Poisson) and run for an exponential lifetime, at ``load`` of the capacity on average.
+
+    ``honour``: the scheduler binds a pod on its preferred node when card k has room there, as
+    kube-scheduler's default scoring does (below); else on any node whose card k has room.
+    """
     rng = random.Random(seed)
     nodes, cards = 100, 8
-    sim = Sim([[0] * cards for _ in range(nodes)], choosers, lag, randomized, False, seed, forget_after)
+    sim = Sim([[0] * cards for _ in range(nodes)], choosers, lag, randomized, honour, seed, forget_after,
+              spread_waiting)
     rate = load * nodes * cards * CAPACITY / (MEAN_SIZE * lifetime)  # arrivals per second
     end = warmup + hours * 3600
     samples, old, pendings = [], [], []
@@ -326,7 +344,7 @@ def churn(seed: int, choosers: int, lag: int, randomized: bool, replace: bool, h
             evicted_before = sim.evicted
         if now > warmup and int(now) % 10 == 0:
             samples.append(sim.stranded())
-            old.append(sim.stranded(now, pending_seconds))
+            old.append(sim.stranded(now, OLD))
             pendings.append(len(sim.pending))
     return Churn(statistics.mean(samples), max(samples), statistics.mean(old), statistics.mean(pendings), started,
                  sim.evicted - evicted_before)
@@ -339,47 +357,84 @@ def report(seed: int, bursts: int, churns: int, hours: float) -> dict:
     schemes = (("before: best card, unbound pods forgotten after 30 s", False, 30.0),
                ("now: drawn among the best, pinned pods kept", True, None))
     out: dict = {}
-    print(f"\n{'burst of 330-500 pods, 70-80 % full':58} {'binds after':>11} {'choosers':>8} "
-          f"{'stranded mean':>13} {'worst':>6} {'worst %':>8}")
-    for delay in (0, 29, 31):
-        for label, draw, forget in schemes:
-            for choosers in (1, 2, 4):
-                runs = [burst(seed + i, choosers, 20, draw, delay=delay, forget_after=forget)
-                        for i in range(bursts)]
-                worst = max(s / n for n, s in runs)
-                mean = statistics.mean(s for _n, s in runs)
-                out[(delay, draw, choosers)] = worst
-                print(f"{label:58} {delay:>9} s {choosers:>8} {mean:>13.1f} {max(s for _n, s in runs):>6} "
-                      f"{worst:>8.1%}")
+    for honour, scheduler in ((False, "any node whose card k has room"),
+                              (True, "the preferred node when it has room")):
+        print(f"\nburst of 330-500 pods, 70-80 % full; scheduler: {scheduler}")
+        print(f"{'scheme':58} {'binds after':>11} {'choosers':>8} {'stranded mean':>13} {'worst':>6} {'worst %':>8}")
+        for delay in (0, 29, 31):
+            for label, draw, forget in schemes:
+                for choosers in (1, 2, 4):
+                    runs = [burst(seed + i, choosers, 20, draw, honour=honour, delay=delay, forget_after=forget)
+                            for i in range(bursts)]
+                    worst = max(s / n for n, s in runs)
+                    mean = statistics.mean(s for _n, s in runs)
+                    out[(honour, delay, draw, choosers)] = worst
+                    print(f"{label:58} {delay:>9} s {choosers:>8} {mean:>13.1f} {max(s for _n, s in runs):>6} "
+                          f"{worst:>8.1%}")
+        for delay in (0, 31):
+            goal = max(out[(honour, delay, True, c)] for c in (1, 2, 4))
+            print(f"now, binding after {delay} s, worst burst over 1, 2 and 4 choosers: {goal:.1%} stranded "
+                  f"(goal <= 2 %): {'met' if goal <= 0.02 else 'MISSED'}")
     bound = [burst_bound(seed + i) for i in range(bursts)]
-    print(f"{'scheduler-time first fit (the bound)':58} {'-':>11} {'any':>8} "
+    print(f"\n{'scheduler-time first fit (the bound)':58} {'-':>11} {'any':>8} "
           f"{statistics.mean(s for _n, s in bound):>13.1f} {max(s for _n, s in bound):>6}")
-    goal = max(out[(0, True, c)] for c in (1, 2, 4))
-    print(f"now, binding at once, worst burst over 1, 2 and 4 choosers: {goal:.1%} stranded (goal <= 2 %): "
-          f"{'met' if goal <= 0.02 else 'MISSED'}")
 
-    print(f"\nchurn at 95 % load (Poisson arrivals, 30 min mean lifetime), 1 chooser, {churns} run(s) of "
-          f"{hours:g} h after 1 h warm-up; re-placement as configured by default: pendingSeconds "
-          f"{settings.Replacement().pending_seconds}, interval {settings.Replacement().interval} s")
-    waited = f"> {settings.Replacement().pending_seconds} s"
-    print(f"{'scheme':58} {'stranded mean':>13} {'max':>5} {waited:>8} {'pending':>8} {'evicted/started':>16}")
-    rows = (("before: best card, forgotten after 30 s, no re-placement", False, False, 30.0),
-            ("now: drawn, kept, no re-placement", True, False, None),
-            ("now: drawn, kept, with re-placement", True, True, None))
-    means = {}
-    for label, draw, replace, forget in rows:
-        runs = [churn(seed + i, 1, 20, draw, replace, hours=hours, forget_after=forget)
-                for i in range(churns)]
-        means[label] = statistics.mean(r.stranded_mean for r in runs)
-        evicted, started_pods = sum(r.evicted for r in runs), sum(r.started for r in runs)
-        print(f"{label:58} {means[label]:>13.2f} {max(r.stranded_max for r in runs):>5} "
-              f"{statistics.mean(r.stranded_old_mean for r in runs):>8.2f} "
-              f"{statistics.mean(r.pending_mean for r in runs):>8.1f} {evicted / max(1, started_pods):>16.3f}")
-    before, after = means[rows[0][0]], means[rows[2][0]]
-    ratio = after / before if before else float("nan")
-    print(f"churn, with re-placement vs before: {ratio:.2f} of the stranded pods (goal <= 0.10): "
-          f"{'met' if ratio <= 0.10 else 'MISSED'}")
+    defaults = settings.Replacement()
+    print(f"\nchurn at 95 % load (Poisson arrivals, 30 min mean lifetime), 1 chooser, views 20 changes behind, "
+          f"{churns} run(s) of {hours:g} h after 1 h warm-up; stranded and pending pods sampled every 10 s")
+    rows = (  # label, drawn, waiting pods spread over the indexes, re-placement (pendingSeconds, interval), forget
+        ("before: best card, forgotten after 30 s, no re-placement", False, False, None, 30.0),
+        ("drawn, kept, waiting on the most free index", True, False, None, None),
+        ("drawn, most free index, re-placement 60 s / 15 s (old)", True, False, (60, 15), None),
+        ("now: waiting pods spread over the indexes", True, True, None, None),
+        (f"now, re-placement {defaults.pending_seconds} s / {defaults.interval} s (the defaults)", True, True,
+         (defaults.pending_seconds, defaults.interval), None),
+    )
+    for honour, scheduler, which in ((True, "scheduler: the preferred node when it has room",
+                                      range(len(rows))),
+                                     (False, "scheduler: any node whose card k has room", (0, 2, 4))):
+        print(f"\n{scheduler:58} {'stranded mean':>13} {'max':>5} {'> 60 s':>8} {'pending':>8} "
+              f"{'evicted/started':>16}")
+        means = {}
+        for index in which:
+            label, draw, spread, replace, forget = rows[index]
+            pending_seconds, interval = replace or (60, 15)
+            runs = [churn(seed + i, 1, 20, draw, replace is not None, hours=hours, pending_seconds=pending_seconds,
+                          interval=interval, forget_after=forget, honour=honour, spread_waiting=spread)
+                    for i in range(churns)]
+            means[index] = statistics.mean(r.stranded_mean for r in runs)
+            evicted, started_pods = sum(r.evicted for r in runs), sum(r.started for r in runs)
+            print(f"{label:58} {means[index]:>13.2f} {max(r.stranded_max for r in runs):>5} "
+                  f"{statistics.mean(r.stranded_old_mean for r in runs):>8.2f} "
+                  f"{statistics.mean(r.pending_mean for r in runs):>8.1f} {evicted / max(1, started_pods):>16.3f}")
+        if not means[0]:
+            print("churn: no pod stranded before in these runs, nothing to compare (longer runs: --long)")
+            continue
+        ratio = means[4] / means[0]
+        print(f"churn, now with re-placement vs before: {ratio:.2f} of the stranded pods (goal <= 0.10): "
+              f"{'met' if ratio <= 0.10 else 'MISSED'}")
+        out[("churn", honour)] = ratio
     return out
+
+
+SWEEP = ((60, 15), (30, 10), (10, 5), (0, 10), (0, 5), (0, 2))
+
+
+def sweep(seed: int, churns: int, hours: float) -> None:
+    """Churn as in the report, now with re-placement, for each (pendingSeconds, interval) of SWEEP."""
+    print(f"churn at 95 % load, 1 chooser, views 20 changes behind, {churns} run(s) of {hours:g} h after 1 h "
+          f"warm-up; re-placement with pendingSeconds / interval")
+    for honour, scheduler in ((True, "the preferred node when it has room"), (False, "any node whose card k has room")):
+        print(f"\nscheduler: {scheduler:47} {'stranded mean':>13} {'> 60 s':>8} {'pending':>8} {'evicted/started':>16}")
+        for pending_seconds, interval in ((None, None), *SWEEP):
+            runs = [churn(seed + i, 1, 20, True, pending_seconds is not None, hours=hours,
+                          pending_seconds=pending_seconds or 0, interval=interval or 5, honour=honour)
+                    for i in range(churns)]
+            label = "no re-placement" if pending_seconds is None else f"{pending_seconds} s / {interval} s"
+            evicted, started_pods = sum(r.evicted for r in runs), sum(r.started for r in runs)
+            print(f"{label:58} {statistics.mean(r.stranded_mean for r in runs):>13.2f} "
+                  f"{statistics.mean(r.stranded_old_mean for r in runs):>8.2f} "
+                  f"{statistics.mean(r.pending_mean for r in runs):>8.1f} {evicted / max(1, started_pods):>16.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,8 +443,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 bursts a row, 1 churn run of 1 h")
     parser.add_argument("--long", action="store_true",
                         help="10 bursts a row, 8 churn runs of 3 h (default: 4 bursts, 3 runs of 1 h)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also churn with re-placement for several pendingSeconds / interval pairs")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    if args.sweep:
+        sweep(args.seed, churns=8 if args.long else 3, hours=3.0 if args.long else 1.0)
+        print(f"\nstranding sweep finished in {time.perf_counter() - started:.0f} s")
+        return 0
     report(args.seed, bursts=10 if args.long else (2 if args.quick else 4),
            churns=8 if args.long else (1 if args.quick else 3), hours=3.0 if args.long else 1.0)
     print(f"\nstranding bench finished in {time.perf_counter() - started:.0f} s")

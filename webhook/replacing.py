@@ -186,9 +186,15 @@ class Replacer:
 
     def read(self) -> tuple[placement.View, list[replacement.Waiting]]:
         """The cards' usage by bound pods, and the pinned pods no node has taken yet."""
+        view, waiting, _ending = self.read_all()
+        return view, waiting
+
+    def read_all(self) -> tuple[placement.View, list[replacement.Waiting], collections.Counter]:
+        """As ``read``, and the shares that terminating bound pods still hold, by (node, card)."""
         policy = self._settings.policy
         nodes = [n for n in (kube.read_node(obj, policy) for obj in self._pages(self._core.list_node)) if n]
         used: collections.Counter = collections.Counter()
+        ending: collections.Counter = collections.Counter()
         waiting = []
         now = self._wall()
         selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
@@ -201,6 +207,8 @@ class Replacer:
             if spec.get("nodeName"):
                 for k, n in shares.items():  # a terminating pod holds its shares until it is gone
                     used[(spec["nodeName"], k)] += n
+                    if meta.get("deletionTimestamp"):
+                        ending[(spec["nodeName"], k)] += n
                 continue
             if len(shares) != 1 or meta.get("deletionTimestamp") or status.get("phase") != "Pending":
                 continue
@@ -223,7 +231,7 @@ class Replacer:
         view = placement.View(nodes=tuple(
             dataclasses.replace(n, cards=tuple(dataclasses.replace(c, used=used[(n.name, c.index)]) for c in n.cards))
             for n in nodes))
-        return view, waiting
+        return view, waiting, ending
 
     def owner(self, pod: replacement.Waiting) -> replacement.Owner:
         """The pod's controller as the API shows it now."""
@@ -250,13 +258,13 @@ class Replacer:
         """One pass if this process leads (None if another does)."""
         if not self.elector.lead():
             return None
-        view, waiting = self.read()
+        view, waiting, ending = self.read_all()
         pending = self._settings.replacement.pending_seconds
-        plan = replacement.plan(view, waiting, pending)
+        plan = replacement.plan(view, waiting, pending, ending=ending)
         owners: dict[str, replacement.Owner | None] = {}
         while plan.unjudged:
             owners.update({pod.uid: self.owner(pod) for pod in plan.unjudged})
-            plan = replacement.plan(view, waiting, pending, owners)
+            plan = replacement.plan(view, waiting, pending, owners, ending)
         outcome = Outcome(plan)
         for stuck in plan.stuck:
             log.warning("gpushard: pod %s/%s waits on full card %d while card %d of %s has room: %s",

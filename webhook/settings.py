@@ -30,8 +30,8 @@ class Replacement:
     """`gpushard replace`: evict pinned pods waiting on a full card while another card has room."""
 
     enabled: bool = True
-    pending_seconds: int = 60  # how long a pod waits before gpushard re-places it
-    interval: int = 15  # seconds between passes
+    pending_seconds: int = 0  # how long a pod waits before gpushard re-places it (0: once provably stranded)
+    interval: int = 5  # seconds between passes
 
 
 @dataclass(frozen=True)

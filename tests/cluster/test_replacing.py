@@ -12,8 +12,9 @@ We test:
   and a core/v1 Event on the pod says why;
 - a PodDisruptionBudget's 429 (the pod bound and started between the list and the eviction)
   means skip: the pod stays, no Event;
-- nothing is evicted when no other card has room, nor before pendingSeconds, nor when the
-  off switch is set; only as many as the free cards can take together, oldest first;
+- nothing is evicted when no other card has room, nor before pendingSeconds, nor while a
+  terminating pod on its card makes room for it, nor when the off switch is set; only as many
+  as the free cards can take together, oldest first;
 - lists are read page by page; objects of odd shapes are skipped, never a crash.
 """
 
@@ -242,6 +243,20 @@ def test_nothing_is_evicted_when_no_other_card_has_room(fake):
     outcome = make(fake).pass_once()
     assert outcome.evicted == [] and outcome.plan.stuck == [] and outcome.plan.waiting_for_room == 1
     assert "web-x1" in pods(fake) and events(fake) == []
+
+
+def test_nothing_is_evicted_while_a_terminating_pod_on_its_card_makes_room(fake):
+    seed_cluster(fake)  # card 0: 10 free on each node; card 1 of gpu-b: 60 free
+    ending = fake.get("pods", "full-b0", "default")
+    ending["metadata"]["deletionTimestamp"] = stamp(5)
+    fake.put("pods", ending)  # still bound and counted, but its 90 shares come free once it is gone
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    outcome = make(fake, pending_seconds=0).pass_once()
+    assert outcome.evicted == [] and outcome.plan.stuck == [] and "web-x1" in pods(fake)
+    fake.delete("pods", "full-b0", "default")
+    fake.put("pods", o.pod("full-b0-again", 0, 90, "gpu-b"))  # the room went to another pod
+    assert [m.pod.name for m in make(fake, pending_seconds=0).pass_once().evicted] == ["web-x1"]
 
 
 def test_only_as_many_as_the_free_cards_take_oldest_first_and_not_too_soon(fake):

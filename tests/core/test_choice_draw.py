@@ -4,7 +4,9 @@
   and the pod's scheduling rules, and the draws spread over the equally good cards;
 - the same seed gives the same card (deterministic tests, idempotent retries);
 - a card further than the slack from the best is never drawn, so packing holds;
-- nothing fits, no view, no matching node: the same answers as without a random source;
+- no view, no matching node: the same answers as without a random source; nothing fits: the
+  card index the pod waits on is drawn among the indexes of the nodes it may run on, with the
+  same warning (without a random source: the most free card's index, as before);
 - admission seeds the draw with the request's uid: a dry run draws from its own seed and leaves
   no trace on later choices.
 """
@@ -72,11 +74,28 @@ def test_pins_and_scheduling_rules_hold_in_every_draw():
     assert {g.node for g in draws(VIEW, only_m, 100)} <= {f"m{i}" for i in range(4)}
 
 
-def test_no_fit_no_match_no_view_answer_as_before():
+def test_no_match_no_view_answer_as_before():
     full = pl.View(nodes=(node("a", 95, 90),))
-    for ask in (pl.Ask(shares=50), pl.Ask(shares=5, node_selector={"x": "y"})):
-        assert pl.choose(full, ask, "binpack", random.Random(3)) == pl.choose(full, ask)
+    ask = pl.Ask(shares=5, node_selector={"x": "y"})
+    assert pl.choose(full, ask, "binpack", random.Random(3)) == pl.choose(full, ask)
     assert pl.choose(None, pl.Ask(shares=5), "binpack", random.Random(3)) == pl.choose(None, pl.Ask(shares=5))
+
+
+def test_a_pod_that_fits_nowhere_waits_on_a_drawn_index_of_the_nodes_it_may_run_on():
+    # Without a random source, the most free card's index, as before; with one, waiting pods spread
+    # over the indexes, so that room freed on any index finds a pod waiting for it.
+    full = pl.View(nodes=(node("a", 95, 90, labels={"pool": "a"}), node("b", 99, 99, 99, labels={"pool": "b"})))
+    assert pl.choose(full, pl.Ask(shares=50)).card == 1
+    got = draws(full, pl.Ask(shares=50), 200)
+    assert {g.card for g in got} == {0, 1, 2}
+    assert all(not g.fits and g.node is None and [x.rule for x in g.findings] == ["no-room"] for g in got)
+    assert all(f"card {g.card} chosen" in g.findings[0].message for g in got)
+    assert {g.card for g in draws(full, pl.Ask(shares=50, node_selector={"pool": "x"}), 50)} == {0}  # no match
+    only_a = {g.card for g in draws(full, pl.Ask(shares=50, node_selector={"pool": "a"}), 200)}
+    assert only_a == {0, 1}  # node a has no card 2
+    assert {g.card for g in draws(full, pl.Ask(shares=50, pin=1), 50)} == {1}
+    assert pl.choose(full, pl.Ask(shares=50), "binpack", random.Random("u")) == \
+        pl.choose(full, pl.Ask(shares=50), "binpack", random.Random("u"))
 
 
 def pod():

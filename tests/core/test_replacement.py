@@ -6,7 +6,8 @@
 - oldest first, only as many as the free cards take together; gated and young pods wait;
 - owners: bare pods and unknown kinds are reported, never moved; owners still to look up are
   named (unjudged) and nothing is moved for them until they are judged;
-- a Job's podFailurePolicy: the first rule matching DisruptionTarget decides.
+- a Job's podFailurePolicy: the first rule matching DisruptionTarget decides;
+- a pod whose card has room once the terminating pods on it are gone waits, at any age.
 """
 
 from webhook.core import placement as pl
@@ -102,3 +103,14 @@ def test_one_pod_per_stateful_set_per_pass():
     pods = [pod(f"db-{i}", shares=20, age=900 - i, owner=("StatefulSet", "db")) for i in range(3)]
     out = rp.plan(view, pods, 120, {p.uid: rp.Owner("StatefulSet", "db") for p in pods})
     assert [m.pod.name for m in out.moves] == ["db-0"]
+
+
+def test_a_pod_whose_card_frees_once_terminating_pods_end_waits():
+    view = pl.View(nodes=(node("a", 90, 0), node("b", 80, 100)))
+    soon = pod("soon", shares=30, age=900)
+    assert [m.pod.name for m in plan(view, [soon]).moves] == ["soon"]
+    assert plan(view, [soon], pending=0).moves  # provably stranded: moved at any age
+    waits = rp.plan(view, [soon], 0, {soon.uid: FOUND}, ending={("b", 0): 20})  # b's card 0 then has 40 free
+    assert waits.moves == [] and waits.stuck == []
+    too_little = rp.plan(view, [soon], 0, {soon.uid: FOUND}, ending={("b", 0): 5, ("a", 1): 50})
+    assert [m.pod.name for m in too_little.moves] == ["soon"]  # 25 free on b's card 0 then: still stranded

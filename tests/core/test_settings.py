@@ -98,7 +98,7 @@ def test_bad_config_names_the_key(data, named):
 
 
 def test_the_replacement_section():
-    assert settings.from_mapping({}).replacement == settings.Replacement(True, 60, 15)
+    assert settings.from_mapping({}).replacement == settings.Replacement(True, 0, 5)
     loaded = settings.from_mapping({"replacement": {"enabled": False, "pendingSeconds": 300, "interval": 60}})
     assert loaded.replacement == settings.Replacement(False, 300, 60)
 

@@ -659,11 +659,22 @@ def _candidates(usage: _Usage, mask: int, pin: int | None, shares: int, strategy
     return out
 
 
+def _waiting_index(usage: _Usage, mask: int, rng: random.Random) -> int:
+    """The card index a pod that fits nowhere waits on, drawn uniformly among the indexes of the nodes
+    it may run on: waiting pods then spread over the indexes, and room freed on any index finds a pod
+    waiting for it, where all of them waiting on the most free card's index leave room freed on the
+    others to pods that come later (the churn figures in docs/placement.md)."""
+    ks = [k for k in usage.ks if usage.has_k.get(k, 0) & mask]
+    return ks[rng.randrange(len(ks))]
+
+
 def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.Random | None = None) -> Choice:
     """Pick card k for the pod. Never fails: a poor view only costs packing, not correctness.
 
     Without ``rng`` the best card (ties to the lower index, then the earlier node); with it, one of
-    the best few (CHOICE_CANDIDATES, CHOICE_SLACK), drawn uniformly. The draw uses only ``rng``, so a
+    the best few (CHOICE_CANDIDATES, CHOICE_SLACK), drawn uniformly. When nothing fits, without
+    ``rng`` the most free card's index; with it, an index drawn among those of the nodes the pod may
+    run on (``_waiting_index``). The draw uses only ``rng``, so a
     caller that seeds it per request (as admission does, with the request's uid) leaves no trace
     on later choices.
     """
@@ -686,6 +697,8 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
         hit = usage.search(mask, ask.pin, ask.shares, strategy)
     if hit is None:
         _pos, k = usage.most_free(mask, ask.pin)
+        if rng is not None and ask.pin is None:
+            k = _waiting_index(usage, mask, rng)
         return Choice(k, findings=(_warn(
             f.NO_ROOM, f"no card has {ask.shares} free shares now; card {k} chosen, "
             "the pod stays Pending until one frees up"),))

@@ -5,7 +5,8 @@ wait for ever on card k while another card index has room on a node it may run o
 lets its controller create a new pod, which gpushard places again. This module decides, over a
 view of the bound pods' usage, which waiting pods to evict and how many: only as many as the
 free cards can take together, oldest first, after the room that the other waiting pods will get
-anyway. The adapter (``webhook.replacing``) lists, evicts and records; it decides nothing.
+anyway, and none whose card is about to have room when its terminating pods are gone. The
+adapter (``webhook.replacing``) lists, evicts and records; it decides nothing.
 
 How each owner counts an eviction (see docs/placement.md for the sources):
 
@@ -147,8 +148,16 @@ def _fits_on(view: placement.View, node_name: str | None, ask: placement.Ask) ->
     return False
 
 
+def _room_when_ending(view: placement.View, ask: placement.Ask, ending: Mapping[tuple[str, int], int]) -> bool:
+    """Whether card ``ask.pin`` has room on a node the pod may run on once the terminating pods there are gone."""
+    return any(placement.eligible(node, ask) and any(
+        c.index == ask.pin and c.free + ending.get((node.name, c.index), 0) >= ask.shares for c in node.cards)
+        for node in view.nodes if ending.get((node.name, ask.pin)))
+
+
 def plan(view: placement.View, waiting: Iterable[Waiting], pending_seconds: float,
-         owners: Mapping[str, Owner | None] | None = None) -> Plan:
+         owners: Mapping[str, Owner | None] | None = None,
+         ending: Mapping[tuple[str, int], int] | None = None) -> Plan:
     """Which waiting pods to evict, over ``view`` (the cards' usage by bound pods only).
 
     Waiting pods whose card has room somewhere will be scheduled: their room is set aside first
@@ -156,8 +165,10 @@ def plan(view: placement.View, waiting: Iterable[Waiting], pending_seconds: floa
     each pod waiting at least ``pending_seconds`` whose card has no room on any node it may run
     on is moved where another card has room, and that room is set aside too, as long as its owner
     recreates it (``owners``, by pod uid; a pod whose owner is not in it yet is ``unjudged``).
+    ``ending``: shares that terminating pods still hold, by (node, card); a pod whose card has room
+    once they are gone is about to be scheduled, not stranded, and waits.
     """
-    owners = owners or {}
+    owners, ending = owners or {}, ending or {}
     out = Plan()
     pods = sorted(waiting, key=lambda p: (-p.age, p.namespace, p.name))
     stranded = []
@@ -175,6 +186,8 @@ def plan(view: placement.View, waiting: Iterable[Waiting], pending_seconds: floa
     for pod in stranded:
         if pod.age < pending_seconds or pod.gated:
             continue
+        if ending and _room_when_ending(view, replace(pod.ask, shares=pod.shares, pin=pod.card), ending):
+            continue  # a pod on its card is about to end: the scheduler will place it there
         choice = placement.choose(view, replace(pod.ask, shares=pod.shares, pin=None))
         if not choice.fits:
             out.waiting_for_room += 1
