@@ -165,6 +165,7 @@ class Replacer:
         self._apps = kubernetes.client.AppsV1Api(api_client)
         self._batch = kubernetes.client.BatchV1Api(api_client)
         self._settings = settings
+        self._clock = clock
         self._wall = wall
         self._dry_run = dry_run
         self.identity = identity
@@ -192,7 +193,9 @@ class Replacer:
     def read_all(self) -> tuple[placement.View, list[replacement.Waiting], collections.Counter]:
         """As ``read``, and the shares that terminating bound pods still hold, by (node, card)."""
         policy = self._settings.policy
-        nodes = [n for n in (kube.read_node(obj, policy) for obj in self._pages(self._core.list_node)) if n]
+        # Only nodes the agent published cards on, as the webhook's view lists them.
+        nodes = [n for n in (kube.read_node(obj, policy)
+                             for obj in self._pages(self._core.list_node, label_selector=names.CARDS_LABEL)) if n]
         used: collections.Counter = collections.Counter()
         ending: collections.Counter = collections.Counter()
         waiting = []
@@ -322,14 +325,34 @@ class Replacer:
                         exc.status)
 
     def run(self, stop: threading.Event) -> None:
-        """Pass after pass until ``stop`` is set."""
+        """Pass after pass until ``stop`` is set, ``interval`` apart or farther (see ``pause``)."""
         while not stop.is_set():
+            began = self._clock()
             try:
                 self.pass_once()
             except Exception:  # noqa: BLE001 - one failed pass must not end the loop
                 log.exception("gpushard: a re-placement pass failed; trying again next interval")
-            stop.wait(self._settings.replacement.interval)
+            wait = pause(self._settings.replacement.interval, self._clock() - began)
+            # A long wait renews the Lease on the way, so that the leader stays the leader.
+            until = self._clock() + wait
+            while not stop.wait(max(0.0, min(until - self._clock(), self.elector.duration / 3))):
+                if self._clock() >= until:
+                    break
+                self.elector.lead()
         self.elector.release()
+
+
+BUSY_SHARE = 0.2  # at most this share of the time spent listing, however large the cluster
+
+
+def pause(interval: float, took: float) -> float:
+    """How long to wait before the next pass: ``interval``, or longer where a pass is slow.
+
+    Each pass lists the shared nodes and gpushard's pods. On a large cluster that list takes
+    seconds of the API server's work, and a short interval would keep it listing all the time:
+    the wait grows so that passes take at most BUSY_SHARE of the time.
+    """
+    return max(interval, took * (1 - BUSY_SHARE) / BUSY_SHARE)
 
 
 def api_client(kubeconfig: str | None = None, context: str | None = None, timeout: float | None = None):

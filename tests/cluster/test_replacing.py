@@ -15,7 +15,9 @@ We test:
 - nothing is evicted when no other card has room, nor before pendingSeconds, nor while a
   terminating pod on its card makes room for it, nor when the off switch is set; only as many
   as the free cards can take together, oldest first;
-- lists are read page by page; objects of odd shapes are skipped, never a crash.
+- lists are read page by page; objects of odd shapes are skipped, never a crash;
+- a slow pass (a large cluster's lists) stretches the wait so that listing takes at most a fifth
+  of the time, and a leader renews its Lease while it waits.
 """
 
 from __future__ import annotations
@@ -144,6 +146,46 @@ def test_the_loop_runs_passes_until_stopped_then_releases(fake):
     thread.join(timeout=10)
     assert not thread.is_alive()
     assert fake.get("leases", names.REPLACER_LEASE, NS)["spec"].get("holderIdentity") is None
+
+
+@pytest.mark.parametrize("interval,took,wait", [(5, 0.1, 5), (5, 1.25, 5), (5, 4, 16), (15, 30, 120)])
+def test_a_slow_pass_stretches_the_wait(interval, took, wait):
+    assert replacing.pause(interval, took) == pytest.approx(wait)
+
+
+def test_a_long_wait_keeps_the_lease(fake):
+    seed_cluster(fake)
+    now = [1000.0]
+    replacer = make(fake, clock=lambda: now[0])  # interval 5 s: a 15 s Lease
+    renewals = []
+    real_lead, real_pass = replacer.elector.lead, replacer.pass_once
+
+    def lead() -> bool:
+        renewals.append(now[0])
+        return real_lead()
+
+    def slow_pass():  # a large cluster's lists: 100 s, so the next pass waits 400 s
+        outcome = real_pass()
+        now[0] += 100
+        return outcome
+
+    replacer.elector.lead, replacer.pass_once = lead, slow_pass
+    stop = threading.Event()
+    original_wait = stop.wait
+
+    def wait(timeout=None):  # time passes as the loop waits; the test ends it after a while
+        now[0] += timeout or 0
+        if now[0] > 2000:
+            stop.set()
+        return original_wait(0)
+
+    stop.wait = wait
+    replacer.run(stop)
+    # The first pass ends at 1100 and the next begins at 1500: the Lease renewed every 5 s between.
+    between = [t for t in renewals if 1100 < t < 1500]
+    assert len(between) >= 70
+    assert max(b - a for a, b in zip(between, between[1:], strict=False)) <= replacer.elector.duration / 3
+    assert 1500 in renewals  # and the next pass waited the 400 s, not the 5 s interval
 
 
 def test_each_owner_kind_is_handled_as_its_controller_counts_an_eviction(fake):
