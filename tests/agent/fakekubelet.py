@@ -22,6 +22,25 @@ def short_tempdir(prefix: str = "gsa-") -> str:
     return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
 
 
+def serve_unix(path: str, add_servicer) -> grpc.Server:
+    """A started gRPC server on unix socket ``path``, with ``add_servicer(server)`` applied."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    add_servicer(server)
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    return server
+
+
+def stop_unix(server: grpc.Server | None, path: str) -> None:
+    """Stop a server of ``serve_unix`` (None: nothing to stop) and remove its socket."""
+    if server is not None:
+        server.stop(0).wait(2)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -68,20 +87,13 @@ class FakeKubelet:
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
                 return pb.Empty()
 
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        pb_grpc.add_RegistrationServicer_to_server(Registration(), self._server)
-        self._server.add_insecure_port(f"unix://{self.path}")
-        self._server.start()
+        self._server = serve_unix(self.path, lambda server: pb_grpc.add_RegistrationServicer_to_server(
+            Registration(), server))
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(0).wait(2)
-            self._server = None
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        stop_unix(self._server, self.path)
+        self._server = None
 
     def wait_for(self, resource_names: set[str], timeout: float = 5.0) -> dict[str, pb.RegisterRequest]:
         """The latest request for each name, once all have registered; fails after ``timeout``.

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import threading
-from concurrent import futures
 
 import grpc
 
+from tests.agent import fakekubelet
 from webhook.agent.proto import podresources_pb2 as pb
 from webhook.agent.proto import podresources_pb2_grpc as pb_grpc
 
@@ -62,15 +61,11 @@ class FakePodResources:
             def GetAllocatableResources(self, request, context):
                 return pb.AllocatableResourcesResponse()
 
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        pb_grpc.add_PodResourcesListerServicer_to_server(Lister(), self._server)
-        self._server.add_insecure_port(f"unix://{self.path}")
-        self._server.start()
+        lister = Lister()
+        self._server = fakekubelet.serve_unix(
+            self.path, lambda server: pb_grpc.add_PodResourcesListerServicer_to_server(lister, server))
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(0).wait(2)
-            self._server = None
-        if os.path.exists(self.path):
-            os.unlink(self.path)
+        fakekubelet.stop_unix(self._server, self.path)
+        self._server = None

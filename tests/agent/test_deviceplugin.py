@@ -31,13 +31,6 @@ NAMES = {"gpushard.io/gpu": "gpushard-io-gpu.sock",
 
 
 @pytest.fixture
-def plugin_dir():
-    path = fakekubelet.short_tempdir()
-    yield path
-    fakekubelet.remove_tree(path)
-
-
-@pytest.fixture
 def devices():
     return nvml.FakeDevices(CARDS)
 
@@ -45,13 +38,6 @@ def devices():
 def make_agent(directory, devices, tick=0.2):
     policy = settings.from_mapping({"sharesPerCard": SHARES}).policy
     return running.Agent(devices, policy, directory, poll=0.05, tick=tick, register_timeout=2)
-
-
-@pytest.fixture
-def kubelet(plugin_dir):
-    fake = fakekubelet.FakeKubelet(plugin_dir).start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture

@@ -60,20 +60,6 @@ def test_the_count_of_ids_is_the_shares_and_the_aggregate_answers_nothing():
     assert limits.for_request(gpu, ids, [H100, L4]) == allocation.Allocation()
 
 
-@pytest.fixture
-def plugin_dir():
-    path = fakekubelet.short_tempdir()
-    yield path
-    fakekubelet.remove_tree(path)
-
-
-@pytest.fixture
-def kubelet(plugin_dir):
-    fake = fakekubelet.FakeKubelet(plugin_dir).start()
-    yield fake
-    fake.stop()
-
-
 def allocate(plugin_dir, endpoint, *containers):
     with fakekubelet.PluginClient(plugin_dir, endpoint) as c:
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)

@@ -15,7 +15,6 @@ import kubernetes
 import pytest
 
 from tests import fakekube
-from tests.agent import fakekubelet
 from tests.cluster import kubeobjects
 from webhook import settings
 from webhook.agent import nvml, publishing, running
@@ -45,13 +44,6 @@ def published(kube, count):
 def kube():
     with fakekube.FakeKube() as server:
         yield server
-
-
-@pytest.fixture
-def plugin_dir():
-    path = fakekubelet.short_tempdir()
-    yield path
-    fakekubelet.remove_tree(path)
 
 
 def start_agent(kube, plugin_dir, devices, retry=5.0):

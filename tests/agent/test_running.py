@@ -30,13 +30,6 @@ cards:
 NAMES = {"gpushard.io/gpu", "gpushard.io/card-0", "gpushard.io/card-1"}
 
 
-@pytest.fixture
-def plugin_dir():
-    path = fakekubelet.short_tempdir()
-    yield path
-    fakekubelet.remove_tree(path)
-
-
 def agent_process(*args, env=None):
     environment = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
     environment.update(env or {})
