@@ -5,7 +5,8 @@ would evaluate them), in namespaces without the label, in audit and in enforce:
 - a volume mounted under the toolkit's device-list folder (at <folder>/all, at <folder>all, at a
   path the runtime would clean to it) is denied in Pods, in init and debug containers, and in
   the template of every kind, with a message naming the container;
-- annotations NVIDIA's NRI plugin or a CDI runtime turns into NVIDIA devices are denied on
+- annotations NVIDIA's NRI plugin, a CDI runtime, CRI-O, NRI's injectors or GKE's turn into NVIDIA
+  devices are denied on
   CREATE, and on an UPDATE that adds or changes one; an UPDATE that keeps an older one (a label
   change), and CDI annotations naming other vendors' devices, pass;
 - on a Pod UPDATE only the debug containers it adds are judged; a template UPDATE that leaves
@@ -73,7 +74,12 @@ def test_in_every_container_list_and_template(policy, kind):
 @pytest.mark.parametrize("namespace", NAMESPACES, ids=IDS)
 @pytest.mark.parametrize("key,value", [("nvidia.cdi.k8s.io/container.main", "nvidia.com/gpu=all"),
                                        ("nvidia.cdi.k8s.io/container.*", "nvidia.com/gpu=0"),
-                                       ("cdi.k8s.io/any", "nvidia.com/gpu=all")])
+                                       ("cdi.k8s.io/any", "nvidia.com/gpu=all"),
+                                       ("devices.crio.io", "/dev/nvidia0"),
+                                       ("io.kubernetes.cri-o.Devices", "/dev/nvidiactl"),
+                                       ("devices.noderesource.dev/container.main", "- path: /dev/nvidia1"),
+                                       ("cdi.nri.io/container.main", "nvidia.com/gpu=all"),
+                                       ("devices.gke.io/container.main", "- path: /dev/nvidia0")])
 def test_nvidia_device_annotations_are_denied(policy, namespace, key, value):
     obj = wrap("Pod", pod_spec(container("main")))
     obj["metadata"]["annotations"] = {key: value}
