@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 
 import flask
 
 from webhook.admission import metrics as metrics_mod
-from webhook.admission import reviews
+from webhook.admission import reviews, wirejson
 from webhook.core import names
 from webhook.settings import Settings
 
@@ -87,7 +86,7 @@ def admission_blueprint() -> flask.Blueprint:
                 metrics.admissions.labels(reviews.INVALID, "unknown", mode).inc()
                 return _text(f"{exc}\n", 400)
             metrics.admissions.labels(result.outcome, result.kind, mode).inc()
-            return flask.Response(json.dumps(result.review, separators=(",", ":")), status=200,
+            return flask.Response(wirejson.dumps(result.review), status=200,
                                   mimetype="application/json")
         finally:
             metrics.latency.labels(mode).observe(time.perf_counter() - started)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from webhook.admission import logs, patches
+from webhook.admission import logs, patches, wirejson
 from webhook.core import decisions, names, placement
 from webhook.core import findings as f
 from webhook.core.policy import Policy
@@ -61,14 +60,7 @@ class Answer:
 def parse(body: bytes) -> dict:
     """The ``request`` of an AdmissionReview body, checked just enough to answer it by uid."""
     try:
-        if isinstance(body, (bytes, bytearray)):
-            # As json.loads reads bytes (UTF-8, -16 or -32), with one decoder built once, not per body.
-            body = body.decode(json.detect_encoding(body), "surrogatepass")
-        elif not isinstance(body, str):
-            raise TypeError(f"the JSON object must be str, bytes or bytearray, not {type(body).__name__}")
-        if body.startswith("\ufeff"):
-            raise ValueError("unexpected UTF-8 BOM")
-        review = _DECODER.decode(body)
+        review = wirejson.loads(body)
     except (ValueError, RecursionError):
         # ValueError covers bad UTF-8, bad JSON, NaN and infinities, and integers over
         # Python's digit limit; RecursionError a body nested deeper than the decoder will go.
@@ -87,27 +79,9 @@ def parse(body: bytes) -> dict:
     return request
 
 
-def _no_constant(name: str) -> None:
-    # Python reads NaN and Infinity; JSON has neither, and no API server sends them.
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"{text} is out of range")
-    return value
-
-
-# Built once: json.loads and json.dumps with options build a new decoder or encoder per call.
-_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
-# The patch holds parts of a parsed JSON body and gpushard's own values: it has no cycles to look for.
-_PATCH_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False)
-
-
 def encode_patch(patch: list[dict]) -> str:
     """The ``patch`` field of a response: the JSONPatch as compact JSON, base64-encoded."""
-    return base64.b64encode(_PATCH_ENCODER.encode(patch).encode()).decode()
+    return base64.b64encode(wirejson.dumps(patch)).decode()
 
 
 def _short(value: object, limit: int = 40) -> str:
