@@ -271,7 +271,13 @@ class KubeView:
         # take longer, and then the thread applies the entry itself when it is done.
         if self._lock.acquire(timeout=REMEMBER_WAIT_S):
             try:
-                self._refresh(self._catch_up())
+                if len(self._inbox) == 1 and self._next_deadline > self._clock():
+                    # The usual call: one choice to count and nothing due to expire, so one card changes.
+                    entry = self._inbox.popleft()
+                    self._add_entry(entry)
+                    self._refresh_card(entry.node, entry.card)
+                else:
+                    self._refresh(self._catch_up())
             finally:
                 self._lock.release()
 
@@ -379,6 +385,34 @@ class KubeView:
             return current
         return placement.Node(current.name, current.labels, current.taints, current.ready, current.unschedulable,
                               tuple(changed))
+
+    def _refresh_card(self, name: str, index: int) -> None:
+        """``_refresh({name})`` when only card ``index`` of node ``name`` can have changed its shares.
+
+        Every other card of the node is as the last refresh left it (each change is refreshed
+        under the lock that made it), so only this one is compared and rebuilt.
+        """
+        current = self._current.get(name)
+        base = self._base.get(name)
+        if self._view is None or current is None or base is None or self._built_from.get(name) is not base:
+            self._refresh({name})
+            return
+        cards = current.cards
+        at = [j for j, c in enumerate(cards) if c.index == index]
+        if len(at) != 1:  # no such card, or the index twice: the general path decides
+            self._refresh({name})
+            return
+        j = at[0]
+        c = cards[j]
+        key = (name, index)
+        used = self._used.get(key, 0) + self._tentative.get(key, 0)
+        if used == c.used:
+            return
+        card = placement.Card(c.index, c.capacity, used, c.uuid, c.model, c.memory_mib)
+        node = placement.Node(current.name, current.labels, current.taints, current.ready, current.unschedulable,
+                              (*cards[:j], card, *cards[j + 1:]))
+        self._current[name] = node
+        self._view = placement.replace_card(self._view, node, j)
 
     def _refresh(self, touched) -> None:
         if len(self._listed) < 2:

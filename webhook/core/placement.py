@@ -477,7 +477,11 @@ class _Usage:
         k = a.index
         if b.index != k or any(c.index == k for c in now_cards if c is not b):
             return None  # a card index twice on one node: leave it to the general walk
-        was, now = a.capacity - a.used, b.capacity - b.used
+        return self.moved(i, k, a.capacity - a.used, b.capacity - b.used, now_cards)
+
+    def moved(self, i: int, k: int, was: int, now: int, now_cards: tuple[Card, ...]) -> _Usage:
+        """The index after card ``k`` of the node at position ``i`` (its only card ``k``) went from
+        ``was`` to ``now`` free shares, the node's cards now being ``now_cards``."""
         by_kf = dict(self.by_kf)
         if was == now:
             return _Usage(by_kf, self.by_f, self.has_k, self.has_any)._sorted_as(self)
@@ -580,6 +584,25 @@ def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
     result.__dict__["_topology"] = topology.derive(result.nodes, moved) if moved else topology
     if "_usage" in view.__dict__:  # only keep an index someone has paid for
         result.__dict__["_usage"] = view._usage.derive(old, new)
+    return result
+
+
+def replace_card(view: View, node: Node, j: int) -> View:
+    """``view`` with ``node`` in place of its namesake, which differs from it only in the shares used
+    on card ``j`` (its only card of that index): ``replace_nodes`` for a remembered choice, without
+    looking for what changed."""
+    topology = view.__dict__.get("_topology")
+    positions = topology.by_name.get(node.name) if topology is not None else None
+    if positions is None or len(positions) != 1:
+        return replace_nodes(view, {node.name: node})
+    i = positions[0]
+    nodes = view.nodes
+    was, now = nodes[i].cards[j], node.cards[j]
+    result = View(nodes=(*nodes[:i], node, *nodes[i + 1:]))
+    result.__dict__["_topology"] = topology  # the same scheduling: only shares moved
+    if "_usage" in view.__dict__:
+        result.__dict__["_usage"] = view._usage.moved(i, now.index, was.capacity - was.used,
+                                                       now.capacity - now.used, node.cards)
     return result
 
 
