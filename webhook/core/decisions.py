@@ -15,7 +15,7 @@ WARNINGS_TOTAL_MAX = 4000
 AUDIT_KEY_MAX = 63
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: made for every admission, never changed (see placement.Ask)
 class Request:
     obj: dict
     kind: str
