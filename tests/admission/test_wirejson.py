@@ -24,16 +24,27 @@ from webhook.settings import Settings
 
 
 def same(a: object, b: object) -> bool:
-    """Equal as JSON documents, types included (1 is not 1.0, True is not 1)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, float) and a != a:
-        return b != b
-    return a == b
+    """Equal as JSON documents, types included (1 is not 1.0, True is not 1); no recursion, so a
+    document nested as deep as a reader went can be compared."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, dict):
+            if list(x) != list(y):
+                return False
+            stack.extend((x[k], y[k]) for k in x)
+        elif isinstance(x, list):
+            if len(x) != len(y):
+                return False
+            stack.extend(zip(x, y, strict=True))
+        elif isinstance(x, float) and x != x:
+            if y == y:
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 def outcome(read, body):
