@@ -85,10 +85,26 @@ def seed_cluster(fake, free_card1: int = 60):
         fake.put("pods", o.pod("part-b1", 1, 100 - free_card1, "gpu-b"))
 
 
-def make(fake, identity="r1", clock=None, **replacement):
+STARTED: list[replacing.Replacer] = []
+
+
+def make(fake, identity="r1", clock=None, follow=True, **options):
+    replacement = {k: options.pop(k) for k in ("pending_seconds", "interval", "enabled") if k in options}
     settings = settings_mod.Settings(replacement=settings_mod.Replacement(**{
         "pending_seconds": 120, "interval": 5, **replacement}))
-    return replacing.Replacer(fake.api_client(), settings, identity, NS, clock=clock or Clock(), wall=lambda: NOW)
+    options.setdefault("backoff", (0.05, 0.3))
+    replacer = replacing.Replacer(fake.api_client(), settings, identity, NS, clock=clock or Clock(), wall=lambda: NOW,
+                                  follow=follow, **options)
+    STARTED.append(replacer)
+    return replacer
+
+
+@pytest.fixture(autouse=True)
+def _stand_by_after():
+    """Every replacer a test made stops its watches when the test ends."""
+    yield
+    while STARTED:
+        STARTED.pop().stand_by()
 
 
 def pods(fake) -> set[str]:
@@ -325,6 +341,7 @@ def test_the_off_switch_and_dry_run_evict_nothing(fake, capsys):
     assert "re-placement is off" in capsys.readouterr().out
     assert not fake.requests
     dry = replacing.Replacer(fake.api_client(), settings_mod.Settings(), "r1", NS, wall=lambda: NOW, dry_run=True)
+    STARTED.append(dry)
     outcome = dry.pass_once()
     assert [m.pod.name for m in outcome.plan.moves] == ["web-x1"] and outcome.evicted == []
     assert "web-x1" in pods(fake) and events(fake) == []
