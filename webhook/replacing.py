@@ -532,15 +532,17 @@ class Replacer:
         self.elector.release()
 
 
-BUSY_SHARE = 0.2  # at most this share of the time spent listing, however large the cluster
+BUSY_SHARE = 0.2  # at most this share of the time spent in passes, however large the cluster
 
 
 def pause(interval: float, took: float) -> float:
     """How long to wait before the next pass: ``interval``, or longer where a pass is slow.
 
-    Each pass lists the shared nodes and gpushard's pods. On a large cluster that list takes
-    seconds of the API server's work, and a short interval would keep it listing all the time:
-    the wait grows so that passes take at most BUSY_SHARE of the time.
+    A pass over the cache reads no list, but it plans over every pinned pod and then reads owners
+    and evicts through the API; where that takes long (a very large cluster, or passes that list:
+    ``follow=False``), a short interval would keep the replacer and the API server busy all the
+    time: the wait grows so that passes take at most BUSY_SHARE of the time. Waiting for the
+    cache's first sync does not count.
     """
     return max(interval, took * (1 - BUSY_SHARE) / BUSY_SHARE)
 

@@ -19,8 +19,8 @@ We test:
   node's card offered again) acts on the new state with no list; a 410 Gone relists, and the pass
   sees what the watch missed; nothing is evicted before the first list is in, nor while a relist
   runs (a stale cache would move a pod onto a card that filled meanwhile); a pod the cache still
-  shows but that is gone is skipped (404); a standby, and a leader that lost the Lease, hold no
-  watch;
+  shows but that is gone is skipped (404); a standby, and a leader that lost the Lease (in a pass
+  or in the loop's wait), hold no watch;
 - lists are read page by page; objects of odd shapes are skipped, never a crash;
 - a slow pass (a large cluster's lists) stretches the wait so that listing takes at most a fifth
   of the time, and a leader renews its Lease while it waits.
@@ -209,6 +209,39 @@ def test_a_long_wait_keeps_the_lease(fake):
     assert len(between) >= 70
     assert max(b - a for a, b in zip(between, between[1:], strict=False)) <= replacer.elector.duration / 3
     assert 1500 in renewals  # and the next pass waited the 400 s, not the 5 s interval
+
+
+def test_the_loop_stops_its_watches_as_soon_as_a_renewal_finds_the_lease_lost(fake):
+    seed_cluster(fake)
+    now = [1000.0]
+    replacer = make(fake, clock=lambda: now[0])
+    real_lead = replacer.elector.lead
+    leads = iter([True])  # the first pass leads; every renewal after it finds the Lease taken
+    replacer.elector.lead = lambda: next(leads, False) and real_lead()
+    real_pass, passes = replacer.pass_once, []
+
+    def slow_pass():  # 100 s: the loop then waits 400 s, renewing the Lease every 5 s on the way
+        passes.append(real_pass())
+        now[0] += 100
+        return passes[-1]
+
+    replacer.pass_once = slow_pass
+    stop = threading.Event()
+    original_wait = stop.wait
+    followed = []
+
+    def wait(timeout=None):
+        followed.append(replacer.cache is not None and replacer.cache.current())
+        now[0] += timeout or 0
+        if len(followed) >= 3:
+            stop.set()
+        return original_wait(0)
+
+    stop.wait = wait
+    replacer.run(stop)
+    # Followed after the pass; not once the first renewal in the wait found the Lease lost.
+    assert len(passes) == 1 and passes[0].synced
+    assert followed[0] and not any(followed[1:])
 
 
 def test_each_owner_kind_is_handled_as_its_controller_counts_an_eviction(fake):
