@@ -212,7 +212,9 @@ class Cache(kube.KubeView):
         if kwargs.get("watch"):
             # A watch from the last resourceVersion replays what a gap missed. After a 410 Gone the
             # API server answers this very watch with an error event, or with 410 itself: the
-            # resource then waits for its relist (``_watch`` below).
+            # resource then waits for its relist (``_watch`` below). Between this reply and the
+            # replay (or the error event) the cache is taken as current: milliseconds, in which a
+            # pass could miss the gap's changes; the evictions' preconditions still hold.
             with self._changed:
                 if resource in self._listed:
                     self._following.add(resource)
