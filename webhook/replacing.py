@@ -3,10 +3,12 @@
 The loop runs in its own Deployment, not in `gpushard serve`: the webhook stays read-only and
 lean on the admission path (no eviction rights, no full pod list per worker), and a replacer
 that is down only delays re-placement, never an admission. Replicas and rollouts may overlap:
-a ``coordination.k8s.io/v1`` Lease elects the one that acts. Each pass lists nodes and pinned
-pods page by page, asks ``core.replacement`` what to evict, looks up the owners it names,
-evicts through the Eviction API (``policy/v1``; a 429 from a disruption budget means skip)
-and records a core/v1 Event on each evicted pod that says why.
+a ``coordination.k8s.io/v1`` Lease elects the one that acts. The leader lists shared nodes and
+pinned pods once, then follows them by watch (``Cache``, on the live view's list/watch code in
+``cluster.kube``), so a pass reads no list: it asks ``core.replacement`` what to evict over the
+cache, looks up the owners it names, evicts through the Eviction API (``policy/v1``; a 429 from
+a disruption budget means skip) and records a core/v1 Event on each evicted pod that says why.
+A standby holds no watch; a new leader plans only once its cache is in sync.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ from webhook import settings as settings_mod
 from webhook.cluster import kube
 from webhook.core import findings as f
 from webhook.core import names, placement, replacement
+from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
 
 PAGE = 500  # items per list page: memory stays bounded however many pods the cluster holds
+# The leader's watches end after this long and resume from their last resourceVersion; a
+# connection that died silently is noticed 30 s after it (the read timeout above it).
+WATCH_TIMEOUT_S = 60
 DEFAULT_NAMESPACE = "gpushard-system"
 REQUEST_TIMEOUT = (10, 60)
 
@@ -59,6 +65,169 @@ def _json(response) -> dict:
         return json.loads(response.data)
     finally:
         response.release_conn()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pinned:
+    """What a pass needs of one pod gpushard pinned: where it holds shares, or what it waits for."""
+
+    node: str | None  # bound: the node its shares count on
+    shares: tuple[tuple[int, int], ...]  # (card, shares), counted as Kubernetes counts a pod
+    ending: bool  # bound and being deleted: its shares come free once it is gone
+    waiting: replacement.Waiting | None  # unbound and Pending on one card (its age filled in per pass)
+    created: float | None  # creationTimestamp, for the age
+
+
+def read_pinned(obj: dict, policy: policy_mod.Policy) -> Pinned | None:
+    """A listed or watched pod as a pass reads it; None for one that holds and waits for nothing."""
+    spec, meta, status = (obj.get(key) or {} for key in ("spec", "metadata", "status"))
+    if not (isinstance(spec, dict) and isinstance(meta, dict) and isinstance(status, dict)) or \
+            status.get("phase") in kube.TERMINAL_PHASES:
+        return None  # an object of the wrong shape is no pod gpushard placed
+    shares = kube.pod_card_shares(spec, policy)
+    if spec.get("nodeName"):
+        if not shares:
+            return None
+        return Pinned(str(spec["nodeName"]), tuple(sorted(shares.items())), bool(meta.get("deletionTimestamp")),
+                      None, None)
+    if len(shares) != 1 or meta.get("deletionTimestamp") or status.get("phase") != "Pending":
+        return None
+    ((card, count),) = shares.items()
+    try:
+        ask = placement.ask_from_spec(spec, count, card)
+    except f.ObjectError as exc:
+        log.warning("gpushard: skipped pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
+        return None
+    owner = next((r for r in meta.get("ownerReferences") or () if isinstance(r, dict) and r.get("controller")),
+                 None)
+    waiting = replacement.Waiting(
+        uid=str(meta.get("uid") or ""), namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""), card=card, shares=count, age=0.0, ask=ask,
+        preferred=placement.preferred_node(spec), owner_kind=owner.get("kind") if owner else None,
+        owner_name=str(owner.get("name") or "") if owner else "", gated=bool(spec.get("schedulingGates")),
+        version=str(meta.get("resourceVersion") or ""))
+    return Pinned(None, (), False, waiting, _parse_time(meta.get("creationTimestamp")))
+
+
+def _pod_key(obj: dict) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+
+def assemble(nodes, pinned, now: float) -> tuple[placement.View, list[replacement.Waiting], collections.Counter]:
+    """The cards' usage by bound pods, the waiting pods (aged at ``now``), and the shares of terminating pods."""
+    used: collections.Counter = collections.Counter()
+    ending: collections.Counter = collections.Counter()
+    waiting = []
+    for pod in pinned:
+        if pod.node is not None:
+            for k, n in pod.shares:  # a terminating pod holds its shares until it is gone
+                used[(pod.node, k)] += n
+                if pod.ending:
+                    ending[(pod.node, k)] += n
+        elif pod.waiting is not None:
+            age = max(0.0, now - pod.created) if pod.created is not None else 0.0
+            waiting.append(dataclasses.replace(pod.waiting, age=age))
+    view = placement.View(nodes=tuple(
+        dataclasses.replace(n, cards=tuple(dataclasses.replace(c, used=used[(n.name, c.index)]) for c in n.cards))
+        for n in nodes))
+    return view, waiting, ending
+
+
+class Cache(kube.KubeView):
+    """The shared nodes and pinned pods, listed once and then followed by watch: what the leader plans over.
+
+    The list, watch, relist and backoff machinery is the live view's (``kube.KubeView``: pages of
+    500, bookmarks, resume from the last resourceVersion, 410 Gone means list again); this class
+    keeps only what a pass reads (nodes as placement reads them, pods as ``Pinned``). It is
+    *current* while both resources have been listed and followed without a gap since: from a
+    410 Gone until the relist is in, and from a failed watch until one is open again from the
+    last resourceVersion, it is not, and the leader does not plan over it.
+    """
+
+    def __init__(self, api_client, policy: policy_mod.Policy, **options):
+        super().__init__(api_client, policy, **options)
+        self._nodes: dict[str, placement.Node] = {}
+        self._pinned: dict[str, Pinned] = {}
+        self._following: set[str] = set()
+        self._changed = threading.Condition(self._lock)
+
+    def current(self) -> bool:
+        """Both listed, and every watch since resumed without losing an event."""
+        with self._lock:
+            return self._following >= {kube.NODES, kube.PODS}
+
+    def wait_current(self, timeout: float) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self._following >= {kube.NODES, kube.PODS}, timeout)
+
+    def contents(self) -> tuple[list[placement.Node], list[Pinned], set[str]]:
+        """The nodes, the pinned pods, and the uids of the pods, as the cache holds them now."""
+        with self._lock:
+            return list(self._nodes.values()), list(self._pinned.values()), set(self._pinned)
+
+    # --- the live view's hooks: what a list page or a watch event leaves in the cache ------------
+
+    def _reduce(self, resource: str, items, into: dict) -> dict:
+        if resource == kube.NODES:
+            return super()._reduce(resource, items, into)
+        for obj in items:
+            try:
+                pod = read_pinned(obj, self._policy)
+            except Exception:  # noqa: BLE001 - one odd object must not keep the cache from syncing
+                log.exception("gpushard: the replacer skipped a pod it could not read")
+                continue
+            if pod is not None:
+                into[_pod_key(obj)] = pod
+        return into
+
+    def _apply_list(self, resource: str, fresh) -> None:
+        if isinstance(fresh, list):
+            fresh = self._reduce(resource, fresh, {})
+        with self._changed:
+            if resource == kube.NODES:
+                self._nodes = fresh
+            else:
+                self._pinned = fresh
+            self._listed.add(resource)
+            self._following.add(resource)
+            self._changed.notify_all()
+
+    def _apply_event(self, resource: str, kind: str, obj: dict) -> None:
+        if resource == kube.NODES:
+            name = str((obj.get("metadata") or {}).get("name"))
+            node = None if kind == "DELETED" else kube.read_node(obj, self._policy)
+            table, key, value = self._nodes, name, node
+        else:
+            key = _pod_key(obj)
+            table, value = self._pinned, None if kind == "DELETED" else read_pinned(obj, self._policy)
+        with self._lock:
+            if value is None:
+                table.pop(key, None)
+            else:
+                table[key] = value
+
+    def _call(self, resource: str, **kwargs):
+        response = super()._call(resource, **kwargs)
+        if kwargs.get("watch"):
+            # A watch from the last resourceVersion replays what a gap missed. After a 410 Gone the
+            # API server answers this very watch with an error event, or with 410 itself: the
+            # resource then waits for its relist (``_watch`` below). Between this reply and the
+            # replay (or the error event) the cache is taken as current: milliseconds, in which a
+            # pass could miss the gap's changes; the evictions' preconditions still hold.
+            with self._changed:
+                if resource in self._listed:
+                    self._following.add(resource)
+                    self._changed.notify_all()
+        return response
+
+    def _watch(self, resource: str, version: str) -> str:
+        try:
+            return super()._watch(resource, version)
+        except BaseException:
+            with self._lock:
+                self._following.discard(resource)
+            raise
 
 
 class Elector:
@@ -153,6 +322,7 @@ class Outcome:
     plan: replacement.Plan
     evicted: list[replacement.Move] = dataclasses.field(default_factory=list)
     refused: list[tuple[replacement.Move, str]] = dataclasses.field(default_factory=list)  # (move, why)
+    synced: bool = True  # False: the cache was not in sync, nothing was planned
 
 
 class Replacer:
@@ -160,7 +330,10 @@ class Replacer:
 
     def __init__(self, api_client, settings: settings_mod.Settings, identity: str, namespace: str, *,
                  lease_name: str = names.REPLACER_LEASE, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time, dry_run: bool = False):
+                 wall: Callable[[], float] = time.time, dry_run: bool = False, follow: bool = True,
+                 page: int = PAGE, watch_timeout: int = WATCH_TIMEOUT_S,
+                 backoff: tuple[float, float] = kube.BACKOFF_S, sync_wait: float | None = None):
+        self._api_client = api_client
         self._core = kubernetes.client.CoreV1Api(api_client)
         self._apps = kubernetes.client.AppsV1Api(api_client)
         self._batch = kubernetes.client.BatchV1Api(api_client)
@@ -172,13 +345,22 @@ class Replacer:
         # Renewed every pass: it outlives a pass or two that run long before another takes over.
         duration = max(15, 3 * settings.replacement.interval)
         self.elector = Elector(api_client, namespace, lease_name, identity, duration, clock=clock, wall=wall)
+        # follow: plan over a Cache fed by watches (the loop); else list nodes and pods every pass.
+        self._follow = follow
+        self._cache_options = {"page_size": page, "watch_timeout": watch_timeout, "backoff": backoff}
+        # A new leader waits this long for its first sync within a pass: well inside the Lease it
+        # has just renewed; a larger cluster syncs over several passes, renewing in between.
+        self._sync_wait = duration / 3 if sync_wait is None else sync_wait
+        self.cache: Cache | None = None
+        self._evicted: set[str] = set()  # uids evicted that the cache may still show
+        self._sync_waited = 0.0
 
     # --- reading the cluster -------------------------------------------------------------------
 
     def _pages(self, call: Callable, **kwargs):
         token = None
         while True:
-            page = _json(call(limit=PAGE, _continue=token, _preload_content=False,
+            page = _json(call(limit=self._cache_options["page_size"], _continue=token, _preload_content=False,
                               _request_timeout=REQUEST_TIMEOUT, **kwargs))
             yield from page.get("items") or ()
             token = (page.get("metadata") or {}).get("continue")
@@ -196,45 +378,11 @@ class Replacer:
         # Only nodes the agent published cards on, as the webhook's view lists them.
         nodes = [n for n in (kube.read_node(obj, policy)
                              for obj in self._pages(self._core.list_node, label_selector=names.CARDS_LABEL)) if n]
-        used: collections.Counter = collections.Counter()
-        ending: collections.Counter = collections.Counter()
-        waiting = []
         now = self._wall()
         selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
-        for obj in self._pages(self._core.list_pod_for_all_namespaces, label_selector=selector):
-            spec, meta, status = (obj.get(key) or {} for key in ("spec", "metadata", "status"))
-            if not (isinstance(spec, dict) and isinstance(meta, dict) and isinstance(status, dict)) or \
-                    status.get("phase") in kube.TERMINAL_PHASES:
-                continue  # an object of the wrong shape is no pod gpushard placed
-            shares = kube.pod_card_shares(spec, policy)
-            if spec.get("nodeName"):
-                for k, n in shares.items():  # a terminating pod holds its shares until it is gone
-                    used[(spec["nodeName"], k)] += n
-                    if meta.get("deletionTimestamp"):
-                        ending[(spec["nodeName"], k)] += n
-                continue
-            if len(shares) != 1 or meta.get("deletionTimestamp") or status.get("phase") != "Pending":
-                continue
-            ((card, count),) = shares.items()
-            try:
-                ask = placement.ask_from_spec(spec, count, card)
-            except f.ObjectError as exc:
-                log.warning("gpushard: skipped pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
-                continue
-            created = _parse_time(meta.get("creationTimestamp"))
-            owner = next((r for r in meta.get("ownerReferences") or () if isinstance(r, dict) and r.get("controller")),
-                         None)
-            waiting.append(replacement.Waiting(
-                uid=str(meta.get("uid") or ""), namespace=str(meta.get("namespace") or ""),
-                name=str(meta.get("name") or ""), card=card, shares=count,
-                age=max(0.0, now - created) if created is not None else 0.0, ask=ask,
-                preferred=placement.preferred_node(spec), owner_kind=owner.get("kind") if owner else None,
-                owner_name=str(owner.get("name") or "") if owner else "", gated=bool(spec.get("schedulingGates")),
-                version=str(meta.get("resourceVersion") or "")))
-        view = placement.View(nodes=tuple(
-            dataclasses.replace(n, cards=tuple(dataclasses.replace(c, used=used[(n.name, c.index)]) for c in n.cards))
-            for n in nodes))
-        return view, waiting, ending
+        pinned = (read_pinned(obj, policy) for obj in
+                  self._pages(self._core.list_pod_for_all_namespaces, label_selector=selector))
+        return assemble(nodes, (p for p in pinned if p is not None), now)
 
     def owner(self, pod: replacement.Waiting) -> replacement.Owner:
         """The pod's controller as the API shows it now."""
@@ -257,11 +405,50 @@ class Replacer:
 
     # --- one pass --------------------------------------------------------------------------------
 
-    def pass_once(self) -> Outcome | None:
-        """One pass if this process leads (None if another does)."""
-        if not self.elector.lead():
+    def follow(self) -> Cache:
+        """The cache, started (list, then watch) if this process has none."""
+        if self.cache is None:
+            self._evicted.clear()
+            self.cache = Cache.start(self._settings, api_client=self._api_client, **self._cache_options)
+        return self.cache
+
+    def stand_by(self) -> None:
+        """Stop following the cluster (a standby or a stopping replacer puts no load on the API server)."""
+        cache, self.cache = self.cache, None
+        if cache is not None:
+            cache.close()
+
+    def _read_cache(self) -> tuple[placement.View, list[replacement.Waiting], collections.Counter] | None:
+        """The cache's state as a pass plans over it; None while it is not current."""
+        cache = self.follow()
+        began = self._clock()
+        in_sync = cache.wait_current(self._sync_wait)
+        self._sync_waited = self._clock() - began
+        if not in_sync:
+            log.info("gpushard: the replacer's cache of nodes and pods is not in sync (listing, or a watch is "
+                     "down); no re-placement until it is")
             return None
-        view, waiting, ending = self.read_all()
+        nodes, pinned, uids = cache.contents()
+        # An evicted pod stays in the cache until its deletion arrives by watch: not moved twice.
+        self._evicted &= uids
+        view, waiting, ending = assemble(nodes, pinned, self._wall())
+        if self._evicted:
+            waiting = [w for w in waiting if w.uid not in self._evicted]
+        return view, waiting, ending
+
+    def pass_once(self) -> Outcome | None:
+        """One pass if this process leads (None if another does, and this one then holds no watch)."""
+        self._sync_waited = 0.0
+        if not self.elector.lead():
+            self.stand_by()
+            return None
+        if self._follow:
+            read = self._read_cache()
+            if read is None:
+                return Outcome(replacement.Plan(), synced=False)
+            view, waiting, ending = read
+        else:
+            view, waiting, ending = self.read_all()
         pending = self._settings.replacement.pending_seconds
         plan = replacement.plan(view, waiting, pending, ending=ending)
         owners: dict[str, replacement.Owner | None] = {}
@@ -279,6 +466,7 @@ class Replacer:
                 continue
             why = self._evict(move)
             if why is None:
+                self._evicted.add(move.pod.uid)
                 outcome.evicted.append(move)
                 self._record(move)
             else:
@@ -332,25 +520,31 @@ class Replacer:
                 self.pass_once()
             except Exception:  # noqa: BLE001 - one failed pass must not end the loop
                 log.exception("gpushard: a re-placement pass failed; trying again next interval")
-            wait = pause(self._settings.replacement.interval, self._clock() - began)
-            # A long wait renews the Lease on the way, so that the leader stays the leader.
+            took = self._clock() - began - self._sync_waited  # waiting for a sync is no load
+            wait = pause(self._settings.replacement.interval, took)
+            # A long wait renews the Lease on the way, so that the leader stays the leader; one
+            # that lost it stops its watches at once.
             until = self._clock() + wait
             while not stop.wait(max(0.0, min(until - self._clock(), self.elector.duration / 3))):
                 if self._clock() >= until:
                     break
-                self.elector.lead()
+                if not self.elector.lead():
+                    self.stand_by()
+        self.stand_by()
         self.elector.release()
 
 
-BUSY_SHARE = 0.2  # at most this share of the time spent listing, however large the cluster
+BUSY_SHARE = 0.2  # at most this share of the time spent in passes, however large the cluster
 
 
 def pause(interval: float, took: float) -> float:
     """How long to wait before the next pass: ``interval``, or longer where a pass is slow.
 
-    Each pass lists the shared nodes and gpushard's pods. On a large cluster that list takes
-    seconds of the API server's work, and a short interval would keep it listing all the time:
-    the wait grows so that passes take at most BUSY_SHARE of the time.
+    A pass over the cache reads no list, but it plans over every pinned pod and then reads owners
+    and evicts through the API; where that takes long (a very large cluster, or passes that list:
+    ``follow=False``), a short interval would keep the replacer and the API server busy all the
+    time: the wait grows so that passes take at most BUSY_SHARE of the time. Waiting for the
+    cache's first sync does not count.
     """
     return max(interval, took * (1 - BUSY_SHARE) / BUSY_SHARE)
 
@@ -382,7 +576,8 @@ def run(args, settings: settings_mod.Settings) -> int:
         return kubectl.USAGE
     namespace = args.namespace or os.environ.get(names.POD_NAMESPACE_ENV) or DEFAULT_NAMESPACE
     identity = args.identity or os.environ.get(names.POD_NAME_ENV) or f"{socket.gethostname()}-{os.getpid()}"
-    replacer = Replacer(client, settings, identity, namespace, dry_run=args.dry_run)
+    # One pass lists; the loop lists once and then follows by watch.
+    replacer = Replacer(client, settings, identity, namespace, dry_run=args.dry_run, follow=not args.once)
     if args.once:
         outcome = replacer.pass_once()
         if outcome is None:

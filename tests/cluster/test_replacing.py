@@ -15,6 +15,12 @@ We test:
 - nothing is evicted when no other card has room, nor before pendingSeconds, nor while a
   terminating pod on its card makes room for it, nor when the off switch is set; only as many
   as the free cards can take together, oldest first;
+- the leader lists once and then follows by watch: a pass after a watch event (a pod deleted, a
+  node's card offered again) acts on the new state with no list; a 410 Gone relists, and the pass
+  sees what the watch missed; nothing is evicted before the first list is in, nor while a relist
+  runs (a stale cache would move a pod onto a card that filled meanwhile); a pod the cache still
+  shows but that is gone is skipped (404); a standby, and a leader that lost the Lease (in a pass
+  or in the loop's wait), hold no watch;
 - lists are read page by page; objects of odd shapes are skipped, never a crash;
 - a slow pass (a large cluster's lists) stretches the wait so that listing takes at most a fifth
   of the time, and a leader renews its Lease while it waits.
@@ -30,6 +36,7 @@ import pytest
 from tests.cluster import kubeobjects as o
 from webhook import replacing
 from webhook import settings as settings_mod
+from webhook.cluster import kube
 from webhook.core import names, placement
 
 NOW = 1_800_000_000.0
@@ -85,10 +92,26 @@ def seed_cluster(fake, free_card1: int = 60):
         fake.put("pods", o.pod("part-b1", 1, 100 - free_card1, "gpu-b"))
 
 
-def make(fake, identity="r1", clock=None, **replacement):
+STARTED: list[replacing.Replacer] = []
+
+
+def make(fake, identity="r1", clock=None, follow=True, **options):
+    replacement = {k: options.pop(k) for k in ("pending_seconds", "interval", "enabled") if k in options}
     settings = settings_mod.Settings(replacement=settings_mod.Replacement(**{
         "pending_seconds": 120, "interval": 5, **replacement}))
-    return replacing.Replacer(fake.api_client(), settings, identity, NS, clock=clock or Clock(), wall=lambda: NOW)
+    options.setdefault("backoff", (0.05, 0.3))
+    replacer = replacing.Replacer(fake.api_client(), settings, identity, NS, clock=clock or Clock(), wall=lambda: NOW,
+                                  follow=follow, **options)
+    STARTED.append(replacer)
+    return replacer
+
+
+@pytest.fixture(autouse=True)
+def _stand_by_after():
+    """Every replacer a test made stops its watches when the test ends."""
+    yield
+    while STARTED:
+        STARTED.pop().stand_by()
 
 
 def pods(fake) -> set[str]:
@@ -186,6 +209,39 @@ def test_a_long_wait_keeps_the_lease(fake):
     assert len(between) >= 70
     assert max(b - a for a, b in zip(between, between[1:], strict=False)) <= replacer.elector.duration / 3
     assert 1500 in renewals  # and the next pass waited the 400 s, not the 5 s interval
+
+
+def test_the_loop_stops_its_watches_as_soon_as_a_renewal_finds_the_lease_lost(fake):
+    seed_cluster(fake)
+    now = [1000.0]
+    replacer = make(fake, clock=lambda: now[0])
+    real_lead = replacer.elector.lead
+    leads = iter([True])  # the first pass leads; every renewal after it finds the Lease taken
+    replacer.elector.lead = lambda: next(leads, False) and real_lead()
+    real_pass, passes = replacer.pass_once, []
+
+    def slow_pass():  # 100 s: the loop then waits 400 s, renewing the Lease every 5 s on the way
+        passes.append(real_pass())
+        now[0] += 100
+        return passes[-1]
+
+    replacer.pass_once = slow_pass
+    stop = threading.Event()
+    original_wait = stop.wait
+    followed = []
+
+    def wait(timeout=None):
+        followed.append(replacer.cache is not None and replacer.cache.current())
+        now[0] += timeout or 0
+        if len(followed) >= 3:
+            stop.set()
+        return original_wait(0)
+
+    stop.wait = wait
+    replacer.run(stop)
+    # Followed after the pass; not once the first renewal in the wait found the Lease lost.
+    assert len(passes) == 1 and passes[0].synced
+    assert followed[0] and not any(followed[1:])
 
 
 def test_each_owner_kind_is_handled_as_its_controller_counts_an_eviction(fake):
@@ -325,6 +381,7 @@ def test_the_off_switch_and_dry_run_evict_nothing(fake, capsys):
     assert "re-placement is off" in capsys.readouterr().out
     assert not fake.requests
     dry = replacing.Replacer(fake.api_client(), settings_mod.Settings(), "r1", NS, wall=lambda: NOW, dry_run=True)
+    STARTED.append(dry)
     outcome = dry.pass_once()
     assert [m.pod.name for m in outcome.plan.moves] == ["web-x1"] and outcome.evicted == []
     assert "web-x1" in pods(fake) and events(fake) == []
@@ -358,3 +415,148 @@ def test_objects_of_odd_shapes_are_skipped(fake):
     fake.put("pods", bad_affinity)
     outcome = make(fake).pass_once()
     assert outcome.evicted == [] and outcome.plan.moves == []
+
+
+def lists(fake, resource: str) -> int:
+    """How many list requests (not watches) for ``resource`` the server answered."""
+    return sum(1 for method, path, _ in fake.requests
+               if method == "GET" and path.startswith(f"/api/v1/{resource}?") and "watch=" not in path)
+
+
+def silently(fake, change) -> None:
+    """Change the store with no watch event, then expire history and drop watches: only a relist shows it."""
+    with fake.lock:
+        change(fake.objects["pods"])
+    compact(fake)
+    fake.drop_watches()
+
+
+def compact(fake) -> None:
+    """History compacted: watches from before now and continue tokens get 410 Gone."""
+    fake.expire_history()
+    # The cluster moves on (the fake's list carries its last resourceVersion, which must be watchable).
+    fake.put("namespaces", {"metadata": {"name": f"moved-on-{fake.rv}"}})
+
+
+def in_cache(replacer, name: str, namespace: str = "default") -> bool:
+    return f"uid-{namespace}-{name}" in replacer.cache.contents()[2]
+
+
+@pytest.mark.parametrize("event", ["a pod ends", "a card is offered again"])
+def test_a_pass_after_a_watch_event_acts_on_the_new_state_with_no_list(fake, event):
+    seed_cluster(fake, free_card1=20 if event == "a pod ends" else 100)
+    if event == "a card is offered again":
+        fake.put("nodes", o.node("gpu-b", {0: 100, 1: 0}))  # card 1 unhealthy: the agent offers none of it
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    replacer = make(fake)
+    outcome = replacer.pass_once()
+    assert outcome.synced and outcome.evicted == [] and outcome.plan.waiting_for_room == 1
+    before = (lists(fake, "nodes"), lists(fake, "pods"))
+    assert before == (1, 1)
+
+    if event == "a pod ends":
+        fake.delete("pods", "part-b1", "default")
+        o.wait_for(lambda: not in_cache(replacer, "part-b1"), what="the deletion in the cache")
+    else:
+        fake.put("nodes", o.node("gpu-b", {0: 100, 1: 100}))
+        o.wait_for(lambda: any(c.capacity == 100 for n in replacer.cache.contents()[0] if n.name == "gpu-b"
+                               for c in n.cards if c.index == 1), what="the node in the cache")
+    outcome = replacer.pass_once()
+    assert [(m.pod.name, m.to_node, m.to_card) for m in outcome.evicted] == [("web-x1", "gpu-b", 1)]
+    assert "web-x1" not in pods(fake)
+    assert (lists(fake, "nodes"), lists(fake, "pods")) == before  # no list: the watch told it
+
+    # The evicted pod leaves the cache by watch; until it does, no pass moves it again.
+    o.wait_for(lambda: not in_cache(replacer, "web-x1", "team"), what="the eviction in the cache")
+    assert replacer.pass_once().evicted == []
+
+
+def test_a_410_gone_relists_and_the_pass_sees_what_the_watch_missed(fake):
+    seed_cluster(fake, free_card1=20)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    replacer = make(fake)
+    assert replacer.pass_once().plan.waiting_for_room == 1
+
+    # The pod that filled card 1 of gpu-b goes while no watch is open, and history is compacted.
+    silently(fake, lambda store: store.pop(("default", "part-b1")))
+    o.wait_for(lambda: replacer.cache.lists[kube.PODS] == 2 and replacer.cache.current(), what="the relist")
+    assert not in_cache(replacer, "part-b1")
+    outcome = replacer.pass_once()
+    assert [m.pod.name for m in outcome.evicted] == ["web-x1"]
+    assert lists(fake, "pods") == 2 and lists(fake, "nodes") == 2  # the first list and the relist
+
+
+def test_nothing_is_evicted_before_the_first_list_nor_during_a_relist(fake):
+    seed_cluster(fake)  # card 1 of gpu-b has 60 free
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+
+    def never_done(resource, page):  # each pod list loses its continue token after the first page
+        if resource == "pods" and page == 0:
+            compact(fake)
+
+    fake.on_page = never_done
+    replacer = make(fake, page=1, sync_wait=0.3)
+    outcome = replacer.pass_once()
+    assert not outcome.synced and outcome.plan.moves == [] and outcome.evicted == []
+    assert "web-x1" in pods(fake)
+    assert not [path for method, path, _ in fake.requests if method == "POST" and path.endswith("/eviction")]
+
+    fake.on_page = None  # the list goes through: the leader syncs, then plans
+    o.wait_for(replacer.cache.current, what="the first sync")
+    assert [m.pod.name for m in replacer.pass_once().evicted] == ["web-x1"]
+
+    # A new waiting pod the cache knows; then card 1 of gpu-b fills while the watches are down and
+    # the relist cannot finish. The stale cache still shows room: a pass over it would evict web-x2
+    # onto a full card. No pass plans until the relist is in.
+    fake.put("pods", waiting_pod("web-x2", 0, 25, ("ReplicaSet", "web")))
+    o.wait_for(lambda: in_cache(replacer, "web-x2", "team"), what="web-x2 in the cache")
+    filler = o.pod("fill-b1", 1, 60, "gpu-b")
+    fake.on_page = never_done
+    silently(fake, lambda store: store.__setitem__(("default", "fill-b1"), filler))
+    o.wait_for(lambda: not replacer.cache.current(), what="the relist to begin")
+    outcome = replacer.pass_once()
+    assert not outcome.synced and outcome.evicted == [] and "web-x2" in pods(fake)
+
+    fake.on_page = None
+    o.wait_for(replacer.cache.current, what="the relist")
+    outcome = replacer.pass_once()
+    assert outcome.evicted == [] and outcome.plan.waiting_for_room == 1 and "web-x2" in pods(fake)
+
+
+def test_a_pod_the_cache_shows_but_that_is_gone_is_skipped(fake):
+    seed_cluster(fake)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    fake.before_eviction.append(lambda namespace, name: fake.objects["pods"].pop((namespace, name)))
+    outcome = make(fake).pass_once()
+    assert outcome.evicted == [] and [why for _m, why in outcome.refused] == ["the pod is gone"]
+    assert events(fake) == []
+
+
+def watches(fake) -> int:
+    return sum(1 for method, path, _ in fake.requests if method == "GET" and "watch=" in path)
+
+
+def test_a_standby_holds_no_watch_and_a_leader_that_loses_the_lease_stops_its_watches(fake):
+    seed_cluster(fake)
+    a_clock, b_clock = Clock(), Clock()
+    a, b = make(fake, "r1", a_clock), make(fake, "r2", b_clock)
+    assert a.pass_once().synced
+    o.wait_for(lambda: watches(fake) == 2, what="the leader's two watches")
+
+    seen = len(fake.requests)
+    assert b.pass_once() is None and b.cache is None
+    assert {path.split("?")[0].rsplit("/", 2)[-2] for _m, path, _ in fake.requests[seen:]} == {"leases"}
+
+    # r1 stops renewing; r2 takes the Lease (its election only). r1's next pass finds it lost and stands by.
+    b_clock.now += a.elector.duration + 1
+    assert b.elector.lead() and b.cache is None  # r2 only holds the Lease: every watch left would be r1's
+    assert a.pass_once() is None and a.cache is None
+    seen = watches(fake)
+    fake.drop_watches()  # a thread still following would reconnect at once
+    fake.put("pods", o.pod("late", 0, 1, "gpu-a"))
+    threading.Event().wait(1.0)
+    assert watches(fake) == seen
