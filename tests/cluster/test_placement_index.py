@@ -9,7 +9,9 @@ We test:
 - a view shared by threads answers consistently;
 - incremental index updates (a card's shares, a card more or less, any node change) leave
   exactly the index a full rebuild makes, and the same choices;
-- preferred_affinity_term round-trips through preferred_node, which ignores other terms.
+- preferred_affinity_term round-trips through preferred_node, which ignores other terms;
+- a view over several chunks of nodes, derived by one card, a few nodes, many nodes, a node added
+  or removed, stays the list of nodes it stands for, position by position, and chooses as the scan.
 """
 
 from __future__ import annotations
@@ -220,4 +222,53 @@ def test_incremental_updates_equal_a_full_rebuild(data, view, pods, strategy):
         assert _usage_state(view._usage) == _usage_state(rebuilt._usage)
         for ask in pods:
             assert summary(placement.choose(view, ask, strategy)) == summary(placement.choose(rebuilt, ask, strategy))
+            assert summary(placement.choose(view, ask, strategy)) == summary(reference(view, ask, strategy))
+
+
+# --- views over several chunks of nodes -----------------------------------------------------------
+
+
+def _node_of(i: int, rng_cards: list[int]) -> placement.Node:
+    return placement.Node(f"n{i}", {"pool": "a" if i % 3 else "b"}, (), True, False,
+                          tuple(placement.Card(k, 100, used) for k, used in enumerate(rng_cards)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.integers(placement.CHUNK - 3, 3 * placement.CHUNK + 5), strategies)
+def test_views_over_several_chunks_stay_the_list_they_stand_for(data, count, strategy):
+    model = [_node_of(i, [data.draw(st.integers(0, 100)) for _ in range(2)]) for i in range(count)]
+    view = placement.View(nodes=tuple(model))
+    pods = [placement.Ask(shares=25), placement.Ask(shares=60, pin=1),
+            placement.Ask(shares=10, node_selector={"pool": "b"})]
+    placement.choose(view, pods[0], strategy)  # the indexes exist, so derived views carry them
+    for step in range(data.draw(st.integers(1, 6))):
+        kind = data.draw(st.sampled_from(["card", "few", "many", "add", "remove"]))
+        if kind == "card":  # a remembered choice: one card of one node
+            i = data.draw(st.integers(0, len(model) - 1))
+            node = model[i]
+            if not node.cards:
+                continue
+            cards = list(node.cards)
+            cards[0] = placement.Card(cards[0].index, cards[0].capacity, data.draw(st.integers(0, 100)))
+            model[i] = placement.Node(node.name, node.labels, node.taints, node.ready, node.unschedulable,
+                                      tuple(cards))
+            view = placement.replace_card(view, model[i], 0)
+        elif kind in ("few", "many"):
+            size = data.draw(st.integers(1, placement.FEW_CHANGES) if kind == "few"
+                             else st.integers(placement.FEW_CHANGES + 1, 3 * placement.FEW_CHANGES))
+            changed = {}
+            for i in data.draw(st.lists(st.integers(0, len(model) - 1), unique=True, min_size=1, max_size=size)):
+                model[i] = _node_of(int(model[i].name[1:]), [data.draw(st.integers(0, 100)) for _ in range(2)])
+                changed[model[i].name] = model[i]
+            view = placement.replace_nodes(view, changed)
+        elif kind == "add":
+            model.append(_node_of(1000 + step, [0, 50]))
+            view = placement.replace_nodes(view, {model[-1].name: model[-1]})
+        elif len(model) > 1:
+            gone = model.pop(data.draw(st.integers(0, len(model) - 1)))
+            view = placement.replace_nodes(view, {gone.name: None})
+        assert view.size == len(model)
+        assert [view.node(i) for i in range(view.size)] == model
+        assert view.nodes == tuple(model)
+        for ask in pods:
             assert summary(placement.choose(view, ask, strategy)) == summary(reference(view, ask, strategy))

@@ -89,6 +89,9 @@ def same_scheduling(a: Node, b: Node) -> bool:
 # copies one chunk and the list of chunks, not every node: a remembered choice over 2,000 nodes
 # copied 2,000 references (about 8 us) to change one.
 CHUNK = 64
+# Up to this many changed nodes, a derived view replaces them chunk by chunk; past it, it is
+# built anew from all nodes (a relist, a burst of expiries).
+FEW_CHANGES = 8
 
 
 class View:
@@ -614,21 +617,32 @@ def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
     if gone:
         view = _without(view, gone)
         topology = view._topology
-    nodes = list(view.nodes)
     old: dict[int, Node] = {}
     new: dict[int, Node] = {}
+    added: list[Node] = []
     for name, node in changes.items():
         if node is None:
             continue
         positions = topology.by_name.get(name)
         if positions is None:
-            new[len(nodes)] = node
-            nodes.append(node)
+            new[view.size + len(added)] = node
+            added.append(node)
             continue
         for i in positions:
-            old[i], new[i] = nodes[i], node
+            old[i], new[i] = view.node(i), node
+    if not new:
+        return view  # only nodes it never had were removed
+    if not added and len(new) <= FEW_CHANGES:
+        # A watch event or a few remembered choices: a chunk copied per node, not every node.
+        result = view
+        for i, node in new.items():
+            result = result.with_node(i, node)
+    else:
+        nodes = list(view.nodes)
+        nodes.extend(added)
+        for i, node in new.items():
             nodes[i] = node
-    result = View(nodes=tuple(nodes))
+        result = View(nodes=tuple(nodes))
     moved = [i for i in new if i not in old or not same_scheduling(old[i], new[i])]
     result.__dict__["_topology"] = topology.derive(result.nodes, moved) if moved else topology
     if "_usage" in view.__dict__:  # only keep an index someone has paid for
