@@ -200,7 +200,7 @@ def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy,
         extra["warnings"] = warnings
     outcome = ALLOWED
     if not audit and decision.obj is not None and isinstance(obj, dict):
-        patch = patches.make(obj, decision.obj)
+        patch = decision.patch if decision.patch is not None else patches.make(obj, decision.obj)
         if patch:
             extra["patchType"] = "JSONPatch"
             extra["patch"] = encode_patch(patch)

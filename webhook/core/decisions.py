@@ -38,6 +38,9 @@ class Decision:
     card: int | None = None
     node: str | None = None  # the node whose card placement chose, when one fitted
     shares: int = 0
+    # The JSONPatch from the object to ``obj``, when the rewrite recorded it (a Pod created in
+    # enforce mode); None when whoever needs one must compare the two (admission's patch walk).
+    patch: list[dict] | None = None
 
     @property
     def warnings(self) -> list[str]:
@@ -333,7 +336,9 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         card, node = choice.card, choice.node
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)
-    new = rewrite.pod(obj, asks, card, shares, policy, node=node)
+    ops = rewrite.Ops()
+    new = rewrite.pod(obj, asks, card, shares, policy, node=node, ops=ops)
+    patch = ops.items
     if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):  # else strip_env has nothing to remove
-        new = isolation.strip_env(new, asks)
-    return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares)
+        new, patch = isolation.strip_env(new, asks), None
+    return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares, patch=patch)
