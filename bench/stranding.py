@@ -21,7 +21,7 @@ room for it. This simulation measures how many, with the real placement and re-p
   pods sampled over time; with re-placement, ``core.replacement.plan`` runs every ``interval``
   seconds and its moves are evicted and recreated (their owner makes a new pod at once).
 
-Run: python bench/stranding.py [--seed N] [--quick] [--long] [--sweep]
+Run: python bench/stranding.py [--seed N] [--quick] [--long] [--sweep] [--why]
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ class Pod:
     chooser: int = 0
     seen_at: int = 0  # position in the change log of its creation (when views learn of it)
     forgotten: bool = False  # dropped out of the views while unbound (the old 30 s memory)
+    fitted: bool = False  # its chooser's view showed room for it (else it waits on a drawn index)
+    recreated: bool = False  # made again after a re-placement evicted the pod before it
 
 
 class Chooser:
@@ -99,7 +101,7 @@ class Chooser:
         choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack", rng)
         if not choice.fits and not sim.spread_waiting:  # as before: wait on the most free card's index
             choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack")
-        pod.card = choice.card
+        pod.card, pod.fitted = choice.card, choice.fits
         pod.preferred = sim.position[choice.node] if choice.node is not None else None
         pod.chooser = self.number
         sim.log_created(pod)
@@ -138,8 +140,8 @@ class Sim:
         pod.seen_at = len(self.log)
         self.log.append((pod.preferred, pod.card, pod.shares))
 
-    def create(self, shares: int, now: float = 0.0) -> Pod:
-        pod = Pod(self.created, shares, created=now)
+    def create(self, shares: int, now: float = 0.0, recreated: bool = False) -> Pod:
+        pod = Pod(self.created, shares, created=now, recreated=recreated)
         self.created += 1
         self.choosers[pod.number % len(self.choosers)].choose(pod)
         self.pending[pod.number] = pod
@@ -191,19 +193,43 @@ class Sim:
         if pod.preferred is not None and not pod.forgotten:
             self.log.append((pod.preferred, pod.card, -pod.shares))
 
-    def stranded(self, now: float = 0.0, older_than: float | None = None) -> int:
+    def stranded(self, now: float = 0.0, older_than: float | None = None, claimed: bool = False,
+                 counted: list[tuple[Pod, float]] | None = None) -> int:
         """Waiting pods whose card has no room anywhere that the free cards could take together
-        (of those waiting longer than ``older_than`` seconds at ``now``)."""
-        best = [max(CAPACITY - self.used[i][k] for i in range(self.nodes)) for k in range(self.cards)]
-        free = sorted(CAPACITY - self.used[i][k] for i in range(self.nodes) for k in range(self.cards))
+        (of those waiting longer than ``older_than`` seconds at ``now``).
+
+        ``claimed``: the free cards' room that waiting pods whose own card has room will take is
+        set aside first, as ``replacement.plan`` sets it aside (on the preferred node when the
+        scheduler honours it and it fits there, else on the tightest card k with room). Right
+        after a re-placement pass those are the recreated pods, bound in the next second.
+        ``counted``: each pod counted is appended with its age at ``now``.
+        """
+        used, placed = self.used, set()
+        if claimed:
+            used = [row[:] for row in used]
+            for pod in self.pending.values():
+                k, s = pod.card, pod.shares
+                if self.honour and pod.preferred is not None and used[pod.preferred][k] + s <= CAPACITY:
+                    used[pod.preferred][k] += s
+                    placed.add(pod.number)
+                    continue
+                room = [i for i in range(self.nodes) if used[i][k] + s <= CAPACITY]
+                if room:
+                    used[max(room, key=lambda i: used[i][k])][k] += s
+                    placed.add(pod.number)
+        best = [max(CAPACITY - used[i][k] for i in range(self.nodes)) for k in range(self.cards)]
+        free = sorted(CAPACITY - used[i][k] for i in range(self.nodes) for k in range(self.cards))
         count = 0
         for pod in self.pending.values():
-            if pod.shares <= best[pod.card] or (older_than is not None and now - pod.created <= older_than):
+            if (pod.shares <= best[pod.card] or pod.number in placed
+                    or (older_than is not None and now - pod.created <= older_than)):
                 continue  # its own card has room: the scheduler will place it
             for j, room in enumerate(free):
                 if room >= pod.shares:
                     free[j] -= pod.shares
                     count += 1
+                    if counted is not None:
+                        counted.append((pod, now - pod.created))
                     break
         return count
 
@@ -220,7 +246,7 @@ class Sim:
             pod = self.pending[int(move.pod.uid)]
             self.delete_pending(pod)
             self.evicted += 1
-            self.create(pod.shares, now)
+            self.create(pod.shares, now, recreated=True)
         return len(plan.moves)
 
 
@@ -299,6 +325,7 @@ class Churn:
     pending_mean: float
     started: int
     evicted: int
+    stranded_claimed_mean: float = 0.0  # the same, with the room waiting pods will take set aside (--why only)
 
 
 def churn(seed: int, choosers: int, lag: int, randomized: bool, replace: bool, hours: float = 2.0,
@@ -306,11 +333,13 @@ def churn(seed: int, choosers: int, lag: int, randomized: bool, replace: bool, h
           pending_seconds: float = settings.Replacement().pending_seconds,
           interval: float = settings.Replacement().interval,
           warmup: float = 3600.0, forget_after: float | None = None, honour: bool = True,
-          spread_waiting: bool = True) -> Churn:
+          spread_waiting: bool = True, counted: list[tuple[Pod, float]] | None = None, phase: int = 0) -> Churn:
     """Pods arrive (Poisson) and run for an exponential lifetime, at ``load`` of the capacity on average.
 
     ``honour``: the scheduler binds a pod on its preferred node when card k has room there, as
     kube-scheduler's default scoring does (below); else on any node whose card k has room.
+    ``phase``: the samples are taken when the second modulo 10 is this (0: right after a pass at
+    the default 5 s interval; 3: 3 s after one, 2 s before the next).
     """
     rng = random.Random(seed)
     nodes, cards = 100, 8
@@ -318,7 +347,7 @@ def churn(seed: int, choosers: int, lag: int, randomized: bool, replace: bool, h
               spread_waiting)
     rate = load * nodes * cards * CAPACITY / (MEAN_SIZE * lifetime)  # arrivals per second
     end = warmup + hours * 3600
-    samples, old, pendings = [], [], []
+    samples, old, pendings, claimed = [], [], [], []
     started, evicted_before = 0, 0
     now, next_arrival, next_pass = 0.0, rng.expovariate(rate), interval
     ends: list[tuple[float, int]] = []
@@ -342,12 +371,14 @@ def churn(seed: int, choosers: int, lag: int, randomized: bool, replace: bool, h
             sim.replace(now, pending_seconds)
         if now == warmup:
             evicted_before = sim.evicted
-        if now > warmup and int(now) % 10 == 0:
-            samples.append(sim.stranded())
+        if now > warmup and int(now) % 10 == phase:
+            samples.append(sim.stranded(now, counted=counted))
             old.append(sim.stranded(now, OLD))
+            if counted is not None:  # the breakdown (--why) only
+                claimed.append(sim.stranded(claimed=True))
             pendings.append(len(sim.pending))
     return Churn(statistics.mean(samples), max(samples), statistics.mean(old), statistics.mean(pendings), started,
-                 sim.evicted - evicted_before)
+                 sim.evicted - evicted_before, statistics.mean(claimed) if claimed else 0.0)
 
 
 def report(seed: int, bursts: int, churns: int, hours: float) -> dict:
@@ -417,6 +448,36 @@ def report(seed: int, bursts: int, churns: int, hours: float) -> dict:
     return out
 
 
+def why(seed: int, churns: int, hours: float) -> None:
+    """Which pods the churn figure with the defaults counts as stranded: size, origin, age, and
+    whether the free room they were counted against was already claimed by a waiting pod; and the
+    same figures sampled between two passes instead of right after one."""
+    print(f"churn at 95 % load, 1 chooser, views 20 changes behind, {churns} run(s) of {hours:g} h after 1 h "
+          f"warm-up; re-placement with the defaults; the pods counted as stranded at the samples")
+    for honour, scheduler in ((False, "any node whose card k has room"), (True, "the preferred node when it has room")):
+        counted: list[tuple[Pod, float]] = []
+        runs = [churn(seed + i, 1, 20, True, True, hours=hours, honour=honour, counted=counted)
+                for i in range(churns)]
+        total = max(1, len(counted))
+        print(f"\nscheduler: {scheduler}: stranded mean {statistics.mean(r.stranded_mean for r in runs):.2f}, "
+              f"with claimed room set aside {statistics.mean(r.stranded_claimed_mean for r in runs):.2f}")
+        sizes = collections.Counter(pod.shares for pod, _age in counted)
+        print("  by shares asked: " + ", ".join(f"{s}: {n / total:.0%}" for s, n in sorted(sizes.items())))
+        origin = collections.Counter((pod.recreated, pod.fitted) for pod, _age in counted)
+        for (recreated, fitted), n in sorted(origin.items()):
+            how = "chosen where its view showed room" if fitted else "fitting nowhere in its view"
+            print(f"  {'recreated after an eviction' if recreated else 'created by its owner':28} {how:34} "
+                  f"{n / total:.0%}")
+        ages = sorted(age for _pod, age in counted) or [0.0]
+        print("  waiting for (s), quantiles 0.25 / 0.5 / 0.75 / 0.9: "
+              + " / ".join(f"{ages[int(q * (len(ages) - 1))]:.0f}" for q in (0.25, 0.5, 0.75, 0.9)))
+        between = [churn(seed + i, 1, 20, True, True, hours=hours, honour=honour, counted=[], phase=3)
+                   for i in range(churns)]
+        print(f"  sampled 3 s after a pass instead: stranded mean "
+              f"{statistics.mean(r.stranded_mean for r in between):.2f}, with claimed room set aside "
+              f"{statistics.mean(r.stranded_claimed_mean for r in between):.2f}")
+
+
 SWEEP = ((60, 15), (30, 10), (10, 5), (0, 10), (0, 5), (0, 2))
 
 
@@ -445,8 +506,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="10 bursts a row, 8 churn runs of 3 h (default: 4 bursts, 3 runs of 1 h)")
     parser.add_argument("--sweep", action="store_true",
                         help="also churn with re-placement for several pendingSeconds / interval pairs")
+    parser.add_argument("--why", action="store_true",
+                        help="only which pods the churn figure with the defaults counts as stranded")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    if args.why:
+        why(args.seed, churns=8 if args.long else 3, hours=3.0 if args.long else 1.0)
+        print(f"\nstranding breakdown finished in {time.perf_counter() - started:.0f} s")
+        return 0
     if args.sweep:
         sweep(args.seed, churns=8 if args.long else 3, hours=3.0 if args.long else 1.0)
         print(f"\nstranding sweep finished in {time.perf_counter() - started:.0f} s")
