@@ -206,13 +206,10 @@ def test_the_recorded_patch_for_the_usual_pod():
     assert decision.patch == [
         {"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {
             "preferredDuringSchedulingIgnoredDuringExecution": [placement.preferred_affinity_term(decision.node)]}}},
-        {"op": "remove", "path": "/spec/containers/0/resources/limits/nvidia.com~1gpu"},
-        {"op": "add", "path": "/spec/containers/0/resources/limits/gpushard.io~1gpu", "value": "25"},
-        {"op": "add", "path": f"/spec/containers/0/resources/limits/gpushard.io~1card-{decision.card}", "value": "25"},
-        {"op": "remove", "path": "/spec/containers/0/resources/requests/nvidia.com~1gpu"},
-        {"op": "add", "path": "/spec/containers/0/resources/requests/gpushard.io~1gpu", "value": "25"},
-        {"op": "add", "path": f"/spec/containers/0/resources/requests/gpushard.io~1card-{decision.card}",
-         "value": "25"},
+        {"op": "add", "path": "/spec/containers/0/resources/limits",
+         "value": {"gpushard.io/gpu": "25", f"gpushard.io/card-{decision.card}": "25"}},
+        {"op": "add", "path": "/spec/containers/0/resources/requests",
+         "value": {"gpushard.io/gpu": "25", f"gpushard.io/card-{decision.card}": "25"}},
         {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "NVIDIA_VISIBLE_DEVICES",
                                                                    "value": str(decision.card)}},
         {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "GPUSHARD_FRACTION", "value": "0.25"}},
@@ -220,3 +217,14 @@ def test_the_recorded_patch_for_the_usual_pod():
                                                                  "gpushard.io/shares": "25"}},
         {"op": "add", "path": "/metadata/labels/gpushard.io~1shared", "value": "true"},
     ]
+
+
+def test_a_dropped_resource_alone_is_recorded():
+    ops = rewrite.Ops()
+    limits = {"gpushard.io/gpu": "5", "gpushard.io/card-1": "5", "nvidia.com/gpu": "1", "cpu": "1"}
+    container = {"name": "c", "resources": {"limits": dict(limits), "requests": {"cpu": "1"}}}
+    pod = {"spec": {"containers": [copy.deepcopy(container)]}}
+    rewrite._set_resources(container, POLICIES[0], {"gpushard.io/gpu": "5", "gpushard.io/card-1": "5"}, ops,
+                           "/spec/containers/0")
+    assert jsonpatch.apply_patch(pod, ops.items)["spec"]["containers"][0] == container
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]

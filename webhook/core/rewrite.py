@@ -138,16 +138,11 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str], ops:
         resources[part] = current
         if ops is None or whole:
             continue
-        where = f"{at}/resources/{part}"
-        if not isinstance(was, dict):
-            ops.add(where, current)
-            continue
-        for key in dropped:
-            if key not in wanted:
-                ops.remove(f"{where}/{_token(key)}")
-        for key, value in wanted.items():
-            if not _same_text(was.get(key), value):
-                ops.add(f"{where}/{_token(key)}", value)
+        # The whole mapping, when anything in it changed: one operation instead of one per name,
+        # and limits and requests hold a handful of names.
+        if not isinstance(was, dict) or any(key not in wanted for key in dropped) or any(
+                not _same_text(was.get(key), value) for key, value in wanted.items()):
+            ops.add(f"{at}/resources/{part}", current)
     if ops is not None and whole:
         ops.add(f"{at}/resources", resources)
 
