@@ -157,16 +157,17 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
     shares_q, shares_text = one_value(res.shares)
     prefix = res.card_prefix
     # Only names with the card prefix can be a card or a bad card; sorting just those keeps the
-    # order of the findings, since every one of them is text.
-    card_keys = sorted({key for key in limits if isinstance(key, str) and key.startswith(prefix)}
-                       | {key for key in requests if isinstance(key, str) and key.startswith(prefix)})
+    # order of the findings, since every one of them is text. Most asks name no card at all.
+    card_keys = [key for part in (limits, requests) for key in part if type(key) is str and key.startswith(prefix)]
+    if len(card_keys) > 1:
+        card_keys = sorted(set(card_keys))
     for key in card_keys:
         if res.card_index(key) is None:
             deny(f.BAD_CARD, f"names {_text(key)!r}, which is no card resource (cards are "
                  f"{res.card_prefix}0, {res.card_prefix}1, ...)")
     if ask.findings:  # only denials so far
         return ask
-    pins = sorted(i for i in map(res.card_index, card_keys) if i is not None)
+    pins = sorted(i for i in map(res.card_index, card_keys) if i is not None) if card_keys else []
     pin_values = {}
     for k in pins:
         value, text = one_value(res.card(k))
