@@ -128,20 +128,18 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str], ops:
     for part in ("limits", "requests"):
         was = resources.get(part)
         current = dict(was) if isinstance(was, dict) else {}
-        dropped = []
         for key in list(current):
             if key in (res.fraction, res.shares) or (
                     isinstance(key, str) and key.startswith(res.card_prefix) and res.card_index(key) is not None):
                 del current[key]
-                dropped.append(key)
         current.update(wanted)
         resources[part] = current
         if ops is None or whole:
             continue
         # The whole mapping, when anything in it changed: one operation instead of one per name,
-        # and limits and requests hold a handful of names.
-        if not isinstance(was, dict) or any(key not in wanted for key in dropped) or any(
-                not _same_text(was.get(key), value) for key, value in wanted.items()):
+        # and limits and requests hold a handful of names. Python's == is JSON's here: the values
+        # that can differ are gpushard's text, and "25" equals neither 25 nor True.
+        if not isinstance(was, dict) or current != was:
             ops.add(f"{at}/resources/{part}", current)
     if ops is not None and whole:
         ops.add(f"{at}/resources", resources)
