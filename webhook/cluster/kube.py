@@ -77,7 +77,7 @@ class _Pod:
     preferred: str | None  # the node gpushard's preferred affinity term names, if any
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     """A choice counted on its node until a pod accounts for it or it expires."""
 
