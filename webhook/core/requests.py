@@ -244,6 +244,8 @@ def effective_shares(asks: list[ContainerAsk]) -> int:
     containers run alongside every sidecar. The pod needs the largest of those moments.
     """
     held = [a for a in asks if a.holds_share]
+    if all(a.group == APP for a in held):  # the usual pod: its app containers run side by side
+        return sum(a.shares for a in held)
     sidecars_so_far = 0
     peak_init = 0
     for a in (a for a in held if a.list_key == "initContainers"):
