@@ -21,7 +21,7 @@ room for it. This simulation measures how many, with the real placement and re-p
   pods sampled over time; with re-placement, ``core.replacement.plan`` runs every ``interval``
   seconds and its moves are evicted and recreated (their owner makes a new pod at once).
 
-Run: python bench/stranding.py [--seed N] [--quick] [--long] [--sweep] [--why]
+Run: python bench/stranding.py [--seed N] [--quick] [--long] [--sweep] [--why] [--required]
 """
 
 from __future__ import annotations
@@ -112,6 +112,8 @@ class Chooser:
 
 
 class Sim:
+    chooser_class = Chooser
+
     def __init__(self, used: list[list[int]], choosers: int, lag: int, randomized: bool, honour: bool, seed: int,
                  forget_after: float | None = None, spread_waiting: bool = True):
         self.nodes, self.cards = len(used), len(used[0])
@@ -125,7 +127,7 @@ class Sim:
         self.unbound: collections.deque = collections.deque()  # (created, pod), for forgetting
         self.rng = random.Random(seed + 1)
         self.log: list[tuple[int | None, int, int]] = []  # (node, card, delta) of what views count
-        self.choosers = [Chooser(self, c) for c in range(choosers)]
+        self.choosers = [self.chooser_class(self, c) for c in range(choosers)]
         self.pending: dict[int, Pod] = {}  # number -> pod, oldest first
         self.running: dict[int, Pod] = {}
         self.created = 0
@@ -266,7 +268,7 @@ def start_cluster(rng: random.Random, nodes: int = 100, cards: int = 8, low: flo
 
 
 def burst(seed: int, choosers: int, lag: int, randomized: bool, honour: bool = False, delay: float = 0.0,
-          forget_after: float | None = None, rate: float = 5.0) -> tuple[int, int]:
+          forget_after: float | None = None, rate: float = 5.0, sim_class: type[Sim] = Sim) -> tuple[int, int]:
     """(pods in the burst, stranded pods at its end).
 
     Pods are created ``rate`` a second; the scheduler binds each ``delay`` seconds after its creation
@@ -275,7 +277,7 @@ def burst(seed: int, choosers: int, lag: int, randomized: bool, honour: bool = F
     rng = random.Random(seed)
     used = start_cluster(rng)
     count = rng.randint(330, 500)
-    sim = Sim(used, choosers, lag, randomized, honour, seed, forget_after)
+    sim = sim_class(used, choosers, lag, randomized, honour, seed, forget_after)
     due: collections.deque = collections.deque()
     for n in range(count):
         now = n / rate
@@ -333,7 +335,8 @@ def churn(seed: int, choosers: int, lag: int, randomized: bool, replace: bool, h
           pending_seconds: float = settings.Replacement().pending_seconds,
           interval: float = settings.Replacement().interval,
           warmup: float = 3600.0, forget_after: float | None = None, honour: bool = True,
-          spread_waiting: bool = True, counted: list[tuple[Pod, float]] | None = None, phase: int = 0) -> Churn:
+          spread_waiting: bool = True, counted: list[tuple[Pod, float]] | None = None, phase: int = 0,
+          sim_class: type[Sim] = Sim) -> Churn:
     """Pods arrive (Poisson) and run for an exponential lifetime, at ``load`` of the capacity on average.
 
     ``honour``: the scheduler binds a pod on its preferred node when card k has room there, as
@@ -343,7 +346,7 @@ def churn(seed: int, choosers: int, lag: int, randomized: bool, replace: bool, h
     """
     rng = random.Random(seed)
     nodes, cards = 100, 8
-    sim = Sim([[0] * cards for _ in range(nodes)], choosers, lag, randomized, honour, seed, forget_after,
+    sim = sim_class([[0] * cards for _ in range(nodes)], choosers, lag, randomized, honour, seed, forget_after,
               spread_waiting)
     rate = load * nodes * cards * CAPACITY / (MEAN_SIZE * lifetime)  # arrivals per second
     end = warmup + hours * 3600
@@ -498,6 +501,141 @@ def sweep(seed: int, churns: int, hours: float) -> None:
                   f"{statistics.mean(r.pending_mean for r in runs):>8.1f} {evicted / max(1, started_pods):>16.3f}")
 
 
+# --- required instead of preferred: what a scheduler could not ignore -------------------------------
+
+
+class RequiredChooser(Chooser):
+    """A chooser that also names the nodes a pod must run on: the chosen node alone (``NODE``), or it
+    and up to ``SET_SIZE`` nodes whose card k fits within CHOICE_SLACK shares of it (``SET``)."""
+
+    def choose(self, pod: Pod) -> None:
+        super().choose(pod)
+        pod.allowed = None
+        if pod.preferred is None:
+            return  # fits nowhere in its view: no node to require, it waits on its index
+        if self.sim.required == NODE:
+            pod.allowed = {pod.preferred}
+            return
+        k, s = pod.card, pod.shares
+        chosen_free = CAPACITY - self.used[pod.preferred][k] + s  # before this pod was counted there
+        fits = [i for i in range(self.sim.nodes) if s <= CAPACITY - self.used[i][k] <= chosen_free
+                + placement.CHOICE_SLACK]
+        random.Random(f"{self.sim.seed}-set-{pod.number}").shuffle(fits)
+        pod.allowed = {*fits[:SET_SIZE], pod.preferred}
+
+
+NODE, SET = "node", "set"
+SET_SIZE = 16
+
+
+class RequiredSim(Sim):
+    """The scheduler binds a pod only on the nodes its chooser required (any of them with room on k,
+    the chosen one first when ``honour``); re-placement counts a pod as stranded when none of them has
+    room on k, and moves it to the tightest card anywhere that fits (its recreated pod is chosen afresh)."""
+
+    chooser_class = RequiredChooser
+    required = NODE
+
+    def _allowed(self, pod: Pod) -> list[int]:
+        allowed = getattr(pod, "allowed", None)
+        return sorted(allowed) if allowed is not None else list(range(self.nodes))
+
+    def try_bind(self, pod: Pod) -> bool:
+        if getattr(pod, "allowed", None) is None:
+            return super().try_bind(pod)
+        k, s, used = pod.card, pod.shares, self.used
+        if self.honour and used[pod.preferred][k] + s <= CAPACITY:
+            i = pod.preferred
+        else:
+            room = [i for i in self._allowed(pod) if used[i][k] + s <= CAPACITY]
+            if not room:
+                return False
+            i = self.rng.choice(room)
+        used[i][k] += s
+        pod.node = i
+        self.log.append((i, k, s))
+        if not pod.forgotten:
+            self.log.append((pod.preferred, k, -s))
+        del self.pending[pod.number]
+        self.running[pod.number] = pod
+        self.just_bound.append(pod)
+        return True
+
+    def schedule(self) -> None:
+        for pod in list(self.pending.values()):
+            self.try_bind(pod)
+
+    def stranded(self, now: float = 0.0, older_than: float | None = None, claimed: bool = False,
+                 counted: list[tuple[Pod, float]] | None = None) -> int:
+        used = self.used
+        free = sorted(CAPACITY - used[i][k] for i in range(self.nodes) for k in range(self.cards))
+        count = 0
+        for pod in self.pending.values():
+            if any(used[i][pod.card] + pod.shares <= CAPACITY for i in self._allowed(pod)) or (
+                    older_than is not None and now - pod.created <= older_than):
+                continue
+            for j, room in enumerate(free):
+                if room >= pod.shares:
+                    free[j] -= pod.shares
+                    count += 1
+                    break
+        return count
+
+    def replace(self, now: float, pending_seconds: float) -> int:
+        used = [row[:] for row in self.used]
+        stranded = []
+        for pod in sorted(self.pending.values(), key=lambda p: p.created):
+            fits = [i for i in self._allowed(pod) if used[i][pod.card] + pod.shares <= CAPACITY]
+            if fits:  # the scheduler will bind it: its room is set aside, the tightest first
+                used[max(fits, key=lambda i: used[i][pod.card])][pod.card] += pod.shares
+            else:
+                stranded.append(pod)
+        moves = []
+        for pod in stranded:
+            if now - pod.created < pending_seconds:
+                continue
+            spots = [(CAPACITY - used[i][k], i, k) for i in range(self.nodes) for k in range(self.cards)
+                     if used[i][k] + pod.shares <= CAPACITY]
+            if spots:
+                _free, i, k = min(spots)
+                used[i][k] += pod.shares
+                moves.append(pod)
+        for pod in moves:
+            self.delete_pending(pod)
+            self.evicted += 1
+            self.create(pod.shares, now, recreated=True)
+        return len(moves)
+
+
+class RequiredSetSim(RequiredSim):
+    required = SET
+
+
+def required(seed: int, bursts: int, churns: int, hours: float) -> None:
+    """Churn (re-placement with the defaults) and bursts with a required node or set, against today's preferred term."""
+    defaults = settings.Replacement()
+    print(f"required instead of preferred: churn at 95 % load, {churns} run(s) of {hours:g} h, re-placement "
+          f"{defaults.pending_seconds} s / {defaults.interval} s; bursts of 330-500 pods, {bursts} per row")
+    print(f"{'form':46} {'churn stranded':>14} {'evicted/started':>16}  "
+          "bursts worst (at once; after 31 s; 1/2/4 choosers)")
+    forms = (("preferred, any-node scheduler", Sim, False), ("preferred, kube-scheduler's placement", Sim, True),
+             ("required node", RequiredSim, True), ("required set, any-node scheduler", RequiredSetSim, False))
+    for label, sim_class, honour in forms:
+        runs = [churn(seed + i, 1, 20, True, True, hours=hours, honour=honour, sim_class=sim_class)
+                for i in range(churns)]
+        worst = []
+        for delay in (0, 31):
+            rows = []
+            for c in (1, 2, 4):
+                outcomes = [burst(seed + i, c, 20, True, honour=honour, delay=delay, sim_class=sim_class)
+                            for i in range(bursts)]
+                rows.append(f"{max(s / n for n, s in outcomes):.1%}")
+            worst.append(" / ".join(rows))
+        evicted, started_pods = sum(r.evicted for r in runs), sum(r.started for r in runs)
+        print(f"{label:46} {statistics.mean(r.stranded_mean for r in runs):>14.2f} "
+              f"{evicted / max(1, started_pods):>16.3f}  {worst[0]}; {worst[1]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=20261129)
@@ -506,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="10 bursts a row, 8 churn runs of 3 h (default: 4 bursts, 3 runs of 1 h)")
     parser.add_argument("--sweep", action="store_true",
                         help="also churn with re-placement for several pendingSeconds / interval pairs")
+    parser.add_argument("--required", action="store_true",
+                        help="only churn and bursts with a required node or node set instead of the preferred term")
     parser.add_argument("--why", action="store_true",
                         help="only which pods the churn figure with the defaults counts as stranded")
     args = parser.parse_args(argv)
@@ -513,6 +653,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.why:
         why(args.seed, churns=8 if args.long else 3, hours=3.0 if args.long else 1.0)
         print(f"\nstranding breakdown finished in {time.perf_counter() - started:.0f} s")
+        return 0
+    if args.required:
+        required(args.seed, bursts=10 if args.long else 2, churns=3 if args.long else 1,
+                 hours=3.0 if args.long else 1.0)
+        print(f"\nrequired comparison finished in {time.perf_counter() - started:.0f} s")
         return 0
     if args.sweep:
         sweep(args.seed, churns=8 if args.long else 3, hours=3.0 if args.long else 1.0)
