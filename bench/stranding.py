@@ -297,6 +297,27 @@ def burst(seed: int, choosers: int, lag: int, randomized: bool, honour: bool = F
     return count, sim.stranded()
 
 
+def burst_replaced(seed: int, choosers: int, lag: int, honour: bool, sim_class: type[Sim] = Sim,
+                   interval: float = settings.Replacement().interval, settle: float = 60.0,
+                   rate: float = 5.0) -> tuple[int, int, int]:
+    """(pods in the burst, stranded pods at its end, evictions): a burst whose pods bind at once, with a
+    re-placement pass every ``interval`` seconds during it and for ``settle`` seconds after its last pod."""
+    rng = random.Random(seed)
+    used = start_cluster(rng)
+    count = rng.randint(330, 500)
+    sim = sim_class(used, choosers, lag, True, honour, seed)
+    next_pass = interval
+    for n in range(count + int(settle * rate)):
+        now = n / rate
+        if n < count:
+            sim.try_bind(sim.create(draw(rng), now))
+        if now >= next_pass:
+            next_pass += interval
+            sim.replace(now, 0.0)
+            sim.schedule()
+    return count, sim.stranded(), sim.evicted
+
+
 def burst_bound(seed: int) -> tuple[int, int]:
     """The scheduler choosing the card itself (first fit at scheduling time): stranded by definition only
     when nothing fits, so what the free cards could take at the end is the bound."""
@@ -631,9 +652,15 @@ def required(seed: int, bursts: int, churns: int, hours: float) -> None:
                             for i in range(bursts)]
                 rows.append(f"{max(s / n for n, s in outcomes):.1%}")
             worst.append(" / ".join(rows))
+        replaced = [[burst_replaced(seed + i, c, 20, honour, sim_class) for i in range(bursts)] for c in (1, 2, 4)]
+        with_passes = " / ".join(f"{max(s / n for n, s, _e in rows):.1%}" for rows in replaced)
+        evictions = " / ".join(f"{sum(e for _n, _s, e in rows) / sum(n for n, _s, _e in rows):.3f}"
+                               for rows in replaced)
         evicted, started_pods = sum(r.evicted for r in runs), sum(r.started for r in runs)
         print(f"{label:46} {statistics.mean(r.stranded_mean for r in runs):>14.2f} "
               f"{evicted / max(1, started_pods):>16.3f}  {worst[0]}; {worst[1]}")
+        print(f"{'':46} {'':>14} {'':>16}  with passes every {defaults.interval} s: worst {with_passes}, "
+              f"evictions per pod {evictions}")
 
 
 def main(argv: list[str] | None = None) -> int:
