@@ -142,8 +142,8 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         raise SettingsError("resources: fraction, shares and cardPrefix must name different resources")
 
     pol = _mapping("policy", data.get("policy"))
-    _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "hideUnrequestedGpus", "exempt",
-                                 "runtimeClassName"})
+    _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "nodeAffinity", "hideUnrequestedGpus",
+                                 "exempt", "runtimeClassName"})
     hide = pol.get("hideUnrequestedGpus", True)
     if not isinstance(hide, bool):
         raise SettingsError(f"policy.hideUnrequestedGpus: must be true or false, got {hide!r}")
@@ -157,6 +157,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         whole_cards=_choice("policy.wholeCards", pol.get("wholeCards", "share"), policy_mod.WHOLE_CARDS),
         multi_card=_choice("policy.multiCard", pol.get("multiCard", "deny"), policy_mod.MULTI_CARD),
         placement=_choice("policy.placement", pol.get("placement", "binpack"), policy_mod.PLACEMENTS),
+        node_affinity=_choice("policy.nodeAffinity", pol.get("nodeAffinity", "preferred"), policy_mod.NODE_AFFINITIES),
         hide_unrequested_gpus=hide,
         exempt=_exempt(pol.get("exempt")),
         device_list_strategy=_device_list_strategy(data.get("deviceListStrategy")),

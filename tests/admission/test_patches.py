@@ -16,6 +16,7 @@ import copy
 import json
 
 import jsonpatch
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -90,7 +91,7 @@ CLUSTER = placement.View(nodes=(
 POLICIES = [settings_mod.from_mapping(c).policy for c in (
     {}, {"policy": {"wholeCards": "passthrough", "multiCard": "passthrough", "runtimeClassName": "nvidia"}},
     {"sharesPerCard": 10, "policy": {"hideUnrequestedGpus": False}},
-    {"isolation": "memory"})]
+    {"isolation": "memory"}, {"policy": {"nodeAffinity": "required"}})]
 TEXT = st.sampled_from(["0", "1", "25", "true", "x"])
 MAPPINGS = st.none() | st.integers(0, 2) | st.dictionaries(
     st.sampled_from([names.CARD_ANNOTATION, names.SHARES_ANNOTATION, names.SHARED_LABEL, "app", "a/b~c"]),
@@ -174,7 +175,7 @@ def test_the_recorded_patch_is_the_walk_s(pod, which, with_view):
     decision = decisions.decide(decisions.Request(pod, "Pod", seed="uid-1", namespace="ml"), POLICIES[which],
                                 CLUSTER if with_view else None)
     if decision.patch is None:
-        assert not decision.allowed or which == 3  # only isolation's env removal walks
+        assert not decision.allowed or POLICIES[which].isolation != "none"  # only isolation's env removal walks
         return
     walk = patches.make(pod, decision.obj)
     for patch in (decision.patch, walk):
@@ -228,3 +229,25 @@ def test_a_dropped_resource_alone_is_recorded():
                            "/spec/containers/0")
     assert jsonpatch.apply_patch(pod, ops.items)["spec"]["containers"][0] == container
     assert "nvidia.com/gpu" not in container["resources"]["limits"]
+
+
+@pytest.mark.parametrize("affinity", [
+    None, {"podAffinity": {}}, {"nodeAffinity": {}},
+    {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]}]}}},
+    {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [],
+                      "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                          {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["x"]}]}]}}},
+])
+def test_the_recorded_patch_with_a_required_node(affinity):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "0.25"}}}]}}
+    if affinity is not None:
+        pod["spec"]["affinity"] = affinity
+    decision = decisions.decide(decisions.Request(pod, "Pod", seed="u"), POLICIES[4], CLUSTER)
+    assert decision.node is not None and decision.patch
+    result = jsonpatch.apply_patch(copy.deepcopy(pod), decision.patch)
+    assert result == decision.obj
+    terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert all(placement.required_node_expression(decision.node) in t["matchFields"] for t in terms)

@@ -7,7 +7,10 @@
 - owners: bare pods and unknown kinds are reported, never moved; owners still to look up are
   named (unjudged) and nothing is moved for them until they are judged;
 - a Job's podFailurePolicy: the first rule matching DisruptionTarget decides;
-- a pod whose card has room once the terminating pods on it are gone waits, at any age.
+- a pod whose card has room once the terminating pods on it are gone waits, at any age;
+- a pod required on its node (policy.nodeAffinity: required) is stranded when that node's card is
+  full, even where the card has room elsewhere, and moved where its remade pod may go; the
+  required expression gpushard wrote is taken out of the ask, the author's terms kept.
 """
 
 from webhook.core import placement as pl
@@ -114,3 +117,25 @@ def test_a_pod_whose_card_frees_once_terminating_pods_end_waits():
     assert waits.moves == [] and waits.stuck == []
     too_little = rp.plan(view, [soon], 0, {soon.uid: FOUND}, ending={("b", 0): 5, ("a", 1): 50})
     assert [m.pod.name for m in too_little.moves] == ["soon"]  # 25 free on b's card 0 then: still stranded
+
+
+def test_a_pod_required_on_its_node_is_stranded_when_that_node_is_full_and_moved_anywhere():
+    view = pl.View(nodes=(node("a", 90, 90), node("b", 0, 90)))
+    required = pl.Ask(shares=0, required_terms=({"matchFields": [pl.required_node_expression("a")]},))
+    pinned = pod("pinned", card=0, preferred="a", ask=required)
+    preferred_only = pod("preferred", card=0, preferred="a")
+    # Only preferred: card 0 has room on b, the scheduler may take it there, nothing to move.
+    assert plan(view, [preferred_only]).moves == []
+    # Required on a, whose card 0 is full: stranded, and moved where the pod made again can go (b).
+    out = plan(view, [pinned])
+    assert [(m.pod.name, m.to_node, m.to_card) for m in out.moves] == [("pinned", "b", 0)]
+
+
+def test_without_required_node_keeps_the_author_s_terms():
+    mine = pl.required_node_expression("a")
+    author = {"key": "pool", "operator": "In", "values": ["x"]}
+    ask = pl.Ask(shares=5, required_terms=({"matchExpressions": [author], "matchFields": [mine]},
+                                           {"matchFields": [mine]}))
+    assert pl.without_required_node(ask, "a").required_terms == ({"matchExpressions": [author]},)
+    assert pl.without_required_node(ask, "b") is ask
+    assert pl.without_required_node(pl.Ask(shares=5), "a").required_terms == ()

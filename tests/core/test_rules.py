@@ -8,7 +8,9 @@
 - annotations and label on GPU pods; every admitted pod is one the API server accepts;
 - a second pass over gpushard's own output changes nothing;
 - policy.runtimeClassName is set on pods that hold shares when the author set none, never on
-  others, and the author's own runtime class is kept.
+  others, and the author's own runtime class is kept;
+- policy.nodeAffinity: required leaves the scheduler the chosen node only, ANDed into each of the
+  author's required terms, which all still hold; the default leaves every node with room open.
 """
 
 import dataclasses
@@ -378,3 +380,31 @@ def test_runtime_class_of_the_author_is_kept_and_gpu_less_pods_get_none():
     passthrough = dataclasses.replace(pol, whole_cards="passthrough")
     _, whole = admitted(pm.pod(pm.container("train", "1")), passthrough)
     assert "runtimeClassName" not in whole["spec"]
+
+
+@pytest.mark.parametrize("required_terms", [
+    None,
+    [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+     {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}],
+      "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-c"]}]}],
+])
+def test_required_node_affinity_leaves_the_scheduler_the_chosen_node_only(required_terms):
+    nodes = tuple(placement.Node(name, labels={"pool": "a", "zone": "z"}, cards=(placement.Card(0, 100, used),))
+                  for name, used in (("node-a", 50), ("node-b", 60), ("node-c", 0)))
+    view = placement.View(nodes=nodes)
+    obj = pm.pod(pm.container("c", "0.25"))
+    if required_terms is not None:
+        obj["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": required_terms}}}
+    pol = dataclasses.replace(POLICY, node_affinity="required")
+    d, new = admitted(obj, pol, view)
+    ask = placement.ask_from_spec(new["spec"], 25, 0)
+    assert [n.name for n in nodes if placement.eligible(n, ask)] == [d.node]
+    assert placement.preferred_node(new["spec"]) == d.node
+    if required_terms is not None:  # each of the author's terms still holds, ANDed with the node
+        terms = new["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"]
+        assert [t["matchExpressions"] for t in terms] == [t["matchExpressions"] for t in required_terms]
+    # With the default, only preferred: every node whose card has room stays open to the scheduler.
+    d, new = admitted(obj, POLICY, view)
+    assert len([n for n in nodes if placement.eligible(n, placement.ask_from_spec(new["spec"], 25, 0))]) == 3

@@ -805,6 +805,32 @@ def preferred_affinity_term(node_name: str) -> dict:
         {"key": NODE_NAME_FIELD, "operator": "In", "values": [node_name]}]}}
 
 
+def required_node_expression(node_name: str) -> dict:
+    """The ``matchFields`` expression that requires the node placement chose (policy.nodeAffinity: required)."""
+    return {"key": NODE_NAME_FIELD, "operator": "In", "values": [node_name]}
+
+
+def without_required_node(ask: Ask, node_name: str | None) -> Ask:
+    """``ask`` without the expression ``required_node_expression(node_name)`` in its required terms, as
+    a pod made again from the same template would ask (gpushard's choice for it is made afresh)."""
+    if node_name is None or not ask.required_terms:
+        return ask
+    expression = required_node_expression(node_name)
+    terms, changed = [], False
+    for term in ask.required_terms:
+        fields = term.get("matchFields")
+        if isinstance(fields, list) and expression in fields:
+            changed = True
+            kept = [e for e in fields if e != expression]
+            term = {k: v for k, v in term.items() if k != "matchFields"} | ({"matchFields": kept} if kept else {})
+            if not term.get("matchExpressions") and not term.get("matchFields"):
+                continue  # the term gpushard made: nothing of the author's is left in it
+        terms.append(term)
+    if not changed:
+        return ask
+    return Ask(ask.shares, ask.pin, ask.node_name, ask.node_selector, tuple(terms), ask.tolerations)
+
+
 def preferred_node(spec: dict) -> str | None:
     """The node a pod spec's preferred term names, when the term is one preferred_affinity_term wrote."""
     affinity = spec.get("affinity") if isinstance(spec, dict) else None

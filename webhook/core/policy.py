@@ -9,6 +9,8 @@ from webhook.core import names
 WHOLE_CARDS = ("share", "passthrough")
 MULTI_CARD = ("deny", "passthrough")
 PLACEMENTS = ("binpack", "spread")
+# How the chosen node reaches the scheduler: a preferred term, or also a required one.
+NODE_AFFINITIES = ("preferred", "required")
 # How the card-k device plugin names its card to the container runtime (NVIDIA's plugin's words).
 ENVVAR = "envvar"
 VOLUME_MOUNTS = "volume-mounts"
@@ -61,6 +63,9 @@ class Policy:
     whole_cards: str = "share"
     multi_card: str = "deny"
     placement: str = "binpack"
+    # "required" also requires the chosen node, for schedulers that may leave it unscored
+    # (kube-scheduler's node sampling in clusters of more than 100 nodes): docs/placement.md.
+    node_affinity: str = "preferred"
     hide_unrequested_gpus: bool = True
     exempt: Exempt = field(default_factory=Exempt)
     device_list_strategy: tuple[str, ...] = DEFAULT_DEVICE_LIST_STRATEGY

@@ -188,7 +188,9 @@ def plan(view: placement.View, waiting: Iterable[Waiting], pending_seconds: floa
             continue
         if ending and _room_when_ending(view, replace(pod.ask, shares=pod.shares, pin=pod.card), ending):
             continue  # a pod on its card is about to end: the scheduler will place it there
-        choice = placement.choose(view, replace(pod.ask, shares=pod.shares, pin=None))
+        # Where the pod made again could go: gpushard requires no node of it until it chooses anew.
+        choice = placement.choose(view, replace(placement.without_required_node(pod.ask, pod.preferred),
+                                                shares=pod.shares, pin=None))
         if not choice.fits:
             out.waiting_for_room += 1
             continue

@@ -156,7 +156,7 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     new = dict(obj)
     spec = _own_spec(new)
     if node is not None and not spec.get("nodeName") and placement.preferred_node(spec) is None:
-        _prefer_node(spec, node, ops)
+        _prefer_node(spec, node, ops, required=policy.node_affinity == "required")
     res = policy.resources
     for ask in asks:
         at = f"/spec/{ask.list_key}/{ask.position}" if ops is not None else ""
@@ -207,7 +207,8 @@ def _record_keys(ops: Ops, where: str, was: object, now: dict, set_keys: dict[st
             ops.add(f"{where}/{_token(key)}", value)
 
 
-def _prefer_node(spec: dict, node: str, ops: Ops | None = None) -> None:
+def _prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool = False) -> None:
+    """Name ``node`` in a preferred term (and, with ``required``, AND it into the required terms)."""
     affinity = spec.get("affinity")
     affinity = affinity if isinstance(affinity, dict) else None
     node_aff = affinity.get("nodeAffinity") if affinity is not None else None
@@ -217,6 +218,8 @@ def _prefer_node(spec: dict, node: str, ops: Ops | None = None) -> None:
     terms = terms if isinstance(terms, list) else None
     term = placement.preferred_affinity_term(node)
     new_aff = {**(node_aff or {}), key: [*(terms or ()), term]}
+    if required:
+        new_aff[REQUIRED] = _with_required_node(new_aff.get(REQUIRED), node)
     spec["affinity"] = {**(affinity or {}), "nodeAffinity": new_aff}
     if ops is None:
         return
@@ -224,10 +227,35 @@ def _prefer_node(spec: dict, node: str, ops: Ops | None = None) -> None:
         ops.add("/spec/affinity", spec["affinity"])
     elif node_aff is None:
         ops.add("/spec/affinity/nodeAffinity", new_aff)
-    elif terms is None:
-        ops.add(f"/spec/affinity/nodeAffinity/{key}", new_aff[key])
     else:
-        ops.add(f"/spec/affinity/nodeAffinity/{key}/-", term)
+        if terms is None:
+            ops.add(f"/spec/affinity/nodeAffinity/{key}", new_aff[key])
+        else:
+            ops.add(f"/spec/affinity/nodeAffinity/{key}/-", term)
+        if required:
+            ops.add(f"/spec/affinity/nodeAffinity/{REQUIRED}", new_aff[REQUIRED])
+
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def _with_required_node(required: object, node: str) -> dict:
+    """The required node affinity with ``metadata.name In [node]`` ANDed into each of its terms.
+
+    Terms are ORed and a term's expressions ANDed, so the expression goes into every term; the node
+    satisfies at least one of them, since placement chose it among the nodes the pod may run on.
+    Without terms, one term holds the expression alone.
+    """
+    expression = placement.required_node_expression(node)
+    found = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(found, list) or not found or not all(isinstance(t, dict) for t in found):
+        kept = required if isinstance(required, dict) else {}
+        return {**kept, "nodeSelectorTerms": [{"matchFields": [expression]}]}
+    terms = []
+    for t in found:
+        fields = t.get("matchFields")
+        terms.append({**t, "matchFields": [*(fields if isinstance(fields, list) else ()), expression]})
+    return {**required, "nodeSelectorTerms": terms}
 
 
 def template(obj: dict, path: tuple[str, ...], asks: list[req.ContainerAsk], policy: Policy) -> dict:
