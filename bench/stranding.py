@@ -34,6 +34,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -159,12 +160,16 @@ class Sim:
                 pod.forgotten = True
                 self.log.append((pod.preferred, pod.card, -pod.shares))
 
+    def allowed(self, pod: Pod) -> Iterable[int]:
+        """The nodes the scheduler may bind ``pod`` on: any (RequiredSim narrows them)."""
+        return range(self.nodes)
+
     def try_bind(self, pod: Pod) -> bool:
         k, s, used = pod.card, pod.shares, self.used
         if self.honour and pod.preferred is not None and used[pod.preferred][k] + s <= CAPACITY:
             i = pod.preferred
         else:
-            room = [i for i in range(self.nodes) if used[i][k] + s <= CAPACITY]
+            room = [i for i in self.allowed(pod) if used[i][k] + s <= CAPACITY]
             if not room:
                 return False
             i = self.rng.choice(room)
@@ -557,30 +562,9 @@ class RequiredSim(Sim):
     chooser_class = RequiredChooser
     required = NODE
 
-    def _allowed(self, pod: Pod) -> list[int]:
+    def allowed(self, pod: Pod) -> Iterable[int]:
         allowed = getattr(pod, "allowed", None)
-        return sorted(allowed) if allowed is not None else list(range(self.nodes))
-
-    def try_bind(self, pod: Pod) -> bool:
-        if getattr(pod, "allowed", None) is None:
-            return super().try_bind(pod)
-        k, s, used = pod.card, pod.shares, self.used
-        if self.honour and used[pod.preferred][k] + s <= CAPACITY:
-            i = pod.preferred
-        else:
-            room = [i for i in self._allowed(pod) if used[i][k] + s <= CAPACITY]
-            if not room:
-                return False
-            i = self.rng.choice(room)
-        used[i][k] += s
-        pod.node = i
-        self.log.append((i, k, s))
-        if not pod.forgotten:
-            self.log.append((pod.preferred, k, -s))
-        del self.pending[pod.number]
-        self.running[pod.number] = pod
-        self.just_bound.append(pod)
-        return True
+        return sorted(allowed) if allowed is not None else range(self.nodes)
 
     def schedule(self) -> None:
         for pod in list(self.pending.values()):
@@ -592,7 +576,7 @@ class RequiredSim(Sim):
         free = sorted(CAPACITY - used[i][k] for i in range(self.nodes) for k in range(self.cards))
         count = 0
         for pod in self.pending.values():
-            if any(used[i][pod.card] + pod.shares <= CAPACITY for i in self._allowed(pod)) or (
+            if any(used[i][pod.card] + pod.shares <= CAPACITY for i in self.allowed(pod)) or (
                     older_than is not None and now - pod.created <= older_than):
                 continue
             for j, room in enumerate(free):
@@ -606,7 +590,7 @@ class RequiredSim(Sim):
         used = [row[:] for row in self.used]
         stranded = []
         for pod in sorted(self.pending.values(), key=lambda p: p.created):
-            fits = [i for i in self._allowed(pod) if used[i][pod.card] + pod.shares <= CAPACITY]
+            fits = [i for i in self.allowed(pod) if used[i][pod.card] + pod.shares <= CAPACITY]
             if fits:  # the scheduler will bind it: its room is set aside, the tightest first
                 used[max(fits, key=lambda i: used[i][pod.card])][pod.card] += pod.shares
             else:
