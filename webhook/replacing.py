@@ -450,11 +450,12 @@ class Replacer:
         else:
             view, waiting, ending = self.read_all()
         pending = self._settings.replacement.pending_seconds
-        plan = replacement.plan(view, waiting, pending, ending=ending)
+        required = self._settings.policy.node_affinity == "required"
+        plan = replacement.plan(view, waiting, pending, ending=ending, required_node=required)
         owners: dict[str, replacement.Owner | None] = {}
         while plan.unjudged:
             owners.update({pod.uid: self.owner(pod) for pod in plan.unjudged})
-            plan = replacement.plan(view, waiting, pending, owners, ending)
+            plan = replacement.plan(view, waiting, pending, owners, ending, required_node=required)
         outcome = Outcome(plan)
         for stuck in plan.stuck:
             log.warning("gpushard: pod %s/%s waits on full card %d while card %d of %s has room: %s",

@@ -10,7 +10,8 @@
 - a pod whose card has room once the terminating pods on it are gone waits, at any age;
 - a pod required on its node (policy.nodeAffinity: required) is stranded when that node's card is
   full, even where the card has room elsewhere, and moved where its remade pod may go; the
-  required expression gpushard wrote is taken out of the ask, the author's terms kept.
+  required expression gpushard wrote is taken out of the ask, the author's terms kept; without
+  that policy a node the author required holds for the move too.
 """
 
 from webhook.core import placement as pl
@@ -127,8 +128,12 @@ def test_a_pod_required_on_its_node_is_stranded_when_that_node_is_full_and_moved
     # Only preferred: card 0 has room on b, the scheduler may take it there, nothing to move.
     assert plan(view, [preferred_only]).moves == []
     # Required on a, whose card 0 is full: stranded, and moved where the pod made again can go (b).
-    out = plan(view, [pinned])
+    out = rp.plan(view, [pinned], 120, {pinned.uid: FOUND}, required_node=True)
     assert [(m.pod.name, m.to_node, m.to_card) for m in out.moves] == [("pinned", "b", 0)]
+    # Without policy.nodeAffinity: required the requirement is the author's own: the pod made again
+    # can only go to a, whose cards are full, so nothing is moved.
+    out = plan(view, [pinned])
+    assert out.moves == [] and out.waiting_for_room == 1
 
 
 def test_without_required_node_keeps_the_author_s_terms():

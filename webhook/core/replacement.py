@@ -157,7 +157,7 @@ def _room_when_ending(view: placement.View, ask: placement.Ask, ending: Mapping[
 
 def plan(view: placement.View, waiting: Iterable[Waiting], pending_seconds: float,
          owners: Mapping[str, Owner | None] | None = None,
-         ending: Mapping[tuple[str, int], int] | None = None) -> Plan:
+         ending: Mapping[tuple[str, int], int] | None = None, required_node: bool = False) -> Plan:
     """Which waiting pods to evict, over ``view`` (the cards' usage by bound pods only).
 
     Waiting pods whose card has room somewhere will be scheduled: their room is set aside first
@@ -166,7 +166,9 @@ def plan(view: placement.View, waiting: Iterable[Waiting], pending_seconds: floa
     on is moved where another card has room, and that room is set aside too, as long as its owner
     recreates it (``owners``, by pod uid; a pod whose owner is not in it yet is ``unjudged``).
     ``ending``: shares that terminating pods still hold, by (node, card); a pod whose card has room
-    once they are gone is about to be scheduled, not stranded, and waits.
+    once they are gone is about to be scheduled, not stranded, and waits. ``required_node``: gpushard
+    requires the node it chose (policy.nodeAffinity: required), so that requirement is left out
+    where the pod made again may go; otherwise every required term is the author's and holds.
     """
     owners, ending = owners or {}, ending or {}
     out = Plan()
@@ -189,8 +191,8 @@ def plan(view: placement.View, waiting: Iterable[Waiting], pending_seconds: floa
         if ending and _room_when_ending(view, replace(pod.ask, shares=pod.shares, pin=pod.card), ending):
             continue  # a pod on its card is about to end: the scheduler will place it there
         # Where the pod made again could go: gpushard requires no node of it until it chooses anew.
-        choice = placement.choose(view, replace(placement.without_required_node(pod.ask, pod.preferred),
-                                                shares=pod.shares, pin=None))
+        ask = placement.without_required_node(pod.ask, pod.preferred) if required_node else pod.ask
+        choice = placement.choose(view, replace(ask, shares=pod.shares, pin=None))
         if not choice.fits:
             out.waiting_for_room += 1
             continue
