@@ -34,9 +34,6 @@ class Ops:
         # "add" on a member that exists replaces it (RFC 6902 4.1), as a walk's "replace" would.
         self.items.append({"op": "add", "path": path, "value": value})
 
-    def remove(self, path: str) -> None:
-        self.items.append({"op": "remove", "path": path})
-
 
 def _same_text(value: object, text: str) -> bool:
     return type(value) is str and value == text
