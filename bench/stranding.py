@@ -164,6 +164,10 @@ class Sim:
         """The nodes the scheduler may bind ``pod`` on: any (RequiredSim narrows them)."""
         return range(self.nodes)
 
+    def has_room(self, pod: Pod, used: list[list[int]], best: list[int]) -> bool:
+        """Whether card k has room for ``pod`` on a node it may run on (``best``: card k's most free shares)."""
+        return pod.shares <= best[pod.card]
+
     def try_bind(self, pod: Pod) -> bool:
         k, s, used = pod.card, pod.shares, self.used
         if self.honour and pod.preferred is not None and used[pod.preferred][k] + s <= CAPACITY:
@@ -220,7 +224,7 @@ class Sim:
                     used[pod.preferred][k] += s
                     placed.add(pod.number)
                     continue
-                room = [i for i in range(self.nodes) if used[i][k] + s <= CAPACITY]
+                room = [i for i in self.allowed(pod) if used[i][k] + s <= CAPACITY]
                 if room:
                     used[max(room, key=lambda i: used[i][k])][k] += s
                     placed.add(pod.number)
@@ -228,7 +232,7 @@ class Sim:
         free = sorted(CAPACITY - used[i][k] for i in range(self.nodes) for k in range(self.cards))
         count = 0
         for pod in self.pending.values():
-            if (pod.shares <= best[pod.card] or pod.number in placed
+            if (self.has_room(pod, used, best) or pod.number in placed
                     or (older_than is not None and now - pod.created <= older_than)):
                 continue  # its own card has room: the scheduler will place it
             for j, room in enumerate(free):
@@ -570,21 +574,8 @@ class RequiredSim(Sim):
         for pod in list(self.pending.values()):
             self.try_bind(pod)
 
-    def stranded(self, now: float = 0.0, older_than: float | None = None, claimed: bool = False,
-                 counted: list[tuple[Pod, float]] | None = None) -> int:
-        used = self.used
-        free = sorted(CAPACITY - used[i][k] for i in range(self.nodes) for k in range(self.cards))
-        count = 0
-        for pod in self.pending.values():
-            if any(used[i][pod.card] + pod.shares <= CAPACITY for i in self.allowed(pod)) or (
-                    older_than is not None and now - pod.created <= older_than):
-                continue
-            for j, room in enumerate(free):
-                if room >= pod.shares:
-                    free[j] -= pod.shares
-                    count += 1
-                    break
-        return count
+    def has_room(self, pod: Pod, used: list[list[int]], best: list[int]) -> bool:
+        return any(used[i][pod.card] + pod.shares <= CAPACITY for i in self.allowed(pod))
 
     def replace(self, now: float, pending_seconds: float) -> int:
         used = [row[:] for row in self.used]

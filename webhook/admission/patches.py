@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from webhook.core import rewrite
+
 # jsonpatch.make_patch searches for the shortest edit of every list it meets; on a pod
 # that costs ~0.35 ms, most of a review (bench/admission.py). The core's rewrite shares every
 # subtree it leaves alone with the original object and copies only the paths it changes, so
@@ -26,13 +28,6 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
-def escape(key: object) -> str:
-    """A JSON Pointer reference token (RFC 6901)."""
-    if type(key) is str and "~" not in key and "/" not in key:
-        return key  # most keys: nothing to escape
-    return str(key).replace("~", "~0").replace("/", "~1")
-
-
 def _diff(a: object, b: object, path: str, out: list[dict]) -> None:
     if a is b:
         return
@@ -41,16 +36,16 @@ def _diff(a: object, b: object, path: str, out: list[dict]) -> None:
         kept = 0
         for key, value in a.items():
             if key not in b:
-                out.append({"op": "remove", "path": f"{path}/{escape(key)}"})
+                out.append({"op": "remove", "path": f"{path}/{rewrite.pointer_token(key)}"})
                 continue
             kept += 1
             if b[key] is not value:  # shared subtrees are the common case: skip them cheaply
-                _diff(value, b[key], f"{path}/{escape(key)}", out)
+                _diff(value, b[key], f"{path}/{rewrite.pointer_token(key)}", out)
         if kept == len(b):
             return  # every key of b is one of a's: nothing to add
         for key, value in b.items():
             if key not in a:
-                out.append({"op": "add", "path": f"{path}/{escape(key)}", "value": value})
+                out.append({"op": "add", "path": f"{path}/{rewrite.pointer_token(key)}", "value": value})
         return
     if kind is list and type(b) is list:
         if len(a) == len(b):

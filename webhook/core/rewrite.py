@@ -17,9 +17,11 @@ from webhook.core.policy import Policy
 # with the pod returned.
 
 
-def _token(key: str) -> str:
-    """A JSON Pointer reference token (RFC 6901)."""
-    return key.replace("~", "~0").replace("/", "~1") if "~" in key or "/" in key else key
+def pointer_token(key: object) -> str:
+    """A JSON Pointer reference token (RFC 6901), for the rewrite's patch and admission's walk alike."""
+    if type(key) is str and "~" not in key and "/" not in key:
+        return key  # most keys: nothing to escape
+    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 class Ops:
@@ -201,7 +203,7 @@ def _record_keys(ops: Ops, where: str, was: object, now: dict, set_keys: dict[st
         return
     for key, value in set_keys.items():
         if not _same_text(was.get(key), value):
-            ops.add(f"{where}/{_token(key)}", value)
+            ops.add(f"{where}/{pointer_token(key)}", value)
 
 
 def _prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool = False) -> None:
