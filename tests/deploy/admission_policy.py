@@ -5,8 +5,9 @@ Matching restates the API server's rules for what the policies in deploy/ use: r
 (group, version, resource, operation), a namespaceSelector of matchExpressions on the
 namespace's labels (which always hold kubernetes.io/metadata.name), and a binding with
 validationActions [Deny]; a policy with paramKind gets `params` from the binding's paramRef
-(the object the test passes, or parameterNotFoundAction when it passes none). Variables are evaluated in order, each seeing those before it; an
-expression that fails is an error, which failurePolicy Fail turns into a denial.
+(the object the test passes, or parameterNotFoundAction when it passes none). Variables are
+evaluated in order, each seeing those before it; an expression that fails is an error, which
+failurePolicy Fail turns into a denial.
 """
 
 from __future__ import annotations

@@ -116,18 +116,20 @@ def test_in_every_container_list_and_template(policy, kind):
 # plugin), the device-injector's getAnnotation (new domain, then old, per form), the NRI CDI
 # injector's, and GKE's (container form only).
 def effective_key(annotations: dict, family: str, old_family: str | None, container_name: str) -> str | None:
-    forms = [f"{family}/container.{container_name}"] + ([f"{old_family}/container.{container_name}"] if old_family else [])
+    domains = [family] + ([old_family] if old_family else [])
+    forms = [f"{domain}/container.{container_name}" for domain in domains]
     if family != "devices.gke.io":
-        forms += [f"{family}/pod"] + ([f"{old_family}/pod"] if old_family else [])
-        forms += [family] + ([old_family] if old_family else [])
+        forms += [f"{domain}/pod" for domain in domains] + domains
     return next((key for key in forms if key in annotations), None)
 
 
 # A device named by its numbers alone (195:255 is the NVIDIA driver's control device, 195:0 card 0):
 # nothing in the text says "nvidia", and YAML lets it be written many ways.
-BY_NUMBERS = "- {path: /dev/x0, type: c, major: 195, minor: 0}\n- {path: /dev/x1, type: c, major: 0xc3, minor: 255}"
+BY_NUMBERS = ("- {path: /dev/x0, type: c, major: 195, minor: 0}\n"
+              "- {path: /dev/x1, type: c, major: 0xc3, minor: 255}")
 # /dev/null mounted where the toolkit reads device lists: every card on a hardened node.
-NULL_AT_ALL = "- source: /dev/null\n  destination: /var/run/nvidia-container-devices/all\n  type: bind\n  options: [bind, ro]"
+NULL_AT_ALL = ("- source: /dev/null\n  destination: /var/run/nvidia-container-devices/all\n"
+               "  type: bind\n  options: [bind, ro]")
 # The device-injector's families (new domain, deprecated domain) and what their values parse to.
 INJECTOR_FAMILIES = [("devices.noderesource.dev", "devices.nri.io", BY_NUMBERS),
                      ("mounts.noderesource.dev", "mounts.nri.io", NULL_AT_ALL),
@@ -310,7 +312,8 @@ def test_what_the_operator_trusts_is_let_through(policy, params):
     for written in ("gpu-operator,other", "other\ngpu-operator"):
         assert not admit(policy, _injecting_pod("gpu-operator"), operator,
                          params=trusting(params, exemptNamespaces=written)).allowed
-    assert not admit(policy, _injecting_pod("lab", "builder"), lab, params=trusting(params, exemptNamespaces="*")).allowed
+    wildcard = trusting(params, exemptNamespaces="*")
+    assert not admit(policy, _injecting_pod("lab", "builder"), lab, params=wildcard).allowed
 
 
 def test_without_its_configmap_it_denies(policy):
