@@ -15,7 +15,7 @@ would evaluate them), in namespaces without the label, in audit and in enforce:
   keeps or removes an older one passes, and so do annotations of other families (NRI's I/O
   priority, CRI-O's seccomp profile, look-alikes in other domains);
 - the families in the CEL are those of webhook/core/names.py, and the webhook's core judges every
-  key as the policy does;
+  key as the policy does; docs/security.md names each family;
 - namespaces and ServiceAccounts the operator lists in the params ConfigMap are let through, and
   nobody else (a list written with commas or new lines trusts nobody); without the ConfigMap the
   policy denies;
@@ -361,3 +361,10 @@ def test_it_covers_pods_debug_containers_and_every_template_kind(policy):
     expected |= {("", "pods/ephemeralcontainers", op) for op in ("CREATE", "UPDATE")}
     assert covered == expected
     assert found["spec"]["failurePolicy"] == "Fail"
+
+
+def test_the_security_page_names_every_family_with_a_source():
+    page = (BASE.parents[1] / "docs" / "security.md").read_text()
+    table = page[page.index("### Annotation families"):page.index("### Dynamic Resource Allocation")]
+    for family in names.INJECTING_ANNOTATION_FAMILIES:
+        assert f"`{family}" in table, family
