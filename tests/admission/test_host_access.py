@@ -90,11 +90,32 @@ def test_dev_null_mounted_under_the_device_list_folder_is_denied(client):
                                  "devices.noderesource.dev/container.train", "cdi-devices.nri.io/pod",
                                  # NVIDIA's NRI plugin, NRI's CDI injector, GKE's device injector.
                                  "nvidia.cdi.k8s.io/container.main", "nvidia.cdi.k8s.io/container.*",
-                                 "cdi.nri.io/container.main", "devices.gke.io/container.main"])
+                                 "nvidia.cdi.k8s.io/pod", "nvidia.cdi.k8s.io",
+                                 "cdi.nri.io/container.main", "devices.gke.io/container.main",
+                                 # Host network devices, NRI's device-injector and network-device-injector.
+                                 "network-devices.noderesource.dev/pod", "netdevice.noderesource.dev",
+                                 "netdevices.nri.containerd.io/pod"])
 def test_device_injecting_annotations_are_denied(client, key):
     obj = _gpu_pod()
-    obj["metadata"]["annotations"] = {key: "nvidia.com/gpu=all"}
-    assert f'annotation "{key}" (metadata.annotations)' in _denied(client, obj)
+    # A device named by its numbers alone: nothing in the value says which vendor's it is.
+    obj["metadata"]["annotations"] = {key: "- {path: /dev/x, type: c, major: 195, minor: 255}"}
+    message = _denied(client, obj)
+    assert f'annotation "{key}" (metadata.annotations) makes the container runtime inject devices' in message
+
+
+@pytest.mark.parametrize("key", ["mounts.noderesource.dev/container.train", "mounts.noderesource.dev/pod",
+                                 "mounts.noderesource.dev", "mounts.nri.io/container.sidecar", "mounts.nri.io"])
+def test_mount_injecting_annotations_are_denied_and_audited(client, key):
+    obj = _gpu_pod()
+    obj["metadata"]["annotations"] = {
+        key: "- {source: /dev/null, destination: /var/run/nvidia-container-devices/all, type: bind}",
+        "io-priority.noderesource.dev/container.train": "{class: IOPRIO_CLASS_BE}"}
+    message = _denied(client, obj)
+    assert f'annotation "{key}" (metadata.annotations) makes the container runtime inject mounts' in message
+    assert "io-priority" not in message
+    audited = post(client, "/audit", objects.review(obj))
+    assert audited["allowed"] is True
+    assert any(f'annotation "{key}"' in warning for warning in audited["warnings"])
 
 
 def test_the_same_holds_in_templates(client):

@@ -4,8 +4,10 @@ The CEL is evaluated by a CEL library (cel-python), not read: what the API serve
 Matching restates the API server's rules for what the policies in deploy/ use: resourceRules
 (group, version, resource, operation), a namespaceSelector of matchExpressions on the
 namespace's labels (which always hold kubernetes.io/metadata.name), and a binding with
-validationActions [Deny]. Variables are evaluated in order, each seeing those before it; an
-expression that fails is an error, which failurePolicy Fail turns into a denial.
+validationActions [Deny]; a policy with paramKind gets `params` from the binding's paramRef
+(the object the test passes, or parameterNotFoundAction when it passes none). Variables are
+evaluated in order, each seeing those before it; an expression that fails is an error, which
+failurePolicy Fail turns into a denial.
 """
 
 from __future__ import annotations
@@ -69,15 +71,37 @@ def matches(policy: dict, request: dict, namespace: dict) -> bool:
                for rule in constraints["resourceRules"])
 
 
-def evaluate(policy: dict, binding: dict, request: dict, obj: dict, old: dict | None, namespace: dict) -> Outcome:
+def _params(policy: dict, binding: dict, params: dict | None) -> tuple[dict | None, Outcome | None]:
+    """The object ``params`` stands for, or the outcome when the binding's paramRef finds none."""
+    kind = policy["spec"].get("paramKind")
+    if kind is None:
+        assert params is None, "a policy without paramKind gets no params"
+        return None, None
+    ref = binding["spec"]["paramRef"]
+    if params is None:
+        if ref.get("parameterNotFoundAction", "Allow") == "Deny":
+            return None, Outcome(True, False, f"no params object {ref.get('namespace')}/{ref['name']}")
+        return None, Outcome(True, True)
+    assert (params["apiVersion"], params["kind"]) == (kind["apiVersion"], kind["kind"])
+    assert (params["metadata"]["name"], params["metadata"].get("namespace")) == (ref["name"], ref.get("namespace"))
+    return params, None
+
+
+def evaluate(policy: dict, binding: dict, request: dict, obj: dict, old: dict | None, namespace: dict,
+             params: dict | None = None) -> Outcome:
     """Whether the API server admits ``obj`` under this policy and binding, and its message if not."""
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     if not matches(policy, request, namespace):
         return Outcome(matched=False, allowed=True)
+    params, missing = _params(policy, binding, params)
+    if missing is not None:
+        return missing
     spec = policy["spec"]
     activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
                   "request": celpy.json_to_cel(request), "namespaceObject": celpy.json_to_cel(namespace)}
+    if params is not None:
+        activation["params"] = celpy.json_to_cel(params)
     variables: dict = {}
     for variable in spec.get("variables") or []:
         activation["variables"] = celpy.celtypes.MapType(variables)

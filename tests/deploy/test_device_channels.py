@@ -5,10 +5,20 @@ would evaluate them), in namespaces without the label, in audit and in enforce:
 - a volume mounted under the toolkit's device-list folder (at <folder>/all, at <folder>all, at a
   path the runtime would clean to it) is denied in Pods, in init and debug containers, and in
   the template of every kind, with a message naming the container;
-- annotations NVIDIA's NRI plugin, a CDI runtime, CRI-O, NRI's injectors or GKE's turn into NVIDIA
-  devices are denied on
-  CREATE, and on an UPDATE that adds or changes one; an UPDATE that keeps an older one (a label
-  change), and CDI annotations naming other vendors' devices, pass;
+- device- and mount-injecting annotations are judged by key, in every key form the runtime and its
+  plugins read (each family bare, /pod and /container.<name>; CDI's any suffix), whatever the value
+  says: a YAML device list naming a card by major:minor alone, a CDI name without its kind, a
+  mount of /dev/null under the toolkit's device-list folder. What the plugin would be handed is
+  checked first (the lookup order of NRI's GetEffectiveAnnotation and the device-injector, the
+  value parsed as YAML), then that the policy denies it, in Pods and templates, in every
+  namespace, enforce included, on CREATE and on an UPDATE that adds or changes one; an UPDATE that
+  keeps or removes an older one passes, and so do annotations of other families (NRI's I/O
+  priority, CRI-O's seccomp profile, look-alikes in other domains);
+- the families in the CEL are those of webhook/core/names.py, and the webhook's core judges every
+  key as the policy does; docs/security.md names each family;
+- namespaces and ServiceAccounts the operator lists in the params ConfigMap are let through, and
+  nobody else (a list written with commas or new lines trusts nobody); without the ConfigMap the
+  policy denies;
 - on a Pod UPDATE only the debug containers it adds are judged; a template UPDATE that leaves
   the spec as it was passes; the system namespaces are not matched.
 """
@@ -16,37 +26,67 @@ would evaluate them), in namespaces without the label, in audit and in enforce:
 from __future__ import annotations
 
 import copy
+import functools
 
+import celpy
 import pytest
+import yaml
 
 from tests.deploy import admission_policy, rendering
 from tests.deploy.test_manifests import BASE
 from tests.deploy.test_opt_in_guard import ENFORCED, NOT_OPTED_IN, RESOURCES, container, pod_spec, wrap
-from webhook.core import names
+from webhook.core import hostaccess, names
 
 NAMESPACES = [*NOT_OPTED_IN, ENFORCED]
 IDS = ["no-label", "audit", "bad-label", "enforce"]
 NULL = {"name": "null", "hostPath": {"path": "/dev/null"}}
 
 
+PARAMS = "gpushard-device-policy"
+
+
 @pytest.fixture(scope="module")
-def policy():
-    objects = rendering.render(BASE)
-    found, = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+def rendered():
+    return rendering.render(BASE)
+
+
+@pytest.fixture(scope="module")
+def policy(rendered):
+    found, = [o for o in rendered if o["kind"] == "ValidatingAdmissionPolicy"
               and o["metadata"]["name"] == "gpushard-device-channels"]
-    binding, = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"
+    binding, = [o for o in rendered if o["kind"] == "ValidatingAdmissionPolicyBinding"
                 and o["spec"]["policyName"] == "gpushard-device-channels"]
     return found, binding
 
 
+@pytest.fixture(scope="module")
+def params(rendered):
+    found, = [o for o in rendered if o["kind"] == "ConfigMap" and o["metadata"]["name"] == PARAMS]
+    return found
+
+
+def trusting(params: dict, **data: str) -> dict:
+    changed = copy.deepcopy(params)
+    changed["data"].update(data)
+    return changed
+
+
 def admit(policy, obj: dict, namespace: dict, operation: str = "CREATE", old: dict | None = None,
-          sub: str = ""):
+          sub: str = "", params: dict | None = None):
     group, resource = RESOURCES[obj["kind"]]
     request = {"operation": operation, "namespace": namespace["metadata"]["name"],
                "kind": {"group": group, "version": "v1", "kind": obj["kind"]},
                "resource": {"group": group, "version": "v1", "resource": resource + (f"/{sub}" if sub else "")},
                "userInfo": {"username": "alice"}}
-    return admission_policy.evaluate(*policy, request, obj, old, namespace)
+    if params is None:
+        params = _shipped_params()
+    return admission_policy.evaluate(*policy, request, obj, old, namespace, params=params)
+
+
+@functools.cache
+def _shipped_params() -> dict:
+    found, = [o for o in rendering.render(BASE) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == PARAMS]
+    return found
 
 
 def mounting(path: str) -> dict:
@@ -71,23 +111,87 @@ def test_in_every_container_list_and_template(policy, kind):
         assert not admit(policy, wrap(kind, {**spec, "volumes": [NULL]}), NOT_OPTED_IN[0]).allowed
 
 
-@pytest.mark.parametrize("namespace", NAMESPACES, ids=IDS)
-@pytest.mark.parametrize("key,value", [("nvidia.cdi.k8s.io/container.main", "nvidia.com/gpu=all"),
-                                       ("nvidia.cdi.k8s.io/container.*", "nvidia.com/gpu=0"),
-                                       ("cdi.k8s.io/any", "nvidia.com/gpu=all"),
-                                       ("devices.crio.io", "/dev/nvidia0"),
-                                       ("io.kubernetes.cri-o.Devices", "/dev/nvidiactl"),
-                                       ("devices.noderesource.dev/container.main", "- path: /dev/nvidia1"),
-                                       ("cdi.nri.io/container.main", "nvidia.com/gpu=all"),
-                                       ("devices.gke.io/container.main", "- path: /dev/nvidia0")])
-def test_nvidia_device_annotations_are_denied(policy, namespace, key, value):
+# The lookups of the plugins that read a family per container, as their sources do them:
+# NRI's GetEffectiveAnnotation (containerd/nri pkg/plugin/annotations.go, used by NVIDIA's NRI
+# plugin), the device-injector's getAnnotation (new domain, then old, per form), the NRI CDI
+# injector's, and GKE's (container form only).
+def effective_key(annotations: dict, family: str, old_family: str | None, container_name: str) -> str | None:
+    domains = [family] + ([old_family] if old_family else [])
+    forms = [f"{domain}/container.{container_name}" for domain in domains]
+    if family != "devices.gke.io":
+        forms += [f"{domain}/pod" for domain in domains] + domains
+    return next((key for key in forms if key in annotations), None)
+
+
+# A device named by its numbers alone (195:255 is the NVIDIA driver's control device, 195:0 card 0):
+# nothing in the text says "nvidia", and YAML lets it be written many ways.
+BY_NUMBERS = ("- {path: /dev/x0, type: c, major: 195, minor: 0}\n"
+              "- {path: /dev/x1, type: c, major: 0xc3, minor: 255}")
+# /dev/null mounted where the toolkit reads device lists: every card on a hardened node.
+NULL_AT_ALL = ("- source: /dev/null\n  destination: /var/run/nvidia-container-devices/all\n"
+               "  type: bind\n  options: [bind, ro]")
+# The device-injector's families (new domain, deprecated domain) and what their values parse to.
+INJECTOR_FAMILIES = [("devices.noderesource.dev", "devices.nri.io", BY_NUMBERS),
+                     ("mounts.noderesource.dev", "mounts.nri.io", NULL_AT_ALL),
+                     ("cdi-devices.noderesource.dev", "cdi-devices.nri.io", "- example.com/card=0"),
+                     ("network-devices.noderesource.dev", "network-devices.nri.io", "- {name: eth9}"),
+                     ("nvidia.cdi.k8s.io", None, "mgmt.example/gpu=all"),
+                     ("cdi.nri.io", None, "example.com/card=0"),
+                     ("devices.gke.io", None, BY_NUMBERS)]
+
+
+def _forms(family: str, old: str | None) -> list[str]:
+    forms = [f"{family}/container.main"]
+    if family != "devices.gke.io":
+        forms += [f"{family}/pod", family]
+    if old:
+        forms += [f"{old}/container.main", f"{old}/pod", old]
+    return forms
+
+
+CASES = [(family, old, key, value) for family, old, value in INJECTOR_FAMILIES for key in _forms(family, old)]
+
+
+@pytest.mark.parametrize("family,old,key,value", CASES, ids=[c[2] for c in CASES])
+def test_injecting_annotations_are_judged_by_key(policy, family, old, key, value):
+    annotations = {key: value, "team": "a"}
+    # What the plugin is handed for container "main": this key, and a value naming a device or a
+    # mount without the word "nvidia" in it.
+    assert effective_key(annotations, family, old, "main") == key
+    parsed = yaml.safe_load(value)
+    assert "nvidia" not in value.lower() or family.startswith("mounts.")
+    if family in ("devices.noderesource.dev", "devices.gke.io"):
+        assert [(d["major"], d["minor"]) for d in parsed] == [(195, 0), (195, 255)]
+    if family.startswith("mounts."):
+        assert parsed[0]["destination"].startswith(names.DEVICE_LIST_MOUNT_ROOT)
+    for namespace in NAMESPACES:
+        obj = wrap("Pod", pod_spec(container("main")))
+        obj["metadata"]["annotations"] = annotations
+        outcome = admit(policy, obj, namespace)
+        assert outcome.matched and not outcome.allowed, (key, namespace["metadata"]["name"])
+        assert outcome.message.startswith(f'gpushard: annotation "{key}" makes the container runtime')
+    job = wrap("CronJob", pod_spec(container("main")))
+    job["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["annotations"] = annotations
+    assert not admit(policy, job, ENFORCED).allowed
+
+
+@pytest.mark.parametrize("key,value,devices", [
+    # The CDI prefix: any key below it, the value split at ","; NVIDIA's runtime gives a name
+    # without a kind its default kind, nvidia.com/gpu, so "all" alone is every card.
+    ("cdi.k8s.io/anything", "all", ["all"]),
+    ("cdi.k8s.io/x", "vendor.example/c=0,%6eidia.com/gpu=0", ["vendor.example/c=0", "%6eidia.com/gpu=0"]),
+    # CRI-O's device annotation (new and old spelling), entries split at ",", then the host path
+    # before the first ":" (a udev link names the same device as its /dev/nvidia* node).
+    ("devices.crio.io", "/dev/gpu-by-bus/0:/dev/x:rwm", ["/dev/gpu-by-bus/0"]),
+    ("io.kubernetes.cri-o.Devices", "/dev/gpu-by-bus/ctl", ["/dev/gpu-by-bus/ctl"])])
+def test_cdi_and_crio_keys_are_judged_by_key(policy, key, value, devices):
+    parsed = value.split(",") if key.startswith("cdi.") else [entry.split(":")[0] for entry in value.split(",")]
+    assert parsed == devices and "nvidia" not in value
     obj = wrap("Pod", pod_spec(container("main")))
     obj["metadata"]["annotations"] = {key: value}
-    outcome = admit(policy, obj, namespace)
-    assert not outcome.allowed and outcome.message.startswith(f'gpushard: annotation "{key}"')
-    job = wrap("Job", pod_spec(container("main")))
-    job["spec"]["template"]["metadata"]["annotations"] = {key: value}
-    assert not admit(policy, job, namespace).allowed
+    for namespace in NAMESPACES:
+        outcome = admit(policy, obj, namespace)
+        assert not outcome.allowed and outcome.message.startswith(f'gpushard: annotation "{key}"')
 
 
 def test_updates_judge_only_what_they_add(policy):
@@ -120,13 +224,125 @@ def test_updates_judge_only_what_they_add(policy):
     assert not admit(policy, deploy, ns, "UPDATE", clean).allowed
 
 
+# Annotations of other families, and look-alikes of the injecting ones in other domains or names.
+BENIGN = {"io-priority.noderesource.dev/container.app": "{class: IOPRIO_CLASS_BE, priority: 4}",
+          "scheduling-policy.noderesource.dev/pod": "{policy: SCHED_OTHER}",
+          "seccomp-profile.crio.io/app": "runtime/default", "prometheus.io/scrape": "true",
+          "example.com/cdi.k8s.io": "a look-alike", "devices.noderesource.devx/pod": "another domain",
+          "cdi.k8s.io.example.com/x": "another domain", "mydevices.crio.io": "another name",
+          "kubectl.kubernetes.io/default-container": "app", "team": "a"}
+
+
 @pytest.mark.parametrize("namespace", NAMESPACES, ids=IDS)
 def test_ordinary_pods_pass(policy, namespace):
     spec = {**pod_spec(container("app", volumeMounts=[{"name": "d", "mountPath": "/var/run/nvidia-cache"}])),
             "volumes": [{"name": "d", "emptyDir": {}}]}
     obj = wrap("Pod", spec)
-    obj["metadata"]["annotations"] = {"cdi.k8s.io/net": "example.com/nic=eth1", "team": "a"}
+    obj["metadata"]["annotations"] = dict(BENIGN)
     assert admit(policy, obj, namespace).allowed
+    gpu = wrap("Deployment", pod_spec(container("train", {"nvidia.com/gpu": "1"})))
+    gpu["spec"]["template"]["metadata"]["annotations"] = dict(BENIGN)
+    assert admit(policy, gpu, namespace).allowed
+
+
+def test_an_update_that_adds_one_is_denied_even_in_enforce_namespaces(policy):
+    running = wrap("Pod", pod_spec(container("main", {"nvidia.com/gpu": "1"})))
+    running["metadata"]["annotations"] = {"gpushard.io/card": "0", "team": "a"}
+    for key, value in [("devices.noderesource.dev", BY_NUMBERS), ("mounts.nri.io/pod", NULL_AT_ALL),
+                       ("nvidia.cdi.k8s.io/container.main", "all"), ("cdi.k8s.io/x", "all")]:
+        patched = copy.deepcopy(running)
+        patched["metadata"]["annotations"][key] = value
+        outcome = admit(policy, patched, ENFORCED, "UPDATE", running)
+        assert not outcome.allowed and f'annotation "{key}"' in outcome.message
+    # Other families, labels and the removal of an older injecting annotation stay possible.
+    other = copy.deepcopy(running)
+    other["metadata"]["annotations"].update(BENIGN)
+    other["metadata"]["labels"] = {"stage": "2"}
+    assert admit(policy, other, ENFORCED, "UPDATE", running).allowed
+    older = copy.deepcopy(running)
+    older["metadata"]["annotations"]["mounts.noderesource.dev/container.main"] = NULL_AT_ALL
+    removed = copy.deepcopy(older)
+    del removed["metadata"]["annotations"]["mounts.noderesource.dev/container.main"]
+    assert admit(policy, removed, ENFORCED, "UPDATE", older).allowed
+    # kubectl debug on a pod that carries none: the debug container passes.
+    debugged = copy.deepcopy(running)
+    debugged["spec"]["ephemeralContainers"] = [container("debugger-1", stdin=True, tty=True)]
+    assert admit(policy, debugged, ENFORCED, "UPDATE", running, sub="ephemeralcontainers").allowed
+    # Scaling a workload whose template carries an older one passes; changing its value does not.
+    deploy = wrap("Deployment", pod_spec(container("main")))
+    deploy["spec"]["template"]["metadata"]["annotations"] = {"devices.gke.io/container.main": BY_NUMBERS}
+    scaled = copy.deepcopy(deploy)
+    scaled["spec"]["replicas"] = 5
+    assert admit(policy, scaled, ENFORCED, "UPDATE", deploy).allowed
+    changed = copy.deepcopy(deploy)
+    changed["spec"]["template"]["metadata"]["annotations"]["devices.gke.io/container.main"] = "[]"
+    assert not admit(policy, changed, ENFORCED, "UPDATE", deploy).allowed
+
+
+def _injecting_pod(namespace: str, service_account: str | None = None) -> dict:
+    obj = wrap("Pod", {**pod_spec(mounting("/var/run/nvidia-container-devices/all")), "volumes": [NULL]}, namespace)
+    obj["metadata"]["annotations"] = {"devices.noderesource.dev/pod": BY_NUMBERS}
+    if service_account:
+        obj["spec"]["serviceAccountName"] = service_account
+    return obj
+
+
+def test_what_the_operator_trusts_is_let_through(policy, params):
+    assert params["metadata"]["namespace"] == "gpushard-system"
+    assert {k: v for k, v in params["data"].items() if k.startswith("exempt")} == {
+        "exemptNamespaces": "", "exemptServiceAccounts": ""}  # the default trusts nobody
+    operator = admission_policy.namespace_object("gpu-operator")
+    monitoring = admission_policy.namespace_object("gpu-monitoring")
+    lab = NOT_OPTED_IN[0]
+    trust = trusting(params, exemptNamespaces="other gpu-operator",
+                     exemptServiceAccounts="gpu-monitoring/dcgm-exporter lab/builder")
+    assert admit(policy, _injecting_pod("gpu-operator"), operator, params=trust).allowed
+    assert admit(policy, _injecting_pod("gpu-monitoring", "dcgm-exporter"), monitoring, params=trust).allowed
+    assert admit(policy, _injecting_pod("lab", "builder"), lab, params=trust).allowed
+    # Nobody else: another account of that namespace, the same account name elsewhere, the
+    # default account, a namespace whose name only starts like a trusted one.
+    for obj, namespace in [(_injecting_pod("gpu-monitoring", "other"), monitoring),
+                           (_injecting_pod("gpu-monitoring"), monitoring),
+                           (_injecting_pod("lab", "dcgm-exporter"), lab),
+                           (_injecting_pod("gpu"), admission_policy.namespace_object("gpu")),
+                           (_injecting_pod("gpu-operator-2"), admission_policy.namespace_object("gpu-operator-2"))]:
+        assert not admit(policy, obj, namespace, params=trust).allowed, obj["metadata"]["namespace"]
+        assert not admit(policy, obj, namespace).allowed
+    # A list written with commas or new lines trusts nobody rather than everybody.
+    for written in ("gpu-operator,other", "other\ngpu-operator"):
+        assert not admit(policy, _injecting_pod("gpu-operator"), operator,
+                         params=trusting(params, exemptNamespaces=written)).allowed
+    wildcard = trusting(params, exemptNamespaces="*")
+    assert not admit(policy, _injecting_pod("lab", "builder"), lab, params=wildcard).allowed
+
+
+def test_without_its_configmap_it_denies(policy):
+    group, resource = RESOURCES["Pod"]
+    request = {"operation": "CREATE", "namespace": "lab", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+               "resource": {"group": "", "version": "v1", "resource": "pods"}, "userInfo": {"username": "alice"}}
+    plain = wrap("Pod", pod_spec(container("app")))
+    assert not admission_policy.evaluate(*policy, request, plain, None, NOT_OPTED_IN[0]).allowed
+
+
+def _cel_families(policy) -> list[str]:
+    found, _ = policy
+    expression, = [v["expression"] for v in found["spec"]["variables"] if v["name"] == "families"]
+    env = celpy.Environment()
+    return [str(f) for f in env.program(env.compile(expression)).evaluate({})]
+
+
+def test_the_policy_and_the_core_judge_the_same_families(policy):
+    assert _cel_families(policy) == list(names.INJECTING_ANNOTATION_FAMILIES)
+    # Every key form of every family, near misses and other families: each judged alike.
+    keys = [k for family in names.INJECTING_ANNOTATION_FAMILIES
+            for k in (family, f"{family}/pod", f"{family}/container.main", f"{family}/", f"{family}x",
+                      f"x{family}", f"{family}.main", f"{family.upper()}/pod", f"example.com/{family}")]
+    keys += list(BENIGN)
+    for key in keys:
+        obj = wrap("Pod", pod_spec(container("main")))
+        obj["metadata"]["annotations"] = {key: "x"}
+        denied = not admit(policy, obj, NOT_OPTED_IN[0]).allowed
+        assert denied == (hostaccess.injecting_family(key) is not None), key
 
 
 @pytest.mark.parametrize("name", ["kube-system", "gpushard-system"])
@@ -145,3 +361,10 @@ def test_it_covers_pods_debug_containers_and_every_template_kind(policy):
     expected |= {("", "pods/ephemeralcontainers", op) for op in ("CREATE", "UPDATE")}
     assert covered == expected
     assert found["spec"]["failurePolicy"] == "Fail"
+
+
+def test_the_security_page_names_every_family_with_a_source():
+    page = (BASE.parents[1] / "docs" / "security.md").read_text()
+    table = page[page.index("### Annotation families"):page.index("### Dynamic Resource Allocation")]
+    for family in names.INJECTING_ANNOTATION_FAMILIES:
+        assert f"`{family}" in table, family

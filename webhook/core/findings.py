@@ -65,7 +65,7 @@ FIXES = {
     HOST_PID: "drop hostPID: true, or exempt the service account in policy.exempt",
     HOST_PATH: "use no hostPath of /dev, the kubelet's folders or the toolkit's device-list folder",
     DEVICE_LIST_MOUNT: "mount nothing under /var/run/nvidia-container-devices; the device plugin does",
-    DEVICE_ANNOTATION: "remove the device annotation; GPUs come from the device plugin",
+    DEVICE_ANNOTATION: "remove the device or mount annotation; GPUs come from the device plugin",
     VISIBLE_DEVICES_FROM: "give the envFrom a prefix, or drop it, so it cannot set NVIDIA_VISIBLE_DEVICES",
     LIMIT_ENV_SET: "remove NVIDIA_GPU_MEMORY_* and CUDA_MPS_* from GPU containers; the device plugin sets them",
     LIMIT_ENV_FROM: "give the envFrom a prefix (e.g. APP_) so it cannot set NVIDIA_GPU_MEMORY_* or CUDA_MPS_*",

@@ -2,7 +2,7 @@
 
 A container that is privileged, holds CAP_SYS_ADMIN, shares the node's PID namespace, mounts
 /dev, the kubelet's folders or the toolkit's device-list folder, or carries an annotation
-that makes the runtime inject devices, can see cards that no share was counted for, however
+that makes the runtime inject devices or mounts, can see cards that no share was counted for, however
 the device plugin and the env name its card. Each is a finding that names the container and
 the field; enforce mode denies them, audit mode reports them. What the operator trusts
 (``policy.exempt``) is left alone.
@@ -89,15 +89,16 @@ def _what(root: str) -> str:
     return f"{root}, which the container runtime, the NVIDIA toolkit or gpushard's agent uses"
 
 
-_DEVICE_ANNOTATIONS_LOWER = tuple(base.lower() for base in names.DEVICE_ANNOTATIONS)
+def injecting_family(key: str) -> str | None:
+    """The device- or mount-injecting annotation family ``key`` belongs to, or None.
 
-
-def _annotation_denied(key: str) -> bool:
-    lowered = key.lower()
-    for base in _DEVICE_ANNOTATIONS_LOWER:
-        if lowered == base or lowered.startswith(base + "/") or lowered.startswith(base + "."):
-            return True
-    return False
+    Matched as the runtimes and their plugins look keys up: exactly, case and all (the
+    ValidatingAdmissionPolicy deploy/base/device-channels.yaml matches the same list the same way).
+    """
+    for family in names.INJECTING_ANNOTATION_FAMILIES:
+        if key == family or key.startswith(family + "/"):
+            return family
+    return None
 
 
 def _container(container: dict, label: str, where: str) -> list[f.Finding]:
@@ -170,11 +171,16 @@ def _volumes(spec: dict, where: str, policy: Policy) -> list[f.Finding]:
 
 
 def _annotations(annotations: dict, where: str) -> list[f.Finding]:
-    if not annotations:
-        return []
-    return [_deny(f.DEVICE_ANNOTATION, (
-        f"gpushard: annotation \"{key}\" ({where}) makes the container runtime inject devices"))
-        for key in sorted(map(str, annotations)) if _annotation_denied(key)]
+    found = []
+    for key in sorted(map(str, annotations)):
+        family = injecting_family(key)
+        if family is None:
+            continue
+        what = "mounts" if family in names.MOUNT_ANNOTATION_FAMILIES else "devices"
+        found.append(_deny(f.DEVICE_ANNOTATION, (
+            f"gpushard: annotation \"{key}\" ({where}) makes the container runtime inject {what} "
+            f"(the {family} family, whatever its value)")))
+    return found
 
 
 def _env_from(spec: dict, asks: list[req.ContainerAsk], where: str) -> list[f.Finding]:

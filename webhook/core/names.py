@@ -50,13 +50,26 @@ HOST_DEVICE_PATHS = ("/dev", "/proc", "/sys", "/var/lib/kubelet", "/etc/kubernet
 # Mount paths under which NVIDIA's toolkit reads a device list (it matches the bare prefix, so
 # ".../nvidia-container-devicesall" counts too).
 DEVICE_LIST_MOUNT_ROOTS = (DEVICE_LIST_MOUNT_ROOT, "/run/nvidia-container-devices")
-# Pod annotation keys (exact, or followed by "/" or ".") that make a runtime or an NRI plugin
-# inject devices or mounts: CDI (container toolkit, containerd, CRI-O), NVIDIA's NRI plugin
-# (nvidia.cdi.k8s.io/container.<name>), CRI-O's device annotation (new and deprecated spelling),
-# NRI's device-injector (new and deprecated domains) and CDI injector, GKE's device injector.
-DEVICE_ANNOTATIONS = ("cdi.k8s.io", "nvidia.cdi.k8s.io", "devices.crio.io", "io.kubernetes.cri-o.Devices",
-                      "devices.noderesource.dev", "cdi-devices.noderesource.dev", "mounts.noderesource.dev",
-                      "devices.nri.io", "cdi-devices.nri.io", "mounts.nri.io", "cdi.nri.io", "devices.gke.io")
+# Pod annotation families that a container runtime or one of its NRI plugins reads to inject
+# devices or mounts into containers. They are judged by key, never by value: the plugins parse
+# the value as YAML or as a list of CDI names (a device can be named by major:minor alone, a CDI
+# name without its kind gets the runtime's default kind), so no look at the text is safe. A key
+# is in a family when it is the family's name, or the name followed by "/" (NRI's
+# "<family>/container.<name>" and "<family>/pod", CDI's "cdi.k8s.io/<anything>"): every form the
+# plugins read. The sources of each name and key form: docs/security.md.
+DEVICE_ANNOTATION_FAMILIES = (
+    "cdi.k8s.io",  # CDI: containerd, CRI-O, NVIDIA's runtime (annotation-prefixes)
+    "nvidia.cdi.k8s.io",  # NVIDIA's NRI plugin (nvidia-ctk-installer)
+    "devices.crio.io", "io.kubernetes.cri-o.Devices",  # CRI-O's allowed device annotation, new and old
+    "devices.noderesource.dev", "devices.nri.io",  # NRI's device-injector: device nodes
+    "cdi-devices.noderesource.dev", "cdi-devices.nri.io",  # NRI's device-injector: CDI devices
+    "cdi.nri.io", "cdi.noderesource.dev",  # the NRI CDI device injector
+    "network-devices.noderesource.dev", "network-devices.nri.io",  # NRI's device-injector: host network devices
+    "netdevice.noderesource.dev", "netdevices.nri.containerd.io",  # NRI's network-device-injector
+    "devices.gke.io",  # GKE's NRI device injector
+)
+MOUNT_ANNOTATION_FAMILIES = ("mounts.noderesource.dev", "mounts.nri.io")  # NRI's device-injector: mounts
+INJECTING_ANNOTATION_FAMILIES = DEVICE_ANNOTATION_FAMILIES + MOUNT_ANNOTATION_FAMILIES
 # The capabilities Pod Security's baseline profile lets a container add; any other (SYS_ADMIN,
 # SYS_MODULE, SYS_RAWIO, DAC_READ_SEARCH, BPF, ...) can reach the node's devices or kernel.
 BASELINE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
