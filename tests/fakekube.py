@@ -49,6 +49,10 @@ WRITABLE = ("secrets", "mutatingwebhookconfigurations")
 KINDS.update({"leases": "Lease", "events": "Event", "poddisruptionbudgets": "PodDisruptionBudget"})
 GROUPS.update({"leases": "coordination.k8s.io/v1", "poddisruptionbudgets": "policy/v1"})
 WRITABLE += ("leases", "events")
+# What the agent lists to find another DRA driver offering its node's GPUs.
+KINDS["resourceslices"] = "ResourceSlice"
+GROUPS["resourceslices"] = "resource.k8s.io/v1"
+CLUSTER_SCOPED += ("resourceslices",)
 
 
 def _matches_selector(labels: dict, selector: str) -> bool:

@@ -67,6 +67,8 @@ class Observation:
     cards: list[CardRow]
     pod_resources_up: bool
     seconds: float = 0.0
+    # Other DRA drivers offering this node's GPUs (webhook.agent.conflicting); None: not checked (yet).
+    dra_conflicts: list | None = None
 
 
 def memory_cap_for(isolation: str | None, shares_per_card: int) -> Callable[[nvml.Card, int], int | None]:
@@ -90,7 +92,7 @@ class Observer:
     def __init__(self, node: str, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board | None,
                  policy: policy_mod.Policy, holdings: Callable[[], list[podresources.Holding]],
                  procs: attributing.ProcReader, pods: podlisting.NodePods | None,
-                 memory_cap: Callable[[nvml.Card, int], int | None] = no_cap) -> None:
+                 memory_cap: Callable[[nvml.Card, int], int | None] = no_cap, dra=None) -> None:
         self.node = node
         self.cards = sorted(cards, key=lambda c: c.index)
         self.devices = devices
@@ -100,6 +102,7 @@ class Observer:
         self.procs = procs
         self.pods = pods
         self.memory_cap = memory_cap
+        self.dra = dra  # a conflicting.Watcher, or None
 
     def _owner(self, pid: int, holders: dict[tuple[str, str, str], ContainerRow]) -> ContainerRow | None:
         ref = self.procs.container_of(pid)
@@ -163,7 +166,8 @@ class Observer:
                     owner.sm_percent += proc.sm_percent or 0.0
             row.containers = sorted(holders.values(), key=lambda r: (r.namespace, r.pod, r.container))
             rows.append(row)
-        return Observation(self.node, self.policy.shares_per_card, rows, up, time.perf_counter() - started)
+        dra = list(self.dra.found) if self.dra is not None and self.dra.checked else None
+        return Observation(self.node, self.policy.shares_per_card, rows, up, time.perf_counter() - started, dra)
 
 
 def families(obs: Observation) -> Iterator[prom.Metric]:
@@ -231,6 +235,16 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
     took.add_metric([obs.node], obs.seconds)
     yield from (g_total, g_used, g_util, g_cap, g_alloc, g_health, c_xid, g_unattr, g_unproc,
                 k_shares, k_used, k_share, k_cap, k_procs, k_util, k_over, up, took)
+    if obs.dra_conflicts is not None:
+        count = gauge("gpushard_agent_dra_conflicts",
+                      "DRA drivers whose ResourceSlices offer this node's GPUs besides gpushard (should be 0)",
+                      ["node"])
+        count.add_metric([obs.node], len(obs.dra_conflicts))
+        devices = gauge("gpushard_agent_dra_conflict_devices",
+                        "Devices a conflicting DRA driver publishes for this node", ["node", "driver"])
+        for c in obs.dra_conflicts:
+            devices.add_metric([obs.node, c.driver], c.devices)
+        yield from (count, devices)
 
 
 class Collector(registry.Collector):
@@ -274,7 +288,7 @@ class Server:
 
 
 def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board, api,
-          node_name: str | None) -> Server | None:
+          node_name: str | None, dra=None) -> Server | None:
     """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts."""
     if not args.metrics_port:
         return None
@@ -291,7 +305,7 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
     # Isolation, where configured, caps each container's memory; without it there is no cap to report.
     observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy),
                         attributing.ProcReader(args.proc_root), pods,
-                        memory_cap_for(policy.isolation, policy.shares_per_card))
+                        memory_cap_for(policy.isolation, policy.shares_per_card), dra)
     server = Server(new_registry(observer), args.metrics_port)
     log.info("gpushard: metrics on port %d (processes read from %s, shares from %s)", server.port,
              args.proc_root, args.pod_resources_socket)
