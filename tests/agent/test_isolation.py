@@ -97,6 +97,15 @@ def test_memory_mode_over_grpc(plugin_dir, kubelet):
         agent.stop()
 
 
+def test_the_webhook_removes_every_limit_name_the_plugin_sets_from_an_authors_env():
+    # Any name the card-k plugin hands the runtime, plural names included, is one an author may not write.
+    from webhook.core import isolation as core_isolation
+
+    given = {*isolation.answer(H100, 25, 100, "memory").envs, *isolation.answer(H100, 25, 100, "mps", ROOT).envs}
+    assert {"NVIDIA_GPU_MEMORY_LIMITS", "NVIDIA_GPU_MEMORY_REQUESTS"} <= given
+    assert all(core_isolation.guarded(name) for name in given)
+
+
 GREEDY_IMAGE_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_GPU_MEMORY_LIMITS": "81559",
                     "NVIDIA_GPU_MEMORY_REQUESTS": "81559"}
 

@@ -11,8 +11,18 @@ import threading
 from collections.abc import Callable
 
 from webhook import settings as settings_mod
-from webhook.agent import (allocation, conflicting, deviceplugin, exporting, health, isolation, kubelet, mps, nvml,
-                           publishing)
+from webhook.agent import (
+    allocation,
+    conflicting,
+    deviceplugin,
+    exporting,
+    health,
+    isolation,
+    kubelet,
+    mps,
+    nvml,
+    publishing,
+)
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
