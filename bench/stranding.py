@@ -79,12 +79,18 @@ class Chooser:
         self.sim, self.number = sim, number
         self.used = [row[:] for row in sim.used]
         self.seen = len(sim.log)
-        self.mine: dict[int, tuple[int, int, int]] = {}  # log position of the pod's creation -> choice
+        # log position of the pod's creation -> (node, card, shares, when chosen)
+        self.mine: dict[int, tuple[int, int, int, float]] = {}
         self.view = placement.View(tuple(sim.node(i, self.used) for i in range(sim.nodes)))
 
     def choose(self, pod: Pod) -> None:
         sim, touched = self.sim, set()
         upto = max(self.seen, len(sim.log) - sim.lag)
+        if sim.remember_ttl is not None:  # the live view's time to live: choices its view has not shown yet
+            for position in [p for p, m in self.mine.items() if m[3] + sim.remember_ttl <= pod.created]:
+                ci, ck, s, _made = self.mine.pop(position)
+                self.used[ci][ck] -= s
+                touched.add(ci)
         for position in range(self.seen, upto):
             i, k, delta = sim.log[position]
             if i is not None:
@@ -92,7 +98,7 @@ class Chooser:
                 touched.add(i)
             mine = self.mine.pop(position, None)
             if mine is not None:  # the view now shows the pod: the remembered choice is done
-                ci, ck, s = mine
+                ci, ck, s, _made = mine
                 self.used[ci][ck] -= s
                 touched.add(ci)
         self.seen = upto
@@ -107,7 +113,7 @@ class Chooser:
         pod.chooser = self.number
         sim.log_created(pod)
         if pod.preferred is not None:
-            self.mine[pod.seen_at] = (pod.preferred, pod.card, pod.shares)
+            self.mine[pod.seen_at] = (pod.preferred, pod.card, pod.shares, pod.created)
             self.used[pod.preferred][pod.card] += pod.shares
             self.view = placement.replace_nodes(self.view, {choice.node: sim.node(pod.preferred, self.used)})
 
@@ -125,6 +131,8 @@ class Sim:
         self.spread_waiting = spread_waiting  # a pod that fits nowhere waits on a drawn index (admission's rng)
         # The accounting before pinned pods were kept: an unbound pod counted for 30 s only.
         self.forget_after = forget_after
+        # How long a chooser counts a choice its lagging view does not show yet (None: until it shows).
+        self.remember_ttl: float | None = None
         self.unbound: collections.deque = collections.deque()  # (created, pod), for forgetting
         self.rng = random.Random(seed + 1)
         self.log: list[tuple[int | None, int, int]] = []  # (node, card, delta) of what views count
@@ -277,7 +285,8 @@ def start_cluster(rng: random.Random, nodes: int = 100, cards: int = 8, low: flo
 
 
 def burst(seed: int, choosers: int, lag: int, randomized: bool, honour: bool = False, delay: float = 0.0,
-          forget_after: float | None = None, rate: float = 5.0, sim_class: type[Sim] = Sim) -> tuple[int, int]:
+          forget_after: float | None = None, rate: float = 5.0, sim_class: type[Sim] = Sim,
+          remember_ttl: float | None = None) -> tuple[int, int]:
     """(pods in the burst, stranded pods at its end).
 
     Pods are created ``rate`` a second; the scheduler binds each ``delay`` seconds after its creation
@@ -287,6 +296,7 @@ def burst(seed: int, choosers: int, lag: int, randomized: bool, honour: bool = F
     used = start_cluster(rng)
     count = rng.randint(330, 500)
     sim = sim_class(used, choosers, lag, randomized, honour, seed, forget_after)
+    sim.remember_ttl = remember_ttl
     due: collections.deque = collections.deque()
     for n in range(count):
         now = n / rate
@@ -511,6 +521,21 @@ def why(seed: int, churns: int, hours: float) -> None:
               f"{statistics.mean(r.stranded_claimed_mean for r in between):.2f}")
 
 
+def remembering(seed: int, bursts: int) -> None:
+    """Bursts as in the report, with the chooser's remembered choices expiring after a time to live
+    (the live view's REMEMBER_TTL_S) instead of lasting until its view shows the pod."""
+    print(f"stranded pods in bursts of 330-500 pods at 5 a second, 70-80 % full, 4 choosers, {bursts} bursts "
+          f"per row; a chooser's view lags the cluster by `lag` changes (3 per pod: created, bound, its choice "
+          f"done), so about lag / 15 seconds; its choices count until its view shows the pod, or the time to live")
+    print(f"{'lag (changes)':>13} {'~seconds':>8} {'time to live':>12} {'stranded mean':>13} {'worst %':>8}")
+    for lag in (20, 75, 150):
+        for ttl in (None, 30.0, 5.0, 2.0, 1.0):
+            runs = [burst(seed + i, 4, lag, True, honour=True, remember_ttl=ttl) for i in range(bursts)]
+            label = "until shown" if ttl is None else f"{ttl:g} s"
+            print(f"{lag:>13} {lag / 15:>8.1f} {label:>12} {statistics.mean(s for _n, s in runs):>13.1f} "
+                  f"{max(s / n for n, s in runs):>8.1%}")
+
+
 SWEEP = ((60, 15), (30, 10), (10, 5), (0, 10), (0, 5), (0, 2))
 
 
@@ -646,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="10 bursts a row, 8 churn runs of 3 h (default: 4 bursts, 3 runs of 1 h)")
     parser.add_argument("--sweep", action="store_true",
                         help="also churn with re-placement for several pendingSeconds / interval pairs")
+    parser.add_argument("--remember", action="store_true",
+                        help="bursts with remembered choices expiring after a time to live, by view lag")
     parser.add_argument("--required", action="store_true",
                         help="only churn and bursts with a required node or node set instead of the preferred term")
     parser.add_argument("--why", action="store_true",
@@ -655,6 +682,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.why:
         why(args.seed, churns=8 if args.long else 3, hours=3.0 if args.long else 1.0)
         print(f"\nstranding breakdown finished in {time.perf_counter() - started:.0f} s")
+        return 0
+    if args.remember:
+        remembering(args.seed, bursts=10 if args.long else (2 if args.quick else 4))
         return 0
     if args.required:
         required(args.seed, bursts=10 if args.long else 2, churns=3 if args.long else 1,

@@ -10,7 +10,11 @@ the pod proxy, and watch streams with resourceVersions (an object that stops mat
 sent as DELETED, as the API server does); it can expire history (watches from older versions,
 and continue tokens issued before, get 410 Gone) and drop every open watch connection; with
 ``tokens`` set it authenticates bearer tokens (401) and lets each read only its namespaces (403),
-as RBAC would. For the replacer it also stores Leases and Events (create, replace with a
+as RBAC would. It answers TokenReviews (``users``: token -> user and groups) and
+SubjectAccessReviews (``grants``: who may do what, by user or ``group:<name>``), and port-forwards
+to a pod (``forwards``: to a real local TCP address) over the WebSocket protocol the API server
+speaks (``v4.channel.k8s.io``: per port a data and an error channel, each opened by a frame
+naming the port). For the replacer it also stores Leases and Events (create, replace with a
 resourceVersion check), and answers pod evictions as the API server does: preconditions,
 PodDisruptionBudgets checked only for pods that are not Pending or ended (429 when one allows no
 disruption), the DisruptionTarget condition set, then the pod deleted.
@@ -20,7 +24,10 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
+import socket
+import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,6 +56,10 @@ WRITABLE = ("secrets", "mutatingwebhookconfigurations")
 KINDS.update({"leases": "Lease", "events": "Event", "poddisruptionbudgets": "PodDisruptionBudget"})
 GROUPS.update({"leases": "coordination.k8s.io/v1", "poddisruptionbudgets": "policy/v1"})
 WRITABLE += ("leases", "events")
+# What the agent lists to find another DRA driver offering its node's GPUs.
+KINDS["resourceslices"] = "ResourceSlice"
+GROUPS["resourceslices"] = "resource.k8s.io/v1"
+CLUSTER_SCOPED += ("resourceslices",)
 
 
 def _matches_selector(labels: dict, selector: str) -> bool:
@@ -86,6 +97,14 @@ class FakeKube:
         # The pod proxy (GET .../pods/<name>:<port>/proxy/<path>): (namespace, name, port) -> handler(path)
         # giving (status, body); a pod with no handler answers 503 as the API server does for no endpoint.
         self.proxies: dict[tuple[str, str, int], object] = {}
+        # Port-forwards (GET .../pods/<name>/portforward?ports=<port>, WebSocket): (namespace, name, port) ->
+        # (host, port) of a real local TCP server; a pod port with none gets an error on its error channel.
+        self.forwards: dict[tuple[str, str, int], tuple[str, int]] = {}
+        # TokenReview: token -> (username, groups); SubjectAccessReview: the grants, each a dict with
+        # "subject" (a username, or "group:<name>") and the attributes it allows (verb, group, resource,
+        # subresource, name: a missing key matches anything; or "path" for a non-resource URL).
+        self.users: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self.grants: list[dict] = []
         # Called with (namespace, name), the lock held, as an eviction arrives: what changes the pod
         # between a client's list and its eviction (the scheduler binding it, the kubelet starting it).
         self.before_eviction: list = []
@@ -262,10 +281,43 @@ class FakeKube:
                 self.wfile.write(body)
                 return True
 
+            def _portforward(self) -> bool:
+                url = urlparse(self.path)
+                parts = [unquote(p) for p in url.path.split("/")]
+                if len(parts) != 8 or parts[1:4] != ["api", "v1", "namespaces"] or parts[5] != "pods" \
+                        or parts[7] != "portforward":
+                    return False
+                namespace, name = parts[4], parts[6]
+                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                with fake.lock:
+                    pod = fake.objects["pods"].get((namespace, name))
+                if pod is None:
+                    self._status(404, "NotFound", f'pods "{name}" not found')
+                    return True
+                if (self.headers.get("Upgrade") or "").lower() != "websocket":
+                    self._status(400, "BadRequest", "port-forward needs a WebSocket upgrade here")
+                    return True
+                offered = [p.strip() for p in (self.headers.get("Sec-WebSocket-Protocol") or "").split(",")]
+                if "v4.channel.k8s.io" not in offered:
+                    self._status(400, "BadRequest", f"no supported WebSocket protocol in {offered}")
+                    return True
+                port = int(query.get("ports") or 0)
+                accept = base64.b64encode(hashlib.sha1(
+                    (self.headers["Sec-WebSocket-Key"] + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+                self.send_response(101, "Switching Protocols")
+                self.send_header("Upgrade", "websocket")
+                self.send_header("Connection", "Upgrade")
+                self.send_header("Sec-WebSocket-Accept", accept.decode())
+                self.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
+                self.end_headers()
+                self.close_connection = True
+                _Tunnel(self.rfile, self.wfile, port, fake.forwards.get((namespace, name, port)), name).run()
+                return True
+
             def do_GET(self):
                 if not self._before():
                     return
-                if self._proxy():
+                if self._proxy() or self._portforward():
                     return
                 resource, namespace, name, query = self._route()
                 if resource is None:
@@ -419,7 +471,30 @@ class FakeKube:
                     fake.objects[resource][key] = stored
                 self._send(201 if create else 200, stored)
 
+            def _review(self) -> bool:
+                path = urlparse(self.path).path.rstrip("/")
+                if path not in ("/apis/authentication.k8s.io/v1/tokenreviews",
+                                "/apis/authorization.k8s.io/v1/subjectaccessreviews"):
+                    return False
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                if not self._before(body):
+                    return True
+                review = json.loads(body or b"{}")
+                spec = review.get("spec") or {}
+                with fake.lock:
+                    if path.endswith("tokenreviews"):
+                        user = fake.users.get(str(spec.get("token") or ""))
+                        status = {"authenticated": False, "error": "invalid bearer token"} if user is None else {
+                            "authenticated": True, "user": {"username": user[0], "groups": list(user[1])}}
+                    else:
+                        status = {"allowed": _granted(fake.grants, spec)}
+                self._send(201, {**review, "status": status})
+                return True
+
             def do_POST(self):
+                if self._review():
+                    return
                 path = urlparse(self.path).path.rstrip("/").split("/")
                 if path[-1] == "eviction" and path[-3] == "pods":
                     return self._evict(path[-4], path[-2])
@@ -480,6 +555,103 @@ class FakeKube:
                 self._write(create=False)
 
         return Handler
+
+
+def _granted(grants: list[dict], spec: dict) -> bool:
+    """Whether a SubjectAccessReview's spec is allowed by one of ``grants``."""
+    subjects = {spec.get("user")} | {f"group:{g}" for g in spec.get("groups") or ()}
+    attributes = spec.get("resourceAttributes") or {}
+    path = (spec.get("nonResourceAttributes") or {}).get("path")
+    verb = (spec.get("nonResourceAttributes") or attributes).get("verb")
+    for grant in grants:
+        if grant["subject"] not in subjects or grant.get("verb", verb) != verb:
+            continue
+        if path is not None:
+            if grant.get("path") == path:
+                return True
+            continue
+        if "path" not in grant and all(grant.get(k, attributes.get(k, "")) == attributes.get(k, "")
+                                       for k in ("group", "resource", "subresource", "name", "namespace")):
+            return True
+    return False
+
+
+class _Tunnel:
+    """One port-forward over a WebSocket: channel 0 carries the data, channel 1 the errors."""
+
+    def __init__(self, rfile, wfile, port: int, target: tuple[str, int] | None, pod: str):
+        self.rfile, self.wfile, self.port, self.target, self.pod = rfile, wfile, port, target, pod
+        self.lock = threading.Lock()
+
+    def send(self, payload: bytes, opcode: int = 2) -> None:
+        size = len(payload)
+        head = bytes([0x80 | opcode])
+        if size < 126:
+            head += bytes([size])
+        elif size < 1 << 16:
+            head += bytes([126]) + struct.pack("!H", size)
+        else:
+            head += bytes([127]) + struct.pack("!Q", size)
+        with self.lock:
+            self.wfile.write(head + payload)
+            self.wfile.flush()
+
+    def receive(self) -> tuple[int, bytes] | None:
+        head = self.rfile.read(2)
+        if len(head) < 2:
+            return None
+        opcode, size = head[0] & 0x0F, head[1] & 0x7F
+        if size == 126:
+            size = struct.unpack("!H", self.rfile.read(2))[0]
+        elif size == 127:
+            size = struct.unpack("!Q", self.rfile.read(8))[0]
+        mask = self.rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+        data = self.rfile.read(size)
+        return opcode, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+    def run(self) -> None:
+        port = struct.pack("<H", self.port)
+        self.send(b"\x00" + port)
+        self.send(b"\x01" + port)
+        try:
+            conn = socket.create_connection(self.target, timeout=10) if self.target else None
+        except OSError:
+            conn = None
+        if conn is None:
+            self.send(b"\x01" + f"error forwarding port {self.port} to pod {self.pod}: connection refused".encode())
+            self.send(b"", opcode=8)
+            return
+        conn.settimeout(None)
+
+        def back() -> None:
+            try:
+                while data := conn.recv(65536):
+                    self.send(b"\x00" + data)
+            except OSError:
+                pass
+            try:
+                self.send(b"", opcode=8)
+            except OSError:
+                pass
+
+        replies = threading.Thread(target=back, daemon=True)
+        replies.start()
+        try:
+            while (frame := self.receive()) is not None:
+                opcode, data = frame
+                if opcode == 8:
+                    break
+                if opcode == 2 and data[:1] == b"\x00" and len(data) > 1:
+                    conn.sendall(data[1:])
+        except OSError:
+            pass
+        finally:
+            try:
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            replies.join(timeout=10)
+            conn.close()
 
 
 def _selects(budget: dict, pod: dict) -> bool:

@@ -1,5 +1,8 @@
-"""We test `gpushard top` against the local Kubernetes API server, which serves the agents' metrics
-through the pod proxy path (GET /api/v1/namespaces/<ns>/pods/<agent>:<port>/proxy/metrics):
+"""We test `gpushard top` against the local Kubernetes API server, which port-forwards to the agents
+(GET /api/v1/namespaces/<ns>/pods/<agent>/portforward?ports=<port>, WebSocket) where real agent metrics
+servers (webhook.agent.exporting.Server: TLS, tokens reviewed) answer on local ports:
+- the agents take the port-forward (their loopback) without any token, so top works for whoever the
+  API server lets port-forward, whatever credentials they hold; top never uses the pod proxy;
 - it finds the running agent pods by label and their named metrics port;
 - the card table (shares held of capacity, memory used of total, utilization, health) and the pod table
   (shares, memory used, memory share, cap, utilization where reported, OVER for a container above its
@@ -26,12 +29,6 @@ MIB = nvml.MIB
 NS = "gpushard-system"
 
 
-def agent_text(node: str, rows: list[exporting.CardRow]) -> bytes:
-    observation = exporting.Observation(node, 100, rows, pod_resources_up=True)
-    reg = exporting.new_registry(lambda: observation)
-    return exporting.text(reg).encode()
-
-
 def card(index: int, used_mib: int, util: int, *containers: exporting.ContainerRow, healthy: bool = True):
     c = nvml.Card(index, f"GPU-{index}", "NVIDIA L4", 16384)
     usage = nvml.Usage(used_mib * MIB, 16384 * MIB, util, process_utilization=index == 0)
@@ -54,7 +51,17 @@ def agent_pod(name: str, node: str, port: int = 9401, phase: str = "Running") ->
 
 @pytest.fixture
 def kube(tmp_path):
+    servers = []
+
+    def serve(name: str, node: str, rows: list[exporting.CardRow], port: int = 9401) -> None:
+        """A real agent metrics server on a local port, which the fake API server port-forwards to."""
+        observation = exporting.Observation(node, 100, rows, pod_resources_up=True)
+        server = exporting.Server(exporting.new_registry(lambda: observation), 0, addr="127.0.0.1")
+        servers.append(server)
+        fake.forwards[(NS, name, port)] = ("127.0.0.1", server.port)
+
     with FakeKube() as fake:
+        fake.serve_agent = serve
         config = tmp_path / "kubeconfig"
         config.write_text(json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "fake",
@@ -63,6 +70,8 @@ def kube(tmp_path):
             "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}))
         fake.kubeconfig = str(config)
         yield fake
+    for server in servers:
+        server.close()
 
 
 def top(kube, capsys, *args: str) -> tuple[int, str, str]:
@@ -71,18 +80,16 @@ def top(kube, capsys, *args: str) -> tuple[int, str, str]:
     return status, captured.out, captured.err
 
 
-def test_top_reads_every_agent_through_the_proxy(kube, capsys):
+def test_top_reads_every_agent_through_a_port_forward(kube, capsys):
     kube.put("pods", agent_pod("agent-a", "node-a"))
     kube.put("pods", agent_pod("agent-b", "node-b", port=9500))
     kube.put("pods", agent_pod("agent-c", "node-c", phase="Pending"))
     kube.put("pods", {**agent_pod("unrelated", "node-a"), "metadata": {"name": "unrelated", "namespace": NS}})
-    text_a = agent_text("node-a", [
+    kube.serve_agent("agent-a", "node-a", [
         card(0, 6548, 87, row("ml", "train", "trainer", 25, 4500, sm=52),
              row("ml", "infer", "server", 50, 2048, sm=35)),
         card(1, 1024, 12, row("lab", "batch", "worker", 40, 1024, cap=True), healthy=False)])
-    text_b = agent_text("node-b", [card(0, 0, 0, row("lab", "notebook", "jupyter", 30, 0))])
-    kube.proxies[(NS, "agent-a", 9401)] = lambda path: (200, text_a) if path == "metrics" else (404, b"")
-    kube.proxies[(NS, "agent-b", 9500)] = lambda path: (200, text_b) if path == "metrics" else (404, b"")
+    kube.serve_agent("agent-b", "node-b", [card(0, 0, 0, row("lab", "notebook", "jupyter", 30, 0))], port=9500)
 
     status, out, err = top(kube, capsys)
     assert status == 0, err
@@ -99,9 +106,10 @@ def test_top_reads_every_agent_through_the_proxy(kube, capsys):
     # Card 1 reports no per-process utilization.
     assert ["lab", "batch", "worker", "node-a", "1", "40", "1024Mi", "6554Mi", "6554Mi", "-"] in pods
     assert ["lab", "notebook", "jupyter", "node-b", "0", "30", "0Mi", "4915Mi", "-", "0%"] in pods
-    proxied = [unquote(p) for m, p, _ in kube.requests if "/proxy/" in p]
-    assert sorted(proxied) == [f"/api/v1/namespaces/{NS}/pods/agent-a:9401/proxy/metrics",
-                               f"/api/v1/namespaces/{NS}/pods/agent-b:9500/proxy/metrics"]
+    forwarded = [unquote(p) for m, p, _ in kube.requests if "/portforward" in p]
+    assert sorted(forwarded) == [f"/api/v1/namespaces/{NS}/pods/agent-a/portforward?ports=9401",
+                                 f"/api/v1/namespaces/{NS}/pods/agent-b/portforward?ports=9500"]
+    assert not [p for m, p, _ in kube.requests if "/proxy" in p]
 
     status, out, _ = top(kube, capsys, "pods", "-n", "lab", "--sort-by", "shares", "-o", "json")
     body = json.loads(out)
@@ -120,11 +128,12 @@ def test_top_reads_every_agent_through_the_proxy(kube, capsys):
 def test_an_agent_away_is_named_and_the_others_shown(kube, capsys):
     kube.put("pods", agent_pod("agent-a", "node-a"))
     kube.put("pods", agent_pod("agent-b", "node-b"))
-    kube.proxies[(NS, "agent-a", 9401)] = lambda path: (200, agent_text("node-a", [card(0, 10, 1)]))
+    kube.serve_agent("agent-a", "node-a", [card(0, 10, 1)])
     status, out, err = top(kube, capsys, "cards")
     assert status == 0
     assert "node-a" in out and "node-b" not in out
-    assert err.startswith("gpushard: cannot read the metrics of agent agent-b on node 'node-b': HTTP 503")
+    assert err == ("gpushard: cannot read the metrics of agent agent-b on node 'node-b': port-forward failed: "
+                   "error forwarding port 9401 to pod agent-b: connection refused\n")
 
 
 def test_no_agent_or_none_answering(kube, capsys):

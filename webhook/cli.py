@@ -250,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with isolation: mps, the host folder for each card's MPS pipe and log folders and the "
                         "shared shm folder, mounted at the same path in the agent (default: /run/gpushard/mps)")
     p.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
-                   help="serve per-card and per-pod GPU metrics on PORT at /metrics (default: 0, none)")
+                   help="serve per-card and per-pod GPU metrics on PORT at /metrics, over TLS, to tokens the API "
+                        "server allows get nodes/metrics of this node and to port-forwards (default: 0, none)")
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="the kubelet's PodResources socket, for the shares each container holds")
     p.add_argument("--proc-root", default="/proc",

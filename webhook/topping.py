@@ -1,13 +1,21 @@
 """`gpushard top`: shares held against memory and utilization used, per node, card and pod.
 
-Read from every agent's metrics through the API server's pod proxy
-(``GET /api/v1/namespaces/<ns>/pods/<agent>:<port>/proxy/metrics``), so it needs no route to
-the nodes, only the right to list the agents' pods and to GET their proxy, in their namespace.
+Read from every agent's metrics through a port-forward by the API server
+(``/api/v1/namespaces/<ns>/pods/<agent>/portforward``), so it needs no route to the nodes, only
+the right to list the agents' pods and to port-forward to them, in their namespace. The agents
+serve per-container data only to a token the API server authorizes, or to their own loopback,
+which is where a port-forward arrives: the API server already checked the caller's right to it,
+whatever credentials the caller holds (client certificates too). The pod proxy would not do: it
+drops the caller's Authorization header after authenticating it and reaches the pod from the
+API server's own address, so the agent could not tell its caller from any pod on the network.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import re
+import ssl
 import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -125,11 +133,68 @@ def find_agents(core, namespace: str, timeout: float | None = TIMEOUT_S) -> list
     return sorted(agents, key=lambda a: a.node)
 
 
+class ScrapeError(Exception):
+    """The agent, or the port-forward to it, refused or failed; ``status`` is the HTTP status when there is one."""
+
+    def __init__(self, message: str, status: int | None = None, reason: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+def _forward(core, namespace: str, agent: Agent, timeout: float | None):
+    import kubernetes
+    import websocket
+    from kubernetes import stream
+
+    previous = websocket.getdefaulttimeout()
+    websocket.setdefaulttimeout(timeout)  # the client's port-forward has no timeout of its own
+    try:
+        return stream.portforward(core.connect_get_namespaced_pod_portforward, agent.pod, namespace,
+                                  ports=str(agent.port))
+    except kubernetes.client.ApiException as exc:
+        found = re.search(r"Handshake status (\d+) ?([A-Za-z ]*)", str(exc.reason))
+        if found:
+            # The API server's refusal: its Status message follows the headers.
+            detail = re.search(r'"message": ?"((?:[^"\\]|\\.)*)"', str(exc.reason))
+            status, reason = int(found[1]), found[2].strip()
+            text = f"HTTP {status} {reason}" + (f": {json.loads(chr(34) + detail[1] + chr(34))}" if detail else "")
+            raise ScrapeError(text, status, reason) from None
+        raise ScrapeError(f"port-forward failed: {exc.reason}") from None
+    finally:
+        websocket.setdefaulttimeout(previous)
+
+
 def scrape(core, namespace: str, agent: Agent, timeout: float | None = TIMEOUT_S) -> str:
-    """One agent's metrics text through the API server's pod proxy."""
-    response = core.connect_get_namespaced_pod_proxy_with_path(
-        f"{agent.pod}:{agent.port}", namespace, "metrics", _preload_content=False, _request_timeout=timeout)
-    return response.data.decode("utf-8", errors="replace")
+    """One agent's metrics text, over TLS through a port-forward by the API server.
+
+    The agent's certificate is made at its start and verified by nobody: the tunnel's ends are the
+    API server (whose certificate the kubeconfig verifies) and the agent pod the kubelet opens it
+    into, so no one else is on the way.
+    """
+    forward = _forward(core, namespace, agent, timeout)
+    try:
+        plain = forward.socket(agent.port)
+        plain.settimeout(timeout)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        try:
+            with context.wrap_socket(plain, server_hostname="localhost") as tls:
+                tls.sendall(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                response = http.client.HTTPResponse(tls)
+                response.begin()
+                body = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            error = forward.error(agent.port)
+            raise ScrapeError(f"port-forward failed: {(error or str(exc) or type(exc).__name__).strip()}") from None
+        if response.status != 200:
+            detail = body.decode("utf-8", errors="replace").strip()
+            raise ScrapeError(f"HTTP {response.status} {response.reason}" + (f": {detail}" if detail else ""),
+                              response.status, response.reason)
+        return body.decode("utf-8", errors="replace")
+    finally:
+        forward.close()
 
 
 def gather(core, namespace: str, node: str | None = None, err: IO[str] | None = None,
@@ -149,7 +214,8 @@ def gather(core, namespace: str, node: str | None = None, err: IO[str] | None = 
             text = scrape(core, namespace, agent, timeout)
         except Exception as exc:  # one node away must not hide the others
             status = getattr(exc, "status", None)
-            why = f"HTTP {status} {getattr(exc, 'reason', '')}".strip() if status else str(exc)
+            why = str(exc) if isinstance(exc, ScrapeError) or not status else \
+                f"HTTP {status} {getattr(exc, 'reason', '')}".strip()
             print(f"gpushard: cannot read the metrics of agent {agent.pod} on node {agent.node!r}: {why}", file=err)
             continue
         answered += 1
@@ -206,7 +272,8 @@ def run_top(args, conn: connecting.Client, out: IO[str] | None = None, err: IO[s
     core = kubernetes.client.CoreV1Api(conn.api)
     timeout = conn.timeout if conn.timeout is not None else TIMEOUT_S
     try:
-        with connecting.reaching(conn.target, f"list and proxy the agent pods in namespace {args.agent_namespace!r}"):
+        with connecting.reaching(conn.target, f"list and port-forward to the agent pods in namespace "
+                                              f"{args.agent_namespace!r}"):
             cards, pods = gather(core, args.agent_namespace, args.node, err, timeout)
     except (TopError, connecting.ApiError) as exc:
         print(exc, file=err)

@@ -7,7 +7,11 @@
   unprivileged containers, mounts accepted): with the default strategy, exactly its card on both,
   even when the author writes NVIDIA_VISIBLE_DEVICES=all; a container that asks no GPU, or only
   gpushard.io/gpu, sees no card on a hardened node whatever its image says;
-- a strategy a node cannot resolve shows as a failing container, which is why cdi-cri is not the default.
+- a strategy a node cannot resolve shows as a failing container, which is why cdi-cri is not the default;
+- a list without envvar still sets NVIDIA_VISIBLE_DEVICES, to a value naming no card (the device-list
+  folder with volume-mounts, as NVIDIA's plugin does; void with cdi-cri alone), so a CUDA image's own
+  `all` never stands: on a node with the toolkit's defaults the container gets its card or fails,
+  never every card.
 """
 
 from __future__ import annotations
@@ -76,8 +80,10 @@ MOUNT_1 = ("/dev/null", "/var/run/nvidia-container-devices/GPU-22222222-bbbb", T
 @pytest.mark.parametrize("node, expected", [
     (None, ({"NVIDIA_VISIBLE_DEVICES": "GPU-22222222-bbbb"}, [MOUNT_1], [])),
     (["envvar"], ({"NVIDIA_VISIBLE_DEVICES": "GPU-22222222-bbbb"}, [], [])),
-    (["volume-mounts"], ({}, [MOUNT_1], [])),
-    ("cdi-cri", ({}, [], ["nvidia.com/gpu=GPU-22222222-bbbb"])),
+    (["volume-mounts"], ({"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"}, [MOUNT_1], [])),
+    ("cdi-cri", ({"NVIDIA_VISIBLE_DEVICES": "void"}, [], ["nvidia.com/gpu=GPU-22222222-bbbb"])),
+    (["cdi-cri", "volume-mounts"], ({"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"}, [MOUNT_1],
+                                    ["nvidia.com/gpu=GPU-22222222-bbbb"])),
     (["envvar", "volume-mounts", "cdi-cri"],
      ({"NVIDIA_VISIBLE_DEVICES": "GPU-22222222-bbbb"}, [MOUNT_1], ["nvidia.com/gpu=GPU-22222222-bbbb"])),
 ], indirect=["node"])
@@ -136,3 +142,24 @@ def test_cdi_fails_the_container_on_a_node_without_the_spec(node):
     assert toolkit.visible_cards(c, toolkit.HARDENED_NODE, NODE_CARDS) == {CARDS[0].uuid}
     with pytest.raises(ValueError, match="unresolvable CDI device 'nvidia.com/gpu=GPU-11111111-aaaa'"):
         toolkit.visible_cards(c, toolkit.Node(cdi_kind="k8s.device-plugin.nvidia.com/gpu"), NODE_CARDS)
+
+
+@pytest.mark.parametrize("node", [["volume-mounts"]], indirect=True)
+def test_volume_mounts_alone_never_lets_an_images_all_stand(node):
+    # No webhook env (the author's container env is absent): only the image's `all` and the plugin's answer.
+    c = toolkit.container(node.holding(1), image_env=CUDA_IMAGE_ENV)
+    assert toolkit.visible_cards(c, toolkit.HARDENED_NODE, NODE_CARDS) == {CARDS[1].uuid}
+    # With the toolkit's defaults the env is read: the device-list folder names no card, so the toolkit
+    # fails the container (as with NVIDIA's plugin in this strategy) instead of giving it every card.
+    with pytest.raises(ValueError, match="unknown device '/var/run/nvidia-container-devices'"):
+        toolkit.visible_cards(c, toolkit.DEFAULT_NODE, NODE_CARDS)
+    # The webhook's NVIDIA_VISIBLE_DEVICES=<k> in an enforce namespace comes last and still names the card.
+    c = toolkit.container(node.holding(1), own_env={"NVIDIA_VISIBLE_DEVICES": "1"}, image_env=CUDA_IMAGE_ENV)
+    assert toolkit.visible_cards(c, toolkit.DEFAULT_NODE, NODE_CARDS) == {CARDS[1].uuid}
+
+
+@pytest.mark.parametrize("node", [["cdi-cri"]], indirect=True)
+def test_cdi_alone_gives_exactly_the_card_whatever_the_image_says(node):
+    c = toolkit.container(node.holding(0), image_env=CUDA_IMAGE_ENV)
+    for where in (toolkit.DEFAULT_NODE, toolkit.HARDENED_NODE):
+        assert toolkit.visible_cards(c, where, NODE_CARDS) == {CARDS[0].uuid}

@@ -12,7 +12,7 @@ a fake /proc tree with cgroup files in three runtime layouts, and NVML process l
   the API shows the new ID;
 - the memory cap appears only when isolation gives one;
 - PodResources down: card series stay, container series go, and podresources_up says 0;
-- the metrics served over HTTP on the agent's own port, and `gpushard agent --metrics-port` end to end
+- the metrics served over TLS on the agent's own port, and `gpushard agent --metrics-port` end to end
   (fake inventory, stand-in PodResources, fake /proc, pods named through a kubeconfig to the local API).
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -37,6 +38,10 @@ from webhook.core import policy as policy_mod
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NODE = "node-a"
 GIB = 1 << 30
+# The agent's certificate is made at its start; these tests check what it serves, not who it is.
+UNVERIFIED = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+UNVERIFIED.check_hostname = False
+UNVERIFIED.verify_mode = ssl.CERT_NONE
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA L4", 16384), nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 16384)]
 
 
@@ -230,7 +235,8 @@ def test_served_on_its_own_port(node):
                                   attributing.ProcReader(node.fake.proc_root), None)
     server = exporting.Server(exporting.new_registry(observer), 0, addr="127.0.0.1")
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"https://127.0.0.1:{server.port}/metrics", timeout=5,
+                                    context=UNVERIFIED) as response:
             text = response.read().decode()
         assert 'gpushard_card_memory_total_bytes{UUID="GPU-aaaa",gpu="0",modelName="NVIDIA L4",node="node-a"} ' \
                '1.7179869184e+10\n' in text
@@ -267,7 +273,8 @@ def test_the_agent_serves_metrics_end_to_end(node, tmp_path):
         deadline = time.monotonic() + 20
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=5,
+                                            context=UNVERIFIED) as response:
                     text = response.read().decode()
                 break
             except OSError:

@@ -6,7 +6,10 @@
 - the count of device IDs is the container's shares, and the aggregate resource answers nothing;
 - over real gRPC with a fake kubelet: the card-k plugin answers env and mounts per container, next to its
   card's UUID, in memory mode and in mps mode (with a stand-in MPS daemon running), and the inventory says
-  what each card gives.
+  what each card gives;
+- memory mode sets the plural NVIDIA_GPU_MEMORY_LIMITS/_REQUESTS beside the singular names, so an image
+  that sets the plurals cannot raise its cap under either revision of the toolkit's memory hook
+  (tests/agent/toolkit.py: the kubelet's merge and each revision's reading).
 """
 
 import json
@@ -14,7 +17,7 @@ import os
 
 import pytest
 
-from tests.agent import fakekubelet, mpsstandin
+from tests.agent import fakekubelet, mpsstandin, toolkit
 from webhook import settings
 from webhook.agent import allocation, isolation, nvml, running
 from webhook.agent.proto import deviceplugin_pb2 as pb
@@ -32,7 +35,8 @@ def test_none_gives_nothing():
                                                (L4, 1, "224")])
 def test_memory_mode_caps_each_card_by_its_own_memory(card, shares, cap):
     got = isolation.answer(card, shares, 100, "memory")
-    assert got == allocation.Allocation({"NVIDIA_GPU_MEMORY_LIMIT": cap, "NVIDIA_GPU_MEMORY_REQUEST": cap})
+    assert got == allocation.Allocation({"NVIDIA_GPU_MEMORY_LIMIT": cap, "NVIDIA_GPU_MEMORY_REQUEST": cap,
+                                         "NVIDIA_GPU_MEMORY_LIMITS": cap, "NVIDIA_GPU_MEMORY_REQUESTS": cap})
 
 
 def test_mps_mode_gives_pipe_limits_and_mounts():
@@ -80,7 +84,8 @@ def test_memory_mode_over_grpc(plugin_dir, kubelet):
         kubelet.wait_for({"gpushard.io/gpu", "gpushard.io/card-0", "gpushard.io/card-1"})
         one, three = allocate(plugin_dir, "gpushard-io-card-1.sock", ["card-1-0"], ["card-1-1", "card-1-2", "card-1-5"])
         assert dict(one.envs) == {"NVIDIA_VISIBLE_DEVICES": "GPU-bbbb", "NVIDIA_GPU_MEMORY_LIMIT": "2811",
-                                  "NVIDIA_GPU_MEMORY_REQUEST": "2811"}
+                                  "NVIDIA_GPU_MEMORY_REQUEST": "2811", "NVIDIA_GPU_MEMORY_LIMITS": "2811",
+                                  "NVIDIA_GPU_MEMORY_REQUESTS": "2811"}
         assert dict(three.envs)["NVIDIA_GPU_MEMORY_LIMIT"] == str(3 * 22491 // 8)
         (h100,) = allocate(plugin_dir, "gpushard-io-card-0.sock", ["card-0-0", "card-0-1"])
         assert dict(h100.envs)["NVIDIA_GPU_MEMORY_LIMIT"] == str(2 * 81559 // 8)
@@ -88,6 +93,34 @@ def test_memory_mode_over_grpc(plugin_dir, kubelet):
         assert dict(aggregate.envs) == {} and not aggregate.mounts
         assert agent.inventory_details()["cards"][1] == {
             "isolation": {"mode": "memory", "driver": "fake", "memoryLimits": True}}
+    finally:
+        agent.stop()
+
+
+def test_the_webhook_removes_every_limit_name_the_plugin_sets_from_an_authors_env():
+    # Any name the card-k plugin hands the runtime, plural names included, is one an author may not write.
+    from webhook.core import isolation as core_isolation
+
+    given = {*isolation.answer(H100, 25, 100, "memory").envs, *isolation.answer(H100, 25, 100, "mps", ROOT).envs}
+    assert {"NVIDIA_GPU_MEMORY_LIMITS", "NVIDIA_GPU_MEMORY_REQUESTS"} <= given
+    assert all(core_isolation.guarded(name) for name in given)
+
+
+GREEDY_IMAGE_ENV = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_GPU_MEMORY_LIMITS": "81559",
+                    "NVIDIA_GPU_MEMORY_REQUESTS": "81559"}
+
+
+@pytest.mark.parametrize("revision", toolkit.HOOK_REVISIONS)
+def test_an_images_plural_limits_do_not_win_under_any_hook_revision(plugin_dir, kubelet, revision):
+    agent = start(plugin_dir, "memory", nvml.FakeDevices([H100, L4], memory_limits=True))
+    try:
+        kubelet.wait_for({"gpushard.io/gpu", "gpushard.io/card-0", "gpushard.io/card-1"})
+        answers = [*allocate(plugin_dir, "gpushard-io-gpu.sock", ["card-0-3"]),
+                   *allocate(plugin_dir, "gpushard-io-card-1.sock", ["card-1-0", "card-1-1"])]
+        # The image's env comes first, the plugin's after it: the runtime keeps the last value of a name.
+        c = toolkit.container(answers, image_env=GREEDY_IMAGE_ENV)
+        cap = 2 * 22491 // 8
+        assert toolkit.memory_limits(c, revision) == (cap, cap)
     finally:
         agent.stop()
 

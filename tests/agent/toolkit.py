@@ -11,6 +11,10 @@ A test peer that cannot run here (no GPU, no runtime): the rules restated from t
   accept-nvidia-visible-devices-envvar-when-unprivileged is on (its default); "void", "none" and
   an empty value name nothing, "all" every card.
 - CDI devices named by the CRI field are injected by the runtime itself (containerd, CRI-O).
+- The toolkit's apply-cuda-memory-limits CDI hook (cmd/nvidia-cdi-hook/apply-cuda-memory-limits):
+  its first revision (commit 5ab636a2) reads NVIDIA_GPU_MEMORY_REQUESTS/_LIMITS and falls back to
+  the singular names; later revisions (e.g. 064024a7) read only NVIDIA_GPU_MEMORY_REQUEST/_LIMIT.
+  Both want both values, as decimal whole MiB, request <= limit, and do nothing when one is missing.
 """
 
 from __future__ import annotations
@@ -106,3 +110,25 @@ def visible_cards(c: Container, node: Node, cards: list[tuple[int, str]]) -> set
             raise ValueError(f"the runtime fails the container: unresolvable CDI device {name!r}")
         seen.add(by_name[name[len(prefix):]])
     return seen
+
+
+PLURAL_FIRST = "plural-first"  # the hook's first revision
+SINGULAR = "singular"  # later revisions
+HOOK_REVISIONS = (PLURAL_FIRST, SINGULAR)
+
+
+def memory_limits(c: Container, revision: str) -> tuple[int, int] | None:
+    """(request, limit) in MiB that the toolkit's memory hook applies to the container, or None."""
+    def read(singular: str) -> str | None:
+        if revision == PLURAL_FIRST:
+            plural = _last_env(c.env, singular + "S")
+            if plural is not None:
+                return plural
+        return _last_env(c.env, singular)
+
+    request, limit = read("NVIDIA_GPU_MEMORY_REQUEST"), read("NVIDIA_GPU_MEMORY_LIMIT")
+    if request is None or limit is None:
+        return None
+    if not (request.isdigit() and limit.isdigit()) or int(request) > int(limit):
+        raise ValueError(f"the hook fails the container: request {request!r}, limit {limit!r}")
+    return int(request), int(limit)

@@ -8,6 +8,10 @@ We test:
 - a remembered choice expires after its time to live; an unbound pod keeps its entry until
   it binds, also on another node than the one chosen;
 - an unbound pod that carries gpushard's preferred affinity term counts on that node;
+- with the default time to live, a choice no pod takes over (a forged review) stops counting within
+  seconds while the pods watch streams, and a real pod whose watch event lags a few seconds still
+  takes its choice over and counts from then on; while the pods watch is down choices are held
+  (no pod could show), up to the longer time to live;
 - the static view: the same burst, and expiry.
 """
 
@@ -152,6 +156,53 @@ def test_remembered_choices_expire_and_unbound_pods_keep_theirs(fake, start_view
     assert o.used(view.snapshot(), "gpu-a", 0) == 15
     clock.now += 31
     assert o.used(view.snapshot(), "gpu-a", 0) == 15
+
+
+def _streaming(fake, start_view, clock):
+    fake.put("nodes", o.node("gpu-a", {0: CAPACITY}))
+    fake.put("nodes", o.node("gpu-b", {0: CAPACITY}))
+    view = start_view(clock=clock)  # the default times to live
+    o.wait_for(lambda: view.snapshot() and view.watches["pods"] >= 1, what="the pods watch")
+    return view
+
+
+def test_a_choice_no_pod_takes_over_stops_counting_in_seconds(fake, start_view):
+    clock = Clock()
+    view = _streaming(fake, start_view, clock)
+    # Forged reviews: choices for pods the API server never stores.
+    for _ in range(3):
+        view.remember("gpu-a", 0, 30)
+    assert o.used(view.snapshot(), "gpu-a", 0) == 90
+    clock.now += 6
+    # (Polled: a watch that just ended and is reconnecting holds the choices for that instant.)
+    o.wait_for(lambda: o.used(view.snapshot(), "gpu-a", 0) == 0, what="the forged choices to expire")
+
+    # A real pod whose watch event lags 3 s still takes its choice over, and counts from then on.
+    view.remember("gpu-b", 0, 40)
+    clock.now += 3
+    assert o.used(view.snapshot(), "gpu-b", 0) == 40
+    affinity = {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        placement.preferred_affinity_term("gpu-b")]}}}
+    fake.put("pods", o.pod("late", 0, 40, extra=affinity, phase="Pending"))
+    fake.put("pods", o.pod("mark", 0, 1, "gpu-a"))
+    o.wait_for(lambda: o.used(view.snapshot(), "gpu-a", 0) == 1, what="the pods' events")
+    clock.now += 60
+    assert o.used(view.snapshot(), "gpu-b", 0) == 40
+
+
+def test_choices_are_held_while_the_pods_watch_is_down(fake, start_view):
+    clock = Clock()
+    view = _streaming(fake, start_view, clock)
+    errors = view.watch_errors["pods"]
+    fake.fail_next = [500] * 10_000
+    fake.drop_watches()
+    o.wait_for(lambda: view.watch_errors["pods"] > errors, what="the pods watch to fail")
+    view.remember("gpu-a", 0, 30)
+    clock.now += 6
+    assert o.used(view.snapshot(), "gpu-a", 0) == 30  # its pod could not have shown
+    clock.now += 25
+    assert o.used(view.snapshot(), "gpu-a", 0) == 0
+    fake.fail_next = []
 
 
 def test_an_unbound_pod_with_the_preferred_term_counts_on_that_node(fake, start_view):

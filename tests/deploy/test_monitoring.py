@@ -4,7 +4,8 @@ The operator's CRDs are not installed here, so we test the rendered objects' sha
 agree with the pods they scrape:
 - kustomize itself (when kubectl is on the path) and the test renderer give the same objects;
 - the PodMonitor selects exactly the agent DaemonSet's pods, on its named metrics port, keeping the
-  workload's namespace/pod/container labels (honorLabels);
+  workload's namespace/pod/container labels (honorLabels), over TLS with the token of an account bound
+  to exactly the right the agent checks (get nodes/metrics);
 - the ServiceMonitor selects the webhook Service, on a port that reaches the webhook's HTTPS port,
   verifying TLS with the CA of the Secret the certs Job writes, for the name the certificate is made for;
 - the dashboard ConfigMap carries the Grafana sidecar's label and the dashboard JSON; every metric
@@ -71,6 +72,26 @@ def test_the_pod_monitor_scrapes_every_agent_on_its_metrics_port(objects):
     assert ports[endpoint["port"]] == cli.build_parser().parse_args(container["args"]).metrics_port
     assert endpoint["path"] == "/metrics"
     assert endpoint["honorLabels"] is True
+
+
+def test_the_pod_monitor_scrapes_over_tls_with_a_token_allowed_what_the_agent_checks(objects):
+    from webhook.agent import authorizing
+
+    (endpoint,) = _find(objects, "PodMonitor", "gpushard-agent")["spec"]["podMetricsEndpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}  # the agent's certificate is made at its start
+    credentials = endpoint["authorization"]["credentials"]
+    assert endpoint["authorization"]["type"] == "Bearer" and credentials["key"] == "token"
+    secret = _find(objects, "Secret", credentials["name"])
+    assert secret["metadata"]["namespace"] == NAMESPACE and secret["type"] == "kubernetes.io/service-account-token"
+    account = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    _find(objects, "ServiceAccount", account)
+    bindings = [b for b in objects if b["kind"] == "ClusterRoleBinding"
+                and {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE} in b["subjects"]]
+    rules = [r for b in bindings for r in _find(objects, "ClusterRole", b["roleRef"]["name"])["rules"]]
+    wanted = authorizing.Reviewer.attributes(type("R", (), {"node": "n"})())
+    assert rules == [{"apiGroups": [wanted["group"]], "resources": [f"{wanted['resource']}/{wanted['subresource']}"],
+                      "verbs": [wanted["verb"]]}]
 
 
 def test_the_service_monitor_scrapes_the_webhook_over_verified_tls(objects):

@@ -8,7 +8,8 @@ We test:
 - each ServiceAccount (webhook, agent, certs Job) is granted every call its program makes,
   at the right scope (cluster-wide lists need a ClusterRoleBinding), and nothing more;
 - the auditor ClusterRole covers `gpushard audit` and `gpushard status` and only reads;
-- the top Role covers `gpushard top` (agent pods and their proxy) in gpushard's namespace, and only reads;
+- the top Role covers `gpushard top` (agent pods and port-forwards to them) in gpushard's namespace, and only
+  reads; the metrics reader ClusterRole grants `get` on nodes/metrics alone, the right the agent checks;
 - no rule uses "*", and neither the webhook, the agent nor the auditor may touch Secrets.
 """
 
@@ -29,7 +30,9 @@ from tests.deploy import rendering
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "gpushard-system"
 API_CLASSES = (kubernetes.client.CoreV1Api, kubernetes.client.AppsV1Api, kubernetes.client.BatchV1Api,
-               kubernetes.client.AdmissionregistrationV1Api, kubernetes.client.CoordinationV1Api)
+               kubernetes.client.AdmissionregistrationV1Api, kubernetes.client.CoordinationV1Api,
+               kubernetes.client.ResourceV1Api, kubernetes.client.AuthenticationV1Api,
+               kubernetes.client.AuthorizationV1Api)
 VERB_PREFIXES = {"list": "list", "read": "get", "patch": "patch", "create": "create", "replace": "update",
                  "delete": "delete", "connect": "create"}
 # Who runs what: the module a program starts from, and the account it runs as.
@@ -252,12 +255,23 @@ def test_the_top_role_covers_top_in_gpushard_s_namespace_and_only_reads(objects)
     assert role["metadata"]["namespace"] == NAMESPACE
     rules = [(rule, NAMESPACE) for rule in role["rules"]]
     calls = required()["top"]
-    assert {(c.resource, c.verb) for c in calls} == {("pods", "list"), ("pods/proxy", "get")}
+    assert {(c.resource, c.verb) for c in calls} == {("pods", "list"), ("pods/portforward", "get")}
     missing = sorted(c.method for c in calls if not any(_allows(rule, scope, c) for rule, scope in rules))
     assert missing == []
-    assert _triples(rules) == {(c.group, c.resource, c.verb) for c in calls}
+    # A WebSocket port-forward is also authorized as `create` since Kubernetes 1.35; nothing else more.
+    assert _triples(rules) == {(c.group, c.resource, c.verb) for c in calls} | {("", "pods/portforward", "create")}
     assert not [o for o in objects if o["kind"].endswith("Binding") and o.get("roleRef", {}).get("name") ==
                 "gpushard-top"]
+
+
+def test_the_metrics_reader_grants_what_the_agent_checks(objects):
+    from webhook.agent import authorizing
+
+    attributes = authorizing.Reviewer.attributes(type("R", (), {"node": "n"})())
+    rules = _rules(objects, "ClusterRole", "gpushard-metrics-reader")
+    assert rules == [{"apiGroups": [attributes["group"]],
+                      "resources": [f"{attributes['resource']}/{attributes['subresource']}"],
+                      "verbs": [attributes["verb"]]}]
 
 
 def test_no_wildcards_and_no_secrets_where_none_are_needed(objects):

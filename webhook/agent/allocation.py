@@ -121,6 +121,14 @@ def allocate(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Ca
     accept-nvidia-visible-devices-as-volume-mounts is on, and which an author cannot write
     around (an env the container sets can); ``cdi-cri`` the CDI device nvidia.com/gpu=<uuid>.
 
+    A list without ``envvar`` still sets NVIDIA_VISIBLE_DEVICES, to a value that names no card:
+    the kubelet puts the plugin's env after the image's, so a CUDA image's own ``all`` would
+    otherwise stand, and a toolkit that reads the env (its default for unprivileged containers)
+    would give every card. With ``volume-mounts`` the value is the device-list folder, as
+    NVIDIA's plugin sets it (the mounts carry the list; a toolkit that does not read them fails
+    the container rather than give it every card); with ``cdi-cri`` alone, ``void`` (the runtime
+    injects the CDI device itself; the toolkit's hook leaves the container alone).
+
     The node-wide shares resource is a sum for quotas: which share IDs the kubelet picked
     from it says nothing about the card, so it names no device at all. The kubelet merges the
     env of every resource in a container, keeping the first value of a key in an order it does
@@ -135,6 +143,10 @@ def allocate(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Ca
     envs, mounts, cdi = {}, (), ()
     if policy_mod.ENVVAR in strategy:
         envs[names.VISIBLE_DEVICES_ENV] = uuid
+    elif policy_mod.VOLUME_MOUNTS in strategy:
+        envs[names.VISIBLE_DEVICES_ENV] = names.DEVICE_LIST_MOUNT_ROOT
+    else:
+        envs[names.VISIBLE_DEVICES_ENV] = names.VISIBLE_NONE
     if policy_mod.VOLUME_MOUNTS in strategy:
         mounts = (Mount(f"{names.DEVICE_LIST_MOUNT_ROOT}/{uuid}", names.DEVICE_LIST_MOUNT_SOURCE, read_only=True),)
     if policy_mod.CDI_CRI in strategy:

@@ -7,7 +7,11 @@ on this node get one: the label sets stay bounded by the node's pods.
 
 from __future__ import annotations
 
+import http.server
 import logging
+import os
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,13 +20,15 @@ from dataclasses import dataclass, field
 from prometheus_client import core as prom
 from prometheus_client import exposition, registry
 
-from webhook.agent import attributing, health, nvml, podlisting, podresources, publishing
+from webhook import certificates
+from webhook.agent import attributing, authorizing, health, nvml, podlisting, podresources, publishing
 from webhook.core import isolation as isolation_mod
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9401
+HANDSHAKE_TIMEOUT_S = 10.0
 CARD_LABELS = ("node", "gpu", "UUID", "modelName")
 CONTAINER_LABELS = ("node", "namespace", "pod", "container", "gpu", "UUID", "modelName")
 
@@ -67,6 +73,8 @@ class Observation:
     cards: list[CardRow]
     pod_resources_up: bool
     seconds: float = 0.0
+    # Other DRA drivers offering this node's GPUs (webhook.agent.conflicting); None: not checked (yet).
+    dra_conflicts: list | None = None
 
 
 def memory_cap_for(isolation: str | None, shares_per_card: int) -> Callable[[nvml.Card, int], int | None]:
@@ -90,7 +98,7 @@ class Observer:
     def __init__(self, node: str, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board | None,
                  policy: policy_mod.Policy, holdings: Callable[[], list[podresources.Holding]],
                  procs: attributing.ProcReader, pods: podlisting.NodePods | None,
-                 memory_cap: Callable[[nvml.Card, int], int | None] = no_cap) -> None:
+                 memory_cap: Callable[[nvml.Card, int], int | None] = no_cap, dra=None) -> None:
         self.node = node
         self.cards = sorted(cards, key=lambda c: c.index)
         self.devices = devices
@@ -100,6 +108,7 @@ class Observer:
         self.procs = procs
         self.pods = pods
         self.memory_cap = memory_cap
+        self.dra = dra  # a conflicting.Watcher, or None
 
     def _owner(self, pid: int, holders: dict[tuple[str, str, str], ContainerRow]) -> ContainerRow | None:
         ref = self.procs.container_of(pid)
@@ -163,7 +172,8 @@ class Observer:
                     owner.sm_percent += proc.sm_percent or 0.0
             row.containers = sorted(holders.values(), key=lambda r: (r.namespace, r.pod, r.container))
             rows.append(row)
-        return Observation(self.node, self.policy.shares_per_card, rows, up, time.perf_counter() - started)
+        dra = list(self.dra.found) if self.dra is not None and self.dra.checked else None
+        return Observation(self.node, self.policy.shares_per_card, rows, up, time.perf_counter() - started, dra)
 
 
 def families(obs: Observation) -> Iterator[prom.Metric]:
@@ -231,6 +241,16 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
     took.add_metric([obs.node], obs.seconds)
     yield from (g_total, g_used, g_util, g_cap, g_alloc, g_health, c_xid, g_unattr, g_unproc,
                 k_shares, k_used, k_share, k_cap, k_procs, k_util, k_over, up, took)
+    if obs.dra_conflicts is not None:
+        count = gauge("gpushard_agent_dra_conflicts",
+                      "DRA drivers whose ResourceSlices offer this node's GPUs besides gpushard (should be 0)",
+                      ["node"])
+        count.add_metric([obs.node], len(obs.dra_conflicts))
+        devices = gauge("gpushard_agent_dra_conflict_devices",
+                        "Devices a conflicting DRA driver publishes for this node", ["node", "driver"])
+        for c in obs.dra_conflicts:
+            devices.add_metric([obs.node, c.driver], c.devices)
+        yield from (count, devices)
 
 
 class Collector(registry.Collector):
@@ -260,11 +280,98 @@ def text(reg: registry.CollectorRegistry) -> str:
     return exposition.generate_latest(reg).decode()
 
 
-class Server:
-    """The metrics endpoint (``/metrics``) on a port of the agent's own."""
+def self_signed_context(node: str) -> ssl.SSLContext:
+    """A TLS context with a certificate made at start, as controller-runtime's metrics server does.
 
-    def __init__(self, reg: registry.CollectorRegistry, port: int, addr: str = "0.0.0.0") -> None:
-        self._server, self._thread = exposition.start_http_server(port, addr=addr, registry=reg)
+    It protects the tokens scrapes carry on the pod network; the scraper cannot verify it (nothing
+    publishes the CA), which a token reviewed by the API server makes up for on the server's side.
+    The agent's root filesystem is read-only: the PEM goes through an anonymous in-memory file.
+    """
+    ca_key, ca_cert = certificates.make_ca("gpushard agent metrics CA", days=3650)
+    key, cert = certificates.make_serving(ca_key, ca_cert, [node or "gpushard-agent"], days=3650)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    fd = os.memfd_create("gpushard-metrics-tls")
+    try:
+        os.write(fd, certificates.cert_pem(cert) + certificates.key_pem(key))
+        context.load_cert_chain(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+    return context
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPSServer
+
+    def log_message(self, *args):  # scrapes every few seconds: nothing to say each time
+        pass
+
+    def _answer(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
+                headers: dict | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path.split("?", 1)[0] != "/metrics":
+            return self._answer(404, b"gpushard: only /metrics is served here\n")
+        verdict = authorizing.check(self.client_address[0], self.headers.get("Authorization"), self.server.reviewer)
+        if not verdict.allowed:
+            if verdict.status == 403:
+                log.info("%s (from %s)", verdict.reason, self.client_address[0])
+            extra = {"WWW-Authenticate": 'Bearer realm="gpushard-agent"'} if verdict.status == 401 else None
+            return self._answer(verdict.status, (verdict.reason + "\n").encode(), headers=extra)
+        body = exposition.generate_latest(self.server.registry)
+        self._answer(200, body, exposition.CONTENT_TYPE_LATEST)
+
+    do_HEAD = do_GET
+
+
+class _HTTPSServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address, registry, context: ssl.SSLContext, reviewer) -> None:
+        self.registry = registry
+        self.context = context
+        self.reviewer = reviewer
+        super().__init__(address, _Handler)
+
+    def finish_request(self, request, client_address):
+        # The handshake runs in the request's own thread, so a slow client holds up nobody else.
+        request.settimeout(HANDSHAKE_TIMEOUT_S)
+        # Headers and body go out as separate TLS records: without this, Nagle's algorithm holds the
+        # body for the client's delayed ACK (40 ms a scrape).
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            request = self.context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            request.close()
+            return
+        super().finish_request(request, client_address)
+
+
+class Server:
+    """The metrics endpoint (``/metrics``) on a port of the agent's own, over TLS.
+
+    A request from the network needs a bearer token the API server authenticates and authorizes
+    (``webhook.agent.authorizing``); one from the pod's own loopback is a port-forward the API server
+    already authorized. Without a reviewer (no API credentials) only port-forwards get in.
+    """
+
+    def __init__(self, reg: registry.CollectorRegistry, port: int, addr: str = "0.0.0.0",
+                 reviewer: authorizing.Reviewer | None = None, context: ssl.SSLContext | None = None,
+                 node: str = "") -> None:
+        self.context = context or self_signed_context(node)
+        self._server = _HTTPSServer((addr, port), reg, self.context, reviewer)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="gpushard-metrics", daemon=True)
+        self._thread.start()
         self.port = self._server.server_address[1]
 
     def close(self) -> None:
@@ -274,7 +381,7 @@ class Server:
 
 
 def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board, api,
-          node_name: str | None) -> Server | None:
+          node_name: str | None, dra=None) -> Server | None:
     """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts."""
     if not args.metrics_port:
         return None
@@ -291,8 +398,12 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
     # Isolation, where configured, caps each container's memory; without it there is no cap to report.
     observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy),
                         attributing.ProcReader(args.proc_root), pods,
-                        memory_cap_for(policy.isolation, policy.shares_per_card))
-    server = Server(new_registry(observer), args.metrics_port)
-    log.info("gpushard: metrics on port %d (processes read from %s, shares from %s)", server.port,
+                        memory_cap_for(policy.isolation, policy.shares_per_card), dra)
+    reviewer = authorizing.Reviewer(api, node_name or "") if api is not None else None
+    if reviewer is None:
+        log.warning("gpushard: no Kubernetes API credentials: metrics are served to port-forwards only")
+    server = Server(new_registry(observer), args.metrics_port, reviewer=reviewer, node=node_name or "")
+    log.info("gpushard: metrics on port %d over TLS, to callers allowed get nodes/metrics of this node and to "
+             "port-forwards (processes read from %s, shares from %s)", server.port,
              args.proc_root, args.pod_resources_socket)
     return server

@@ -59,8 +59,10 @@ def answer(card: nvml.Card, shares: int, shares_per_card: int, mode: str,
     if mode == isolation.MEMORY:
         if card.memory_mib <= 0:
             return allocation.Allocation()
-        # The toolkit's hook reads both in whole MiB; the request is the soft limit it guarantees.
-        return allocation.Allocation({names.GPU_MEMORY_LIMIT_ENV: str(cap), names.GPU_MEMORY_REQUEST_ENV: str(cap)})
+        # The toolkit's hook reads both in whole MiB; the request is the soft limit it guarantees. The plural
+        # names too: one revision of the hook reads them before the singular ones, and an image could set them.
+        return allocation.Allocation({names.GPU_MEMORY_LIMIT_ENV: str(cap), names.GPU_MEMORY_REQUEST_ENV: str(cap),
+                                      names.GPU_MEMORY_LIMITS_ENV: str(cap), names.GPU_MEMORY_REQUESTS_ENV: str(cap)})
     if mode == isolation.MPS:
         mps = mps or MpsRoot()
         envs = {names.MPS_PIPE_DIRECTORY_ENV: names.MPS_CLIENT_PIPE_DIR,

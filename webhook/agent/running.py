@@ -11,7 +11,18 @@ import threading
 from collections.abc import Callable
 
 from webhook import settings as settings_mod
-from webhook.agent import allocation, deviceplugin, exporting, health, isolation, kubelet, mps, nvml, publishing
+from webhook.agent import (
+    allocation,
+    conflicting,
+    deviceplugin,
+    exporting,
+    health,
+    isolation,
+    kubelet,
+    mps,
+    nvml,
+    publishing,
+)
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
@@ -28,7 +39,8 @@ class Agent:
     def __init__(self, devices: nvml.Devices, policy: policy_mod.Policy, directory: str,
                  publisher: Callable[[Callable[[], list[nvml.Card]]], publishing.Publisher] | None = None,
                  poll: float = 1.0, tick: float = 1.0, register_timeout: float = 5.0,
-                 mps_root: str = isolation.DEFAULT_MPS_ROOT, mps_options: dict | None = None) -> None:
+                 mps_root: str = isolation.DEFAULT_MPS_ROOT, mps_options: dict | None = None,
+                 dra: Callable[[Callable[[], list[nvml.Card]]], conflicting.Watcher] | None = None) -> None:
         self.devices = devices
         self.policy = policy
         self.cards, self.excluded = _whole_cards(devices)
@@ -44,6 +56,10 @@ class Agent:
         self.publisher = publisher(self.present_cards) if publisher is not None else None
         if self.publisher is not None:
             self.publisher.details = self.inventory_details
+        # Another DRA driver offering this node's cards: reported in the inventory, a metric and the log.
+        self.dra = dra(lambda: list(self.cards)) if dra is not None else None
+        if self.dra is not None:
+            self.dra.on_change = self._changed
         self.mps = mps.Supervisor(devices, self.cards, self.board, root, self._changed, **(mps_options or {})) \
             if policy.isolation == "mps" else None
         self.driver = devices.driver_version()
@@ -69,6 +85,9 @@ class Agent:
             if card.index in states:
                 given["mps"] = states[card.index]
             per_card[card.index] = {"isolation": given}
+        if self.dra is not None:
+            for index, found in self.dra.card_details().items():
+                per_card.setdefault(index, {}).update(found)
         return {"cards": per_card, "excluded": list(self.excluded)}
 
     def _thread(self, name: str, target, *args) -> None:
@@ -88,6 +107,8 @@ class Agent:
         self._thread("gpushard-kubelet", self.keeper.run, self._stop)
         if self.publisher is not None:
             self._thread("gpushard-publish", self.publisher.run, self._stop)
+        if self.dra is not None:
+            self._thread("gpushard-dra", self.dra.run, self._stop)
 
     def stop(self) -> None:
         """Stop polling, end the streams, remove our sockets, release NVML."""
@@ -158,8 +179,13 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         def publisher(cards):
             return publishing.Publisher(api, node_name, cards)
 
+    dra = None
+    if api is not None:
+        def dra(cards):
+            return conflicting.Watcher(api, node_name, cards)
+
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
-                  mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT)
+                  mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra)
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -177,7 +203,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         log.info("gpushard: %d card(s); serving %s in %s", len(agent.cards),
                  ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
         try:
-            metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name)
+            metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name,
+                                      dra=agent.dra)
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}")
         while not stop.wait(1.0):

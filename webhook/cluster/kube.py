@@ -13,6 +13,13 @@ choice and the watch showing its pod the view would not know of the pod, so a bu
 would all pick the same nearly full card; ``remember`` therefore counts each choice on its node
 until the watch shows a pod that accounts for it, or for at most ``remember_ttl`` seconds (a
 pod the API server refused never shows). Choices expire oldest first, each in constant time.
+
+The time to live is short (seconds): once the watch shows the pod, unbound or bound, the pod
+itself counts, so a choice only has to bridge the API server storing the pod and its watch
+event arriving. A choice nobody's pod takes over (a review the API server never sent: anyone
+who reaches the webhook's port can post one) then stops counting in seconds, and forged
+reviews cannot fill the view. While the pods watch is down (between a failure and the next
+list) no pod can take a choice over, so choices are kept up to ``remember_held_ttl``.
 """
 
 from __future__ import annotations
@@ -40,9 +47,13 @@ from webhook.core.policy import Policy
 
 log = logging.getLogger(__name__)
 
-# How long a remembered choice counts before a watch event accounts for it. Scheduling takes
-# well under a second when a card has room; a pod still unbound after this stops counting.
-REMEMBER_TTL_S = static.REMEMBER_TTL_S
+# How long a remembered choice counts before a watch event accounts for it, while the pods watch
+# streams. It bridges admission to the pod's watch event: the rest of admission (later webhooks,
+# whose timeouts the operator sets), the write, and the event's delivery, well under a second
+# in a healthy cluster. Scheduling does not count here: an unbound pod counts once it shows.
+REMEMBER_TTL_S = 5.0
+# ... and while the pods watch is down, when no pod can show and take its choice over.
+REMEMBER_HELD_TTL_S = static.REMEMBER_TTL_S
 # Server-side watch length; the API server ends watches itself too, and we resume from the last
 # resourceVersion. The read timeout above it catches connections that died silently.
 WATCH_TIMEOUT_S = 300
@@ -85,6 +96,7 @@ class _Entry:
     card: int
     shares: int
     deadline: float
+    held_deadline: float = math.inf  # how long it counts while the pods watch is down
     number: int = 0  # its place among the remembered choices, oldest first
 
 
@@ -197,12 +209,14 @@ class KubeView:
     """
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None, policy: Policy, *,
-                 remember_ttl: float = REMEMBER_TTL_S, watch_timeout: int = WATCH_TIMEOUT_S,
+                 remember_ttl: float = REMEMBER_TTL_S, remember_held_ttl: float = REMEMBER_HELD_TTL_S,
+                 watch_timeout: int = WATCH_TIMEOUT_S,
                  backoff: tuple[float, float] = BACKOFF_S, clock: Callable[[], float] = time.monotonic,
                  page_size: int = LIST_PAGE):
         self._api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
         self._policy = policy
         self._ttl = remember_ttl
+        self._held_ttl = max(remember_ttl, remember_held_ttl)
         self._watch_timeout = watch_timeout
         self._backoff = backoff
         self._clock = clock
@@ -211,6 +225,7 @@ class KubeView:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._responses: dict[str, object] = {}  # open watch responses, to cut on close()
+        self._streaming: set[str] = set()  # resources whose watch is connected now
         self._listed: set[str] = set()
         self._base: dict[str, placement.Node] = {}  # nodes as listed, no shares used
         self._pods: dict[str, _Pod] = {}
@@ -271,7 +286,8 @@ class KubeView:
         """Count a choice on its node until the watch shows the pod (never called for dry runs)."""
         if node is None or shares <= 0:
             return
-        self._inbox.append(_Entry(node, card, shares, self._clock() + self._ttl))
+        now = self._clock()
+        self._inbox.append(_Entry(node, card, shares, now + self._ttl, now + self._held_ttl))
         # The watch thread holds the lock for well under a millisecond per event; a relist can
         # take longer, and then the thread applies the entry itself when it is done.
         if self._lock.acquire(timeout=REMEMBER_WAIT_S):
@@ -306,8 +322,11 @@ class KubeView:
             self._add_entry(entry)
             touched.add(entry.node)
         now = self._clock()
+        held = PODS not in self._streaming
         while self._next_deadline <= now:
             entry = next(iter(self._entries.values()))
+            if held and entry.held_deadline > now:
+                break  # no pod can show while the watch is down: the choice still stands for one
             self._drop_entry(entry)
             touched.add(entry.node)
         return touched
@@ -596,6 +615,7 @@ class KubeView:
                               timeout_seconds=self._watch_timeout,
                               _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout + 30))
         self._responses[resource] = response
+        self._streaming.add(resource)
         self.watches[resource] += 1
         try:
             for line in _lines(response, self._stop):
@@ -615,6 +635,7 @@ class KubeView:
                         # the same version would replay it for ever and freeze the view.
                         log.exception("gpushard: skipped a %s event the view could not read", resource)
         finally:
+            self._streaming.discard(resource)
             self._responses.pop(resource, None)
             response.release_conn()
         return version

@@ -75,9 +75,14 @@ INJECTING_ANNOTATION_FAMILIES = DEVICE_ANNOTATION_FAMILIES + MOUNT_ANNOTATION_FA
 BASELINE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
                          "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")
 # Isolation: the limits the card-k device plugin hands each container (see docs/isolation.md).
-# Read by NVIDIA's container toolkit's apply-cuda-memory-limits CDI hook, in whole MiB.
+# Read by NVIDIA's container toolkit's apply-cuda-memory-limits CDI hook, in whole MiB. The hook's
+# first revision reads the plural names first and falls back to the singular ones; later revisions
+# read only the singular ones. The agent sets all four to the same figure, so an image's own plural
+# cannot win over its cap whichever revision runs (docs/isolation.md).
 GPU_MEMORY_LIMIT_ENV = "NVIDIA_GPU_MEMORY_LIMIT"
 GPU_MEMORY_REQUEST_ENV = "NVIDIA_GPU_MEMORY_REQUEST"
+GPU_MEMORY_LIMITS_ENV = "NVIDIA_GPU_MEMORY_LIMITS"
+GPU_MEMORY_REQUESTS_ENV = "NVIDIA_GPU_MEMORY_REQUESTS"
 # Read by the CUDA driver in an MPS client.
 MPS_PIPE_DIRECTORY_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_LOG_DIRECTORY_ENV = "CUDA_MPS_LOG_DIRECTORY"
