@@ -113,6 +113,9 @@ def device(card: CardFacts, shares_per_card: int) -> dict:
     unshared device would.
     """
     whole = str(shares_per_card)
+    span = {"min": "1", "max": whole, "step": "1"}
+    if shares_per_card == 1:
+        span.pop("step")  # the API wants min + step <= value: a card of one share has no step to take
     return {
         "name": device_name(card.index),
         "attributes": {
@@ -126,7 +129,7 @@ def device(card: CardFacts, shares_per_card: int) -> dict:
         "capacity": {
             names.DRA_SHARES_CAPACITY: {
                 "value": whole,
-                "requestPolicy": {"default": whole, "validRange": {"min": "1", "max": whole, "step": "1"}},
+                "requestPolicy": {"default": whole, "validRange": span},
             },
         },
         "allowMultipleAllocations": True,
