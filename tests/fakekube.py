@@ -49,6 +49,14 @@ WRITABLE = ("secrets", "mutatingwebhookconfigurations")
 KINDS.update({"leases": "Lease", "events": "Event", "poddisruptionbudgets": "PodDisruptionBudget"})
 GROUPS.update({"leases": "coordination.k8s.io/v1", "poddisruptionbudgets": "policy/v1"})
 WRITABLE += ("leases", "events")
+# What the DRA backend uses (resource.k8s.io/v1): the agent's ResourceSlices, the claims it reads, the
+# templates and DeviceClass gpushard writes. Tests allocate claims themselves, as the scheduler would.
+KINDS.update({"resourceslices": "ResourceSlice", "resourceclaims": "ResourceClaim",
+              "resourceclaimtemplates": "ResourceClaimTemplate", "deviceclasses": "DeviceClass"})
+GROUPS.update({k: "resource.k8s.io/v1" for k in ("resourceslices", "resourceclaims", "resourceclaimtemplates",
+                                                 "deviceclasses")})
+CLUSTER_SCOPED += ("resourceslices", "deviceclasses")
+WRITABLE += ("resourceslices", "resourceclaimtemplates", "deviceclasses")
 
 
 def _matches_selector(labels: dict, selector: str) -> bool:
