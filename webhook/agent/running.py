@@ -11,7 +11,18 @@ import threading
 from collections.abc import Callable
 
 from webhook import settings as settings_mod
-from webhook.agent import allocation, deviceplugin, exporting, health, isolation, kubelet, mps, nvml, publishing
+from webhook.agent import (
+    allocation,
+    deviceplugin,
+    drabackend,
+    exporting,
+    health,
+    isolation,
+    kubelet,
+    mps,
+    nvml,
+    publishing,
+)
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
@@ -28,12 +39,16 @@ class Agent:
     def __init__(self, devices: nvml.Devices, policy: policy_mod.Policy, directory: str,
                  publisher: Callable[[Callable[[], list[nvml.Card]]], publishing.Publisher] | None = None,
                  poll: float = 1.0, tick: float = 1.0, register_timeout: float = 5.0,
-                 mps_root: str = isolation.DEFAULT_MPS_ROOT, mps_options: dict | None = None) -> None:
+                 mps_root: str = isolation.DEFAULT_MPS_ROOT, mps_options: dict | None = None,
+                 dra: Callable[[Agent], drabackend.DraBackend] | None = None) -> None:
         self.devices = devices
         self.policy = policy
         self.cards, self.excluded = _whole_cards(devices)
         self.board = health.Board(self.cards)
         self.resources = allocation.resources(self.cards, policy)
+        if policy.backend == policy_mod.DRA:
+            # The scheduler picks the card from the ResourceSlice; only the quota-able sum stays a device plugin.
+            self.resources = self.resources[:1]
         root = isolation.MpsRoot(mps_root)
         limits = isolation.Limits(policy.isolation, policy.shares_per_card, root) \
             if policy.isolation != "none" else None
@@ -49,6 +64,8 @@ class Agent:
         self.driver = devices.driver_version()
         self.memory_limits = devices.memory_limits_supported()
         self.tick = tick
+        self.mps_root = root
+        self.dra = dra(self) if dra is not None else None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -59,6 +76,8 @@ class Agent:
     def _changed(self) -> None:
         if self.publisher is not None:
             self.publisher.changed()
+        if self.dra is not None:
+            self.dra.changed()
 
     def inventory_details(self) -> dict:
         """What the Node's inventory says beyond each card's identity: isolation, and cards left out."""
@@ -82,7 +101,9 @@ class Agent:
             self.mps.start()
             self._thread("gpushard-mps", self.mps.run, self._stop)
         self.keeper.start()
-        on_change = self.publisher.changed if self.publisher is not None else None
+        if self.dra is not None:
+            self.dra.start(lambda name, target: self._thread(name, target, self._stop))
+        on_change = self._changed if self.publisher is not None or self.dra is not None else None
         self._thread("gpushard-health", health.watch, self.devices, self.board, self._stop, on_change,
                      min(self.tick, 0.5))
         self._thread("gpushard-kubelet", self.keeper.run, self._stop)
@@ -97,6 +118,8 @@ class Agent:
         for thread in self._threads:
             thread.join(timeout=10)
         self.keeper.close()
+        if self.dra is not None:
+            self.dra.stop()
         if self.mps is not None:
             self.mps.stop()
         self.board.close()
@@ -147,6 +170,10 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
 
     publisher = None
     api = None
+    if settings.policy.backend == policy_mod.DRA and args.no_publish:
+        devices.close()
+        return _fail(EXIT_USAGE, "gpushard: backend dra needs the API server (the agent publishes the node's "
+                                 "ResourceSlice and reads each claim it prepares); drop --no-publish")
     if not args.no_publish:
         try:
             api = publishing.api_client()
@@ -158,8 +185,18 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         def publisher(cards):
             return publishing.Publisher(api, node_name, cards)
 
+    dra = None
+    if settings.policy.backend == policy_mod.DRA:
+        folders = drabackend.Folders(
+            registry=getattr(args, "kubelet_registry_dir", None) or drabackend.Folders.registry,
+            plugins=getattr(args, "kubelet_plugins_dir", None) or drabackend.Folders.plugins,
+            cdi=getattr(args, "cdi_dir", None) or drabackend.Folders.cdi)
+
+        def dra(agent):
+            return drabackend.DraBackend(api, node_name, agent.devices, agent.cards, agent.board, agent.policy,
+                                         folders, agent.mps_root, poll=args.poll_interval)
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
-                  mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT)
+                  mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra)
     stop = threading.Event()
 
     def on_signal(signum, _frame):
