@@ -177,3 +177,14 @@ def test_claims_gpushard_cannot_prepare(claim, expected):
     with pytest.raises(dra.ClaimError) as caught:
         dra.our_results(copy.deepcopy(claim), names.DRA_DRIVER, 100)
     assert str(caught.value).startswith("gpushard: claim ") and expected in str(caught.value)
+
+
+def test_the_published_schema_takes_every_object():
+    # The OpenAPI schema of resource.k8s.io/v1 at Kubernetes 1.37, strict: an unknown or misspelled field fails.
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for obj in (slice_of(), slice_of(spc=1), dra.device_class(), dra.claim_template("team-a", 25)):
+        kubernetes_validate.validate(obj, "1.37", strict=True)
+    misspelled = slice_of()
+    misspelled["spec"]["devices"][0]["allowMultipleAllocation"] = True
+    with pytest.raises(kubernetes_validate.utils.ValidationError):
+        kubernetes_validate.validate(misspelled, "1.37", strict=True)
