@@ -13,7 +13,9 @@ and continue tokens issued before, get 410 Gone) and drop every open watch conne
 as RBAC would. For the replacer it also stores Leases and Events (create, replace with a
 resourceVersion check), and answers pod evictions as the API server does: preconditions,
 PodDisruptionBudgets checked only for pods that are not Pending or ended (429 when one allows no
-disruption), the DisruptionTarget condition set, then the pod deleted.
+disruption), the DisruptionTarget condition set, then the pod deleted. For the DRA backend it stores
+resource.k8s.io/v1 ResourceSlices, DeviceClasses and ResourceClaimTemplates (create, replace) and
+ResourceClaims (tests put them allocated, as the scheduler writes them).
 """
 
 from __future__ import annotations
