@@ -191,3 +191,23 @@ def test_a_registration_the_kubelet_refuses_is_heard(plugin):
         drakubelet.DraKubelet().register(plugin.registration_path)
     assert not plugin.registration.registered.is_set()
     assert "v1.DRAPlugin" in plugin.registration.error
+
+
+def test_with_mps_the_spec_mounts_the_cards_pipe_and_shm(api, dirs):
+    plugin = make_plugin(api, dirs, mode="mps")
+    try:
+        peer = drakubelet.DraKubelet()
+        peer.register(plugin.registration_path)
+        api.put("resourceclaims", draworld.claim("team-a", "c", "uid-p", NODE, "card-0", 25))
+        assert peer.prepare(("team-a", "uid-p", "c")).claims["uid-p"].error == ""
+        with open(cdi.spec_path(dirs["cdi"], "uid-p")) as source:
+            edits = json.load(source)["devices"][0]["containerEdits"]
+        env = dict(e.split("=", 1) for e in edits["env"])
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={25 * 81559 // 100}M"
+        root = isolation.MpsRoot(os.path.join(dirs["plugins"], "mps"))
+        hosts = {m["hostPath"]: m["containerPath"] for m in edits["mounts"]}
+        assert hosts[root.pipe_dir(CARDS[0])] == names.MPS_CLIENT_PIPE_DIR
+        assert all(m["options"][0] == "rbind" for m in edits["mounts"])
+    finally:
+        plugin.stop()
