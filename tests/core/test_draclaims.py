@@ -4,7 +4,7 @@
 - no card is chosen: no card resource, no card annotation, no node affinity; every container's
   NVIDIA_VISIBLE_DEVICES is void (the card comes by CDI), and containers without shares are hidden as today;
 - the pod the API server would store passes its schema and rules; a second pass changes nothing;
-- an author's card pin is denied, naming the container; pods without GPUs get no claim;
+- an author's card pin is denied, naming the container (audit mode reports it); pods without GPUs get no claim;
 - workload templates are rewritten as with the device plugin (shares, no claim).
 """
 
@@ -103,6 +103,15 @@ def test_a_card_pin_is_denied():
     decision = decide(pod(pinned))
     assert not decision.allowed and decision.code == 403
     assert decision.message.startswith('gpushard: container "t" names gpushard.io/card-1; with backend dra')
+
+
+def test_audit_mode_reports_the_pin_it_would_deny():
+    pinned = {"name": "t", "image": "x", "resources": {"limits": {"gpushard.io/gpu": "10",
+                                                                  "gpushard.io/card-1": "10"}}}
+    decision = decisions.decide(
+        decisions.Request(pod(pinned), "Pod", mode=names.MODE_AUDIT, namespace="team-a"), POLICY, None)
+    assert decision.allowed and decision.obj is None
+    assert any(x.rule == "pin-with-dra" and x.severity == "deny" for x in decision.findings)
 
 
 def test_pods_without_gpus_get_no_claim():

@@ -315,6 +315,8 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
 
     if audit:
+        if policy.backend == policy_mod.DRA:
+            found += draclaims.pin_findings(asks, policy)
         found += _visible_devices_findings(spec, asks, pin, request.mode, policy)
         found += _audit_changes(spec, asks, kind, policy)
         return Decision(allowed=True, findings=found, shares=shares)
