@@ -2,9 +2,13 @@
 - the node's ResourceSlice is created at generation 0 with one device per card, passing the API's rules;
 - a card that turns Unhealthy or disappears leaves the slice, and comes back on recovery, each time with a higher
   pool generation and the resourceVersion of the slice it replaces;
-- nothing is written when nothing changed;
+- nothing is written when nothing changed; a slice deleted under it (the kubelet does, after the plugin
+  unregisters) is made again by the periodic look;
 - an API server that fails is retried; a slice that would break a rule is never sent.
 """
+
+import threading
+import time
 
 import pytest
 
@@ -80,3 +84,30 @@ def test_a_slice_that_breaks_a_rule_is_never_sent(api):
     publisher = draslices.SlicePublisher(api.api_client(), "node-a", lambda: many, 100)
     assert publisher.publish_once()  # not retried: the answer would not change
     assert writes(api) == []
+
+
+def test_a_deleted_slice_is_made_again(api):
+    publisher = draslices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100, resync=0.05)
+    stop = threading.Event()
+    thread = threading.Thread(target=publisher.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while stored_or_none(api) is None:
+            assert time.monotonic() < deadline, "never published"
+            time.sleep(0.02)
+        api.delete("resourceslices", draobjects.slice_name("node-a"))
+        while stored_or_none(api) is None:
+            assert time.monotonic() < deadline, "never published again"
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        publisher.changed()
+        thread.join(timeout=10)
+
+
+def stored_or_none(api):
+    try:
+        return stored(api)
+    except KeyError:
+        return None

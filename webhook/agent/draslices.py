@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 import kubernetes
@@ -31,7 +32,8 @@ class SlicePublisher:
 
     def __init__(self, api: kubernetes.client.ApiClient, node: str,
                  cards: Callable[[], list[draobjects.CardFacts]], shares_per_card: int,
-                 driver: str = names.DRA_DRIVER, retry: float = 5.0, timeout: float = 10.0) -> None:
+                 driver: str = names.DRA_DRIVER, retry: float = 5.0, timeout: float = 10.0,
+                 resync: float = 60.0) -> None:
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.node = node
         self.driver = driver
@@ -39,6 +41,9 @@ class SlicePublisher:
         self._cards = cards
         self.retry = retry
         self.timeout = timeout
+        # The kubelet deletes a driver's slices some time after its plugin unregisters (an agent restart, a
+        # kubelet that lost it): look again now and then, not only when the cards change.
+        self.resync = resync
         self.name = draobjects.slice_name(node, driver)
         self._dirty = threading.Event()
         self._dirty.set()
@@ -95,12 +100,16 @@ class SlicePublisher:
         return True
 
     def run(self, stop: threading.Event) -> None:
+        last = time.monotonic()
         while True:
-            self._dirty.wait(1.0)
+            self._dirty.wait(min(1.0, self.resync))
             if stop.is_set():
                 return
+            if time.monotonic() - last >= self.resync:
+                self._dirty.set()
             if not self._dirty.is_set():
                 continue
+            last = time.monotonic()
             self._dirty.clear()
             if not self.publish_once():
                 self._dirty.set()
