@@ -4,7 +4,8 @@
 - its DeviceClass is the one gpushard's code describes, and passes the API's rules;
 - the agent mounts the kubelet's plugin-registration and plugins folders and the CDI folder at the paths its
   flags default to, which are the kubelet's and the runtime's own;
-- RBAC lets the agent write ResourceSlices and read claims, and the webhook create templates, and no more;
+- RBAC lets the agent write ResourceSlices and read claims, the webhook create templates, and no more; the
+  auditor role (`gpushard status`) reads slices and claims;
 - the enforce webhook declares NoneOnDryRun (it makes templates on real requests only);
 - the policy keeps an agent to its own node's slice of gpushard's driver, evaluated with a CEL library.
 """
@@ -89,6 +90,14 @@ def test_rbac(objects):
         ("resource.k8s.io", "resourceclaims", "get")}
     webhook = {x for x in rules_of(objects, "gpushard-webhook") if x[0] == "resource.k8s.io"}
     assert webhook == {("resource.k8s.io", "resourceclaimtemplates", "create")}
+
+
+def test_the_auditor_role_reads_slices_and_claims(objects):
+    role = find(objects, "ClusterRole", "gpushard-auditor")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    assert {x for x in granted if x[0] == "resource.k8s.io"} == {
+        ("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims") for v in ("get", "list")}
 
 
 def test_the_enforce_webhook_has_side_effects_only_off_dry_run(objects):
