@@ -1,6 +1,7 @@
 """We test, against the local API server and through the admission app with backend dra:
 - the template a pod's claim names is made in the pod's namespace before the answer, passing the API's rules;
-- it is made once per namespace and share count; one that exists already (409) is fine;
+- it is made once per namespace and share count; one that exists already (409) is fine; after a while it is
+  made sure of again, so a template deleted since (a namespace made again) comes back with the next pod;
 - a dry run makes nothing; a pod without shares makes nothing;
 - when the API server fails, the pod is still admitted with a warning, and a later pass makes the template.
 """
@@ -26,9 +27,22 @@ def api():
         yield server
 
 
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
 @pytest.fixture
-def templates(api):
-    return templates_mod.Templates(api.api_client())
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def templates(api, clock):
+    return templates_mod.Templates(api.api_client(), clock=clock)
 
 
 @pytest.fixture
@@ -87,4 +101,15 @@ def test_a_failing_api_server_admits_with_a_warning_and_retries(api, client, tem
     with pytest.raises(KeyError):
         api.get("resourceclaimtemplates", "gpushard-shares-25", "ml")
     templates.retry_pending()
+    assert api.get("resourceclaimtemplates", "gpushard-shares-25", "ml")
+
+
+def test_a_deleted_template_comes_back_after_the_recheck(api, client, clock):
+    mutate(client, objects.pod(objects.container("train", "0.25")))
+    api.delete("resourceclaimtemplates", "gpushard-shares-25", "ml")  # the namespace was deleted and made again
+    mutate(client, objects.pod(objects.container("train", "0.25")))
+    with pytest.raises(KeyError):
+        api.get("resourceclaimtemplates", "gpushard-shares-25", "ml")  # still remembered
+    clock.now += 61
+    mutate(client, objects.pod(objects.container("train", "0.25")))
     assert api.get("resourceclaimtemplates", "gpushard-shares-25", "ml")

@@ -4,7 +4,8 @@ The pod names ``gpushard-shares-<n>``; Kubernetes' resourceclaim controller make
 from it once the pod exists, and while the template is missing it records a
 ``FailedResourceClaimCreation`` event on the pod and tries again with backoff: the pod stays
 Pending, then starts normally once the template appears. So the webhook makes the template as it
-admits the first such pod of a namespace, before answering, and remembers which exist; when the
+admits the first such pod of a namespace, before answering, and remembers which exist for a
+minute (a template deleted since is made again by the next pod after that); when the
 API server does not take it in time, the pod is still admitted with a warning, and a background
 pass keeps trying.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 import kubernetes
 
@@ -27,11 +30,16 @@ PLURAL = "resourceclaimtemplates"
 class Templates:
     """Ensures templates exist; thread-safe, one API call per namespace and share count at most once."""
 
-    def __init__(self, api: kubernetes.client.ApiClient, timeout: float = 2.0, retry: float = 5.0) -> None:
+    def __init__(self, api: kubernetes.client.ApiClient, timeout: float = 2.0, retry: float = 5.0,
+                 recheck: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.custom = kubernetes.client.CustomObjectsApi(api)
         self.timeout = timeout
         self.retry = retry
-        self._known: set[tuple[str, int]] = set()
+        # A template is remembered this long: a namespace deleted and made again, or a template someone
+        # deleted, gets it back from the next pod after that (its pods wait until then).
+        self.recheck = recheck
+        self.clock = clock
+        self._known: dict[tuple[str, int], float] = {}  # -> when it was last made sure of
         self._pending: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -55,7 +63,8 @@ class Templates:
         """Make sure the template exists; a warning for the pod when that could not be made sure."""
         key = (namespace, shares)
         with self._lock:
-            if key in self._known:
+            seen = self._known.get(key)
+            if seen is not None and self.clock() - seen < self.recheck:
                 return None
         try:
             self._make(namespace, shares)
@@ -70,7 +79,7 @@ class Templates:
             return (f"gpushard: template {namespace}/{draobjects.template_name(shares)} not made yet ({reason}); "
                     "the pod waits until it is")
         with self._lock:
-            self._known.add(key)
+            self._known[key] = self.clock()
             self._pending.discard(key)
         return None
 
