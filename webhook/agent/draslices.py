@@ -2,7 +2,8 @@
 
 A card that turns Unhealthy or disappears leaves the slice (the pool's generation goes up), so
 the scheduler stops placing claims on it; one that recovers comes back. Removal works on every
-cluster with DRA, where device taints are beta in 1.36 and halve the slice's device limit. Claims already prepared on a card that leaves keep running, as with the device plugin.
+cluster with DRA, where device taints are beta in 1.36 and halve the slice's device limit.
+Claims already prepared on a card that leaves keep running, as with the device plugin.
 """
 
 from __future__ import annotations
