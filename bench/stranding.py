@@ -21,7 +21,11 @@ room for it. This simulation measures how many, with the real placement and re-p
   pods sampled over time; with re-placement, ``core.replacement.plan`` runs every ``interval``
   seconds and its moves are evicted and recreated (their owner makes a new pod at once).
 
-Run: python bench/stranding.py [--seed N] [--quick] [--long] [--sweep] [--why] [--required]
+With ``--dra``, the same bursts and churn with backend dra: the webhook picks no card, and the
+scheduler binds each claim on a node where some card has room, first fit among its cards; and the
+packing figure (shares in use at the first Pending pod) for both backends.
+
+Run: python bench/stranding.py [--seed N] [--quick] [--long] [--sweep] [--why] [--required] [--dra]
 """
 
 from __future__ import annotations
@@ -663,6 +667,147 @@ def required(seed: int, bursts: int, churns: int, hours: float) -> None:
               f"evictions per pod {evictions}")
 
 
+class DraChooser(Chooser):
+    """backend dra: the webhook chooses nothing; the pod names a claim for its shares of one card."""
+
+    def choose(self, pod: Pod) -> None:
+        pod.card, pod.fitted, pod.preferred, pod.chooser = -1, True, None, self.number
+        self.sim.log_created(pod)
+
+
+class DraSim(Sim):
+    """The scheduler chooses the card, as its DRA allocator does: among the nodes where some card has room for
+    the claim's shares, one node (kube-scheduler scores nodes without looking at DRA capacity, so any of them:
+    drawn here), then on it the first card with room (the allocator's first fit; it scores no cards)."""
+
+    chooser_class = DraChooser
+
+    def try_bind(self, pod: Pod) -> bool:
+        s, used = pod.shares, self.used
+        room = [i for i in self.allowed(pod) if any(u + s <= CAPACITY for u in used[i])]
+        if not room:
+            return False
+        i = self.rng.choice(room)
+        k = next(k for k, u in enumerate(used[i]) if u + s <= CAPACITY)
+        used[i][k] += s
+        pod.node, pod.card = i, k
+        self.log.append((i, k, s))
+        del self.pending[pod.number]
+        self.running[pod.number] = pod
+        self.just_bound.append(pod)
+        return True
+
+    def schedule(self) -> None:
+        for pod in list(self.pending.values()):
+            self.try_bind(pod)
+
+    def has_room(self, pod: Pod, used: list[list[int]], best: list[int]) -> bool:
+        return any(u + pod.shares <= CAPACITY for row in used for u in row)
+
+    def delete_pending(self, pod: Pod) -> None:
+        del self.pending[pod.number]
+
+    def replace(self, now: float, pending_seconds: float) -> int:
+        return 0  # no card is pinned before scheduling: nothing to re-place
+
+
+class DraHintChooser(Chooser):
+    """backend dra with a node hint: the webhook's binpack choice names a preferred node, never a card."""
+
+    def choose(self, pod: Pod) -> None:
+        super().choose(pod)
+        pod.hint_card = pod.card  # what the chooser's view counts until the pod binds
+
+
+class DraHintSim(DraSim):
+    """The scheduler honours the preferred node when some card there has room (kube-scheduler's NodeAffinity
+    score), then the allocator takes the first card with room on it."""
+
+    chooser_class = DraHintChooser
+
+    def try_bind(self, pod: Pod) -> bool:
+        s, used = pod.shares, self.used
+        if pod.preferred is not None and any(u + s <= CAPACITY for u in used[pod.preferred]):
+            i = pod.preferred
+        else:
+            room = [i for i in self.allowed(pod) if any(u + s <= CAPACITY for u in used[i])]
+            if not room:
+                return False
+            i = self.rng.choice(room)
+        k = next(k for k, u in enumerate(used[i]) if u + s <= CAPACITY)
+        used[i][k] += s
+        self.log.append((i, k, s))
+        if pod.preferred is not None:
+            self.log.append((pod.preferred, pod.hint_card, -s))
+        pod.node, pod.card = i, k
+        del self.pending[pod.number]
+        self.running[pod.number] = pod
+        self.just_bound.append(pod)
+        return True
+
+    def delete_pending(self, pod: Pod) -> None:
+        del self.pending[pod.number]
+        if pod.preferred is not None:
+            self.log.append((pod.preferred, pod.hint_card, -pod.shares))
+
+
+def fill(seed: int, sim_class: type[Sim], honour: bool = True) -> float:
+    """The packing figure: an empty 100 x 8 cluster filled with the size mix, each pod scheduled at once, until
+    the first pod that stays Pending; the fraction of all shares then in use."""
+    rng = random.Random(seed)
+    sim = sim_class([[0] * 8 for _ in range(100)], 1, 0, True, honour, seed)
+    while True:
+        pod = sim.create(draw(rng))
+        if not sim.try_bind(pod):
+            return sum(map(sum, sim.used)) / (100 * 8 * CAPACITY)
+
+
+def dra(seed: int, bursts: int, churns: int, hours: float) -> dict:
+    """backend dra (the scheduler picks the card) beside the device-plugin backend with its defaults."""
+    defaults = settings.Replacement()
+    print(f"backend dra beside deviceplugin: 100 nodes x 8 cards, the size mix; {bursts} bursts, {churns} churn "
+          f"run(s) of {hours:g} h at 95 % load; deviceplugin as installed (drawn choice, kube-scheduler's "
+          f"preferred node, re-placement {defaults.pending_seconds} s / {defaults.interval} s)")
+    out: dict = {}
+    print(f"\n{'backend':44} {'packing at first Pending':>24}")
+    for label, sim_class in (("deviceplugin (webhook picks the card)", Sim), ("dra (scheduler picks the card)", DraSim),
+                             ("dra with a preferred-node hint", DraHintSim)):
+        figures = [fill(seed + i, sim_class) for i in range(bursts)]
+        out[("fill", label)] = statistics.mean(figures)
+        print(f"{label:44} {statistics.mean(figures):>23.1%} (min {min(figures):.1%})")
+    print(f"\n{'burst of 330-500 pods, 70-80 % full':44} {'stranded worst':>14} {'pending mean':>12} "
+          f"{'evictions/pod':>13}")
+    for label, sim_class in (("deviceplugin, 1 chooser", Sim), ("deviceplugin, 4 choosers", Sim),
+                             ("dra", DraSim), ("dra with a preferred-node hint, 1 chooser", DraHintSim),
+                             ("dra with a preferred-node hint, 4 choosers", DraHintSim)):
+        choosers = 4 if "4" in label else 1
+        runs = [burst_replaced(seed + i, choosers, 20, True, sim_class) for i in range(bursts)]
+        pending = []
+        for i in range(bursts):  # the same bursts, counting what waits at the end (fits nowhere, or stranded)
+            rng = random.Random(seed + i)
+            used = start_cluster(rng)
+            count = rng.randint(330, 500)
+            sim = sim_class(used, choosers, 20, True, True, seed + i)
+            for _ in range(count):
+                sim.try_bind(sim.create(draw(rng)))
+            sim.schedule()
+            pending.append(len(sim.pending))
+        out[("burst", label)] = max(s / n for n, s, _e in runs)
+        print(f"{label:44} {max(s / n for n, s, _e in runs):>14.1%} {statistics.mean(pending):>12.1f} "
+              f"{sum(e for _n, _s, e in runs) / sum(n for n, _s, _e in runs):>13.3f}")
+    print(f"\n{'churn at 95 % load':44} {'stranded mean':>14} {'pending mean':>12} {'evicted/started':>15}")
+    for label, sim_class, replace in (("deviceplugin, no re-placement", Sim, False),
+                                      ("deviceplugin, re-placement (defaults)", Sim, True),
+                                      ("dra", DraSim, False), ("dra with a preferred-node hint", DraHintSim, False)):
+        runs = [churn(seed + i, 1, 20, True, replace, hours=hours, honour=True, sim_class=sim_class)
+                for i in range(churns)]
+        out[("churn", label)] = statistics.mean(r.pending_mean for r in runs)
+        evicted, started_pods = sum(r.evicted for r in runs), sum(r.started for r in runs)
+        print(f"{label:44} {statistics.mean(r.stranded_mean for r in runs):>14.2f} "
+              f"{statistics.mean(r.pending_mean for r in runs):>12.1f} {evicted / max(1, started_pods):>15.3f}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=20261129)
@@ -677,8 +822,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="only churn and bursts with a required node or node set instead of the preferred term")
     parser.add_argument("--why", action="store_true",
                         help="only which pods the churn figure with the defaults counts as stranded")
+    parser.add_argument("--dra", action="store_true",
+                        help="only backend dra (the scheduler picks the card) beside the device-plugin backend")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    if args.dra:
+        dra(args.seed, bursts=10 if args.long else (2 if args.quick else 4),
+            churns=3 if args.long else 1, hours=3.0 if args.long else 1.0)
+        print(f"\nbackend comparison finished in {time.perf_counter() - started:.0f} s")
+        return 0
     if args.why:
         why(args.seed, churns=8 if args.long else 3, hours=3.0 if args.long else 1.0)
         print(f"\nstranding breakdown finished in {time.perf_counter() - started:.0f} s")

@@ -17,7 +17,9 @@ speaks (``v4.channel.k8s.io``: per port a data and an error channel, each opened
 naming the port). For the replacer it also stores Leases and Events (create, replace with a
 resourceVersion check), and answers pod evictions as the API server does: preconditions,
 PodDisruptionBudgets checked only for pods that are not Pending or ended (429 when one allows no
-disruption), the DisruptionTarget condition set, then the pod deleted.
+disruption), the DisruptionTarget condition set, then the pod deleted. For the DRA backend it stores
+resource.k8s.io/v1 ResourceSlices, DeviceClasses and ResourceClaimTemplates (create, replace) and
+ResourceClaims (tests put them allocated, as the scheduler writes them).
 """
 
 from __future__ import annotations
@@ -56,10 +58,15 @@ WRITABLE = ("secrets", "mutatingwebhookconfigurations")
 KINDS.update({"leases": "Lease", "events": "Event", "poddisruptionbudgets": "PodDisruptionBudget"})
 GROUPS.update({"leases": "coordination.k8s.io/v1", "poddisruptionbudgets": "policy/v1"})
 WRITABLE += ("leases", "events")
-# What the agent lists to find another DRA driver offering its node's GPUs.
-KINDS["resourceslices"] = "ResourceSlice"
-GROUPS["resourceslices"] = "resource.k8s.io/v1"
-CLUSTER_SCOPED += ("resourceslices",)
+# What the DRA backend uses (resource.k8s.io/v1): the agent's ResourceSlices, the claims it reads, the
+# templates and DeviceClass gpushard writes; also what the agent lists to find another DRA driver offering
+# its node's GPUs. Tests allocate claims themselves, as the scheduler would.
+KINDS.update({"resourceslices": "ResourceSlice", "resourceclaims": "ResourceClaim",
+              "resourceclaimtemplates": "ResourceClaimTemplate", "deviceclasses": "DeviceClass"})
+GROUPS.update({k: "resource.k8s.io/v1" for k in ("resourceslices", "resourceclaims", "resourceclaimtemplates",
+                                                 "deviceclasses")})
+CLUSTER_SCOPED += ("resourceslices", "deviceclasses")
+WRITABLE += ("resourceslices", "resourceclaimtemplates", "deviceclasses")
 
 
 def _matches_selector(labels: dict, selector: str) -> bool:

@@ -270,6 +270,36 @@ def read_usage_inputs(conn: connecting.Client, selector: str | None = None) -> t
             _list(_live_pods(core), "pods", conn))
 
 
+DRA_BACKEND = "dra"
+
+
+def read_dra_usage(conn: connecting.Client, selector: str | None, policy) -> audit.Usage:
+    """With backend dra: cards from gpushard's ResourceSlices, holders from the allocated claims.
+
+    ``selector`` narrows the nodes by their labels, as it does for the device plugin's report.
+    """
+    import dataclasses
+    import functools
+
+    import kubernetes
+
+    from webhook.core import drausage, names
+
+    custom = kubernetes.client.CustomObjectsApi(conn.api)
+    group, version = names.DRA_API_VERSION.split("/")
+    slices = _list(functools.partial(custom.list_cluster_custom_object, group, version, "resourceslices"),
+                   "resourceslices", conn, field_selector=f"spec.driver={names.DRA_DRIVER}")
+    claims = _list(functools.partial(custom.list_cluster_custom_object, group, version, "resourceclaims"),
+                   "resourceclaims", conn)
+    use = drausage.usage(slices, claims, policy.shares_per_card)
+    if selector:
+        core = kubernetes.client.CoreV1Api(conn.api)
+        wanted = {(n.get("metadata") or {}).get("name") for n in _list(core.list_node, "nodes", conn,
+                                                                          label_selector=selector)}
+        use = dataclasses.replace(use, nodes=tuple(n for n in use.nodes if n.name in wanted))
+    return use
+
+
 # --- output ----------------------------------------------------------------------------------------
 
 def _width() -> int:
@@ -528,8 +558,11 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
     out, err = out or sys.stdout, err or sys.stderr
     output = getattr(args, "output", kubectl.TABLE)
     try:
-        nodes, pods = read_usage_inputs(kubectl.client_for(args), getattr(args, "selector", None))
-        use = audit.usage(nodes, pods, settings.policy)
+        if settings.policy.backend == DRA_BACKEND:
+            use = read_dra_usage(kubectl.client_for(args), getattr(args, "selector", None), settings.policy)
+        else:
+            nodes, pods = read_usage_inputs(kubectl.client_for(args), getattr(args, "selector", None))
+            use = audit.usage(nodes, pods, settings.policy)
         if output in (kubectl.JSON, kubectl.YAML):
             text = _document(status_json(use, settings.policy.shares_per_card), output)
         elif output == kubectl.NAME:

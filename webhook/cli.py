@@ -256,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the kubelet's PodResources socket, for the shares each container holds")
     p.add_argument("--proc-root", default="/proc",
                    help="the host's /proc, for each GPU process's cgroup (default: /proc)")
+    p.add_argument("--kubelet-registry-dir", default="/var/lib/kubelet/plugins_registry",
+                   help="with backend: dra, the kubelet's plugin-registration folder")
+    p.add_argument("--kubelet-plugins-dir", default="/var/lib/kubelet/plugins",
+                   help="with backend: dra, the kubelet's plugins folder (the plugin's socket and checkpoint)")
+    p.add_argument("--cdi-dir", default="/var/run/cdi",
+                   help="with backend: dra, where the container runtime reads CDI specs (default: /var/run/cdi)")
     p.set_defaults(func=cmd_agent)
 
     _add_review(sub)

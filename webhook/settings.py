@@ -117,7 +117,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
     if not isinstance(data, dict):
         raise SettingsError(f"{source}: the config must be a mapping, got {type(data).__name__}")
     _check_keys("", data, {"version", "sharesPerCard", "resources", "policy", "deviceListStrategy", "isolation",
-                           "replacement"})
+                           "replacement", "backend"})
     version = data.get("version", VERSION)
     if version != VERSION:
         raise SettingsError(f"version: must be {VERSION!r}, got {version!r}")
@@ -163,6 +163,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         device_list_strategy=_device_list_strategy(data.get("deviceListStrategy")),
         isolation=_choice("isolation", data.get("isolation", "none"), policy_mod.ISOLATIONS),
         runtime_class_name=runtime_class,
+        backend=_choice("backend", data.get("backend", policy_mod.DEVICEPLUGIN), policy_mod.BACKENDS),
     )
     return Settings(policy=policy, source=source, replacement=_replacement(data.get("replacement")))
 

@@ -61,7 +61,7 @@ def start_agent(kube, plugin_dir):
     agent = running.Agent(nvml.FakeDevices(CARDS), settings.Settings().policy, plugin_dir,
                           publisher=lambda cards: publishing.Publisher(api, NODE, cards, retry=0.05),
                           poll=0.05, tick=0.2,
-                          dra=lambda cards: conflicting.Watcher(api, NODE, cards, interval=0.1))
+                          conflicts=lambda cards: conflicting.Watcher(api, NODE, cards, interval=0.1))
     agent.start()
     return agent
 
@@ -72,7 +72,7 @@ def inventory(kube) -> list[dict]:
 
 def metrics(agent) -> dict[tuple, float]:
     observer = exporting.Observer(NODE, CARDS, agent.devices, agent.board, agent.policy, lambda: [],
-                                  attributing.ProcReader("/nonexistent"), None, dra=agent.dra)
+                                  attributing.ProcReader("/nonexistent"), None, conflicts=agent.conflicts)
     text = exporting.text(exporting.new_registry(observer))
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for f in text_string_to_metric_families(text) for s in f.samples if "dra" in s.name}

@@ -23,7 +23,8 @@ SYNC_GRACE_S = 30.0
 
 
 def create_app(settings: Settings, view: reviews.View | None = None, sync_grace: float = SYNC_GRACE_S,
-               clock: Callable[[], float] = time.monotonic, certfile: str | None = None) -> flask.Flask:
+               clock: Callable[[], float] = time.monotonic, certfile: str | None = None,
+               templates: reviews.Templates | None = None) -> flask.Flask:
     """The admission app for ``settings``, choosing cards over ``view`` (None: no view).
 
     /readyz turns ready when the view has synced, or ``sync_grace`` seconds after the app was
@@ -32,7 +33,7 @@ def create_app(settings: Settings, view: reviews.View | None = None, sync_grace:
     app = flask.Flask("gpushard")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     app.extensions["gpushard"] = {"settings": settings, "view": view, "metrics": metrics_mod.Metrics(view, certfile),
-                                  "ready_by": clock() + sync_grace, "clock": clock}
+                                  "ready_by": clock() + sync_grace, "clock": clock, "templates": templates}
     app.register_blueprint(admission_blueprint())
     app.register_blueprint(health_blueprint())
     app.register_blueprint(metrics_blueprint())
@@ -81,7 +82,7 @@ def admission_blueprint() -> flask.Blueprint:
             # get_data() enforces MAX_CONTENT_LENGTH, also on chunked bodies (413).
             body = flask.request.get_data(cache=False)
             try:
-                result = reviews.review(body, mode, state["settings"].policy, state["view"])
+                result = reviews.review(body, mode, state["settings"].policy, state["view"], state["templates"])
             except reviews.BadReview as exc:
                 metrics.admissions.labels(reviews.INVALID, "unknown", mode).inc()
                 return _text(f"{exc}\n", 400)

@@ -11,6 +11,7 @@ from typing import Protocol
 from webhook.admission import logs, patches, wirejson
 from webhook.core import decisions, names, placement
 from webhook.core import findings as f
+from webhook.core import policy as policy_mod
 from webhook.core.policy import Policy
 
 log = logging.getLogger("gpushard.admission")
@@ -41,6 +42,13 @@ class View(Protocol):
     def synced(self) -> bool: ...
 
     def remember(self, node: str | None, card: int, shares: int) -> None: ...
+
+
+class Templates(Protocol):
+    """Makes sure a namespace has the ResourceClaimTemplate of a share count (backend dra)."""
+
+    def ensure(self, namespace: str, shares: int) -> str | None:
+        """None once the template exists; else a warning for the pod."""
 
 
 class BadReview(ValueError):
@@ -107,7 +115,7 @@ def metric_kind(request: dict) -> str:
     return kind if isinstance(kind, str) and kind in KNOWN_KINDS else "other"
 
 
-def answer(request: dict, mode: str, policy: Policy, view: View | None) -> Answer:
+def answer(request: dict, mode: str, policy: Policy, view: View | None, templates: Templates | None = None) -> Answer:
     """Decide one parsed request and build the AdmissionReview that answers it.
 
     Never raises: an object gpushard cannot read is a 400 denial, and a fault of
@@ -118,7 +126,7 @@ def answer(request: dict, mode: str, policy: Policy, view: View | None) -> Answe
     uid = request["uid"]
     kind_label = metric_kind(request)
     try:
-        result = _answer(request, uid, kind_label, mode, policy, view)
+        result = _answer(request, uid, kind_label, mode, policy, view, templates)
         response = result.review["response"]
         if mode == names.MODE_AUDIT and not response["allowed"]:
             # Audit mode never blocks: a review it cannot read is said as a warning.
@@ -146,7 +154,8 @@ def _snapshot(view: View | None) -> placement.View | None:
         return None
 
 
-def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy, view: View | None) -> Answer:
+def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy, view: View | None,
+            templates: Templates | None = None) -> Answer:
     kind = request.get("kind")
     kind = kind.get("kind") if isinstance(kind, dict) else None
     if not isinstance(kind, str) or not kind:
@@ -205,6 +214,12 @@ def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy,
             extra["patchType"] = "JSONPatch"
             extra["patch"] = encode_patch(patch)
             outcome = PATCHED
+    if (outcome == PATCHED and not dry_run and kind == names.POD_KIND and templates is not None
+            and policy.backend == policy_mod.DRA and decision.shares > 0):
+        # The pod's claim comes from a template in its namespace: make sure it is there before the pod is.
+        warning = templates.ensure(request.get("namespace") or "", decision.shares)
+        if warning:
+            extra["warnings"] = [*extra.get("warnings", ()), _clip(warning, decisions.WARNING_MAX)]
     # Only a pod gpushard just rewrote is new to the view: a reinvocation over its own output
     # (an empty patch) must not count the same pod twice.
     if (outcome == PATCHED and not dry_run and kind == names.POD_KIND and decision.node is not None
@@ -217,6 +232,6 @@ def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy,
     return Answer(envelope(uid, allowed=True, **extra), outcome, kind_label)
 
 
-def review(body: bytes, mode: str, policy: Policy, view: View | None) -> Answer:
+def review(body: bytes, mode: str, policy: Policy, view: View | None, templates: Templates | None = None) -> Answer:
     """Parse a body and answer it; raises BadReview for a body that is no AdmissionReview."""
-    return answer(parse(body), mode, policy, view)
+    return answer(parse(body), mode, policy, view, templates)

@@ -44,7 +44,8 @@ def build_app(config: str | None, cluster: str | None) -> flask.Flask:
 
     settings = settings_mod.load(config)
     view = cluster_mod.open_view(cluster, settings.policy.shares_per_card, settings)
-    return app_mod.create_app(settings, view, certfile=os.environ.get(CERT_ENV) or None)
+    templates = cluster_mod.open_templates(settings) if cluster is None else None
+    return app_mod.create_app(settings, view, certfile=os.environ.get(CERT_ENV) or None, templates=templates)
 
 
 def app_from_env() -> flask.Flask:

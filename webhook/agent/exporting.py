@@ -98,7 +98,7 @@ class Observer:
     def __init__(self, node: str, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board | None,
                  policy: policy_mod.Policy, holdings: Callable[[], list[podresources.Holding]],
                  procs: attributing.ProcReader, pods: podlisting.NodePods | None,
-                 memory_cap: Callable[[nvml.Card, int], int | None] = no_cap, dra=None) -> None:
+                 memory_cap: Callable[[nvml.Card, int], int | None] = no_cap, conflicts=None) -> None:
         self.node = node
         self.cards = sorted(cards, key=lambda c: c.index)
         self.devices = devices
@@ -108,7 +108,7 @@ class Observer:
         self.procs = procs
         self.pods = pods
         self.memory_cap = memory_cap
-        self.dra = dra  # a conflicting.Watcher, or None
+        self.conflicts = conflicts  # a conflicting.Watcher, or None
 
     def _owner(self, pid: int, holders: dict[tuple[str, str, str], ContainerRow]) -> ContainerRow | None:
         ref = self.procs.container_of(pid)
@@ -172,7 +172,7 @@ class Observer:
                     owner.sm_percent += proc.sm_percent or 0.0
             row.containers = sorted(holders.values(), key=lambda r: (r.namespace, r.pod, r.container))
             rows.append(row)
-        dra = list(self.dra.found) if self.dra is not None and self.dra.checked else None
+        dra = list(self.conflicts.found) if self.conflicts is not None and self.conflicts.checked else None
         return Observation(self.node, self.policy.shares_per_card, rows, up, time.perf_counter() - started, dra)
 
 
@@ -381,7 +381,7 @@ class Server:
 
 
 def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board, api,
-          node_name: str | None, dra=None) -> Server | None:
+          node_name: str | None, conflicts=None) -> Server | None:
     """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts."""
     if not args.metrics_port:
         return None
@@ -398,7 +398,7 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
     # Isolation, where configured, caps each container's memory; without it there is no cap to report.
     observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy),
                         attributing.ProcReader(args.proc_root), pods,
-                        memory_cap_for(policy.isolation, policy.shares_per_card), dra)
+                        memory_cap_for(policy.isolation, policy.shares_per_card), conflicts)
     reviewer = authorizing.Reviewer(api, node_name or "") if api is not None else None
     if reviewer is None:
         log.warning("gpushard: no Kubernetes API credentials: metrics are served to port-forwards only")

@@ -15,6 +15,7 @@ from webhook.agent import (
     allocation,
     conflicting,
     deviceplugin,
+    drabackend,
     exporting,
     health,
     isolation,
@@ -40,12 +41,16 @@ class Agent:
                  publisher: Callable[[Callable[[], list[nvml.Card]]], publishing.Publisher] | None = None,
                  poll: float = 1.0, tick: float = 1.0, register_timeout: float = 5.0,
                  mps_root: str = isolation.DEFAULT_MPS_ROOT, mps_options: dict | None = None,
-                 dra: Callable[[Callable[[], list[nvml.Card]]], conflicting.Watcher] | None = None) -> None:
+                 dra: Callable[[Agent], drabackend.DraBackend] | None = None,
+                 conflicts: Callable[[Callable[[], list[nvml.Card]]], conflicting.Watcher] | None = None) -> None:
         self.devices = devices
         self.policy = policy
         self.cards, self.excluded = _whole_cards(devices)
         self.board = health.Board(self.cards)
         self.resources = allocation.resources(self.cards, policy)
+        if policy.backend == policy_mod.DRA:
+            # The scheduler picks the card from the ResourceSlice; only the quota-able sum stays a device plugin.
+            self.resources = self.resources[:1]
         root = isolation.MpsRoot(mps_root)
         limits = isolation.Limits(policy.isolation, policy.shares_per_card, root) \
             if policy.isolation != "none" else None
@@ -57,14 +62,16 @@ class Agent:
         if self.publisher is not None:
             self.publisher.details = self.inventory_details
         # Another DRA driver offering this node's cards: reported in the inventory, a metric and the log.
-        self.dra = dra(lambda: list(self.cards)) if dra is not None else None
-        if self.dra is not None:
-            self.dra.on_change = self._changed
+        self.conflicts = conflicts(lambda: list(self.cards)) if conflicts is not None else None
+        if self.conflicts is not None:
+            self.conflicts.on_change = self._changed
         self.mps = mps.Supervisor(devices, self.cards, self.board, root, self._changed, **(mps_options or {})) \
             if policy.isolation == "mps" else None
         self.driver = devices.driver_version()
         self.memory_limits = devices.memory_limits_supported()
         self.tick = tick
+        self.mps_root = root
+        self.dra = dra(self) if dra is not None else None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -75,6 +82,8 @@ class Agent:
     def _changed(self) -> None:
         if self.publisher is not None:
             self.publisher.changed()
+        if self.dra is not None:
+            self.dra.changed()
 
     def inventory_details(self) -> dict:
         """What the Node's inventory says beyond each card's identity: isolation, and cards left out."""
@@ -85,8 +94,8 @@ class Agent:
             if card.index in states:
                 given["mps"] = states[card.index]
             per_card[card.index] = {"isolation": given}
-        if self.dra is not None:
-            for index, found in self.dra.card_details().items():
+        if self.conflicts is not None:
+            for index, found in self.conflicts.card_details().items():
                 per_card.setdefault(index, {}).update(found)
         return {"cards": per_card, "excluded": list(self.excluded)}
 
@@ -101,14 +110,16 @@ class Agent:
             self.mps.start()
             self._thread("gpushard-mps", self.mps.run, self._stop)
         self.keeper.start()
-        on_change = self.publisher.changed if self.publisher is not None else None
+        if self.dra is not None:
+            self.dra.start(lambda name, target: self._thread(name, target, self._stop))
+        on_change = self._changed if self.publisher is not None or self.dra is not None else None
         self._thread("gpushard-health", health.watch, self.devices, self.board, self._stop, on_change,
                      min(self.tick, 0.5))
         self._thread("gpushard-kubelet", self.keeper.run, self._stop)
         if self.publisher is not None:
             self._thread("gpushard-publish", self.publisher.run, self._stop)
-        if self.dra is not None:
-            self._thread("gpushard-dra", self.dra.run, self._stop)
+        if self.conflicts is not None:
+            self._thread("gpushard-dra-conflicts", self.conflicts.run, self._stop)
 
     def stop(self) -> None:
         """Stop polling, end the streams, remove our sockets, release NVML."""
@@ -118,6 +129,8 @@ class Agent:
         for thread in self._threads:
             thread.join(timeout=10)
         self.keeper.close()
+        if self.dra is not None:
+            self.dra.stop()
         if self.mps is not None:
             self.mps.stop()
         self.board.close()
@@ -168,6 +181,10 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
 
     publisher = None
     api = None
+    if settings.policy.backend == policy_mod.DRA and args.no_publish:
+        devices.close()
+        return _fail(EXIT_USAGE, "gpushard: backend dra needs the API server (the agent publishes the node's "
+                                 "ResourceSlice and reads each claim it prepares); drop --no-publish")
     if not args.no_publish:
         try:
             api = publishing.api_client()
@@ -180,12 +197,23 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
             return publishing.Publisher(api, node_name, cards)
 
     dra = None
+    conflicts = None
     if api is not None:
-        def dra(cards):
+        def conflicts(cards):
             return conflicting.Watcher(api, node_name, cards)
 
+    if settings.policy.backend == policy_mod.DRA:
+        folders = drabackend.Folders(
+            registry=getattr(args, "kubelet_registry_dir", None) or drabackend.Folders.registry,
+            plugins=getattr(args, "kubelet_plugins_dir", None) or drabackend.Folders.plugins,
+            cdi=getattr(args, "cdi_dir", None) or drabackend.Folders.cdi)
+
+        def dra(agent):
+            return drabackend.DraBackend(api, node_name, agent.devices, agent.cards, agent.board, agent.policy,
+                                         folders, agent.mps_root, poll=args.poll_interval)
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
-                  mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra)
+                  mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra,
+                  conflicts=conflicts)
     stop = threading.Event()
 
     def on_signal(signum, _frame):
@@ -204,7 +232,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                  ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
         try:
             metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name,
-                                      dra=agent.dra)
+                                      conflicts=agent.conflicts)
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}")
         while not stop.wait(1.0):

@@ -18,3 +18,13 @@ def open_view(cluster_file: str | None, shares_per_card: int, settings=None):
     from webhook.cluster import kube
 
     return kube.KubeView.start(settings)
+
+
+def open_templates(settings):
+    """With backend dra, what makes sure each namespace has the claim templates its pods name; else None."""
+    if settings is None or settings.policy.backend != "dra":
+        return None
+    from webhook import connecting
+    from webhook.cluster import templates
+
+    return templates.Templates(connecting.client().api).start()

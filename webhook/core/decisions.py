@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from webhook.core import draws, hostaccess, isolation, names, placement, rewrite
+from webhook.core import draclaims, draws, hostaccess, isolation, names, placement, rewrite
 from webhook.core import findings as f
+from webhook.core import policy as policy_mod
 from webhook.core import requests as req
 from webhook.core.policy import Policy
 
@@ -314,6 +315,8 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
 
     if audit:
+        if policy.backend == policy_mod.DRA:
+            found += draclaims.pin_findings(asks, policy)
         found += _visible_devices_findings(spec, asks, pin, request.mode, policy)
         found += _audit_changes(spec, asks, kind, policy)
         return Decision(allowed=True, findings=found, shares=shares)
@@ -321,6 +324,9 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
     if kind != names.POD_KIND:
         new = rewrite.template(obj, names.TEMPLATE_PATHS[kind], asks, policy)
         return Decision(allowed=True, obj=new, findings=found, shares=shares)
+
+    if policy.backend == policy_mod.DRA:
+        return _dra_pod(obj, asks, shares, found, limit_found, policy)
 
     card, node = None, None
     if shares > 0 and pin is not None and _placed_by_gpushard(obj, pin):
@@ -342,3 +348,16 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
     if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):  # else strip_env has nothing to remove
         new, patch = isolation.strip_env(new, asks), None
     return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares, patch=patch)
+
+
+def _dra_pod(obj: dict, asks: list[req.ContainerAsk], shares: int, found: list[f.Finding],
+             limit_found: list[f.Finding], policy: Policy) -> Decision:
+    """Backend dra: the pod's shares as a claim from a template; the scheduler chooses the card."""
+    pinned = draclaims.pin_findings(asks, policy)
+    if pinned:
+        found = found + pinned
+        return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
+    new = draclaims.pod(obj, asks, shares, policy)
+    if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):
+        new = isolation.strip_env(new, asks)
+    return Decision(allowed=True, obj=new, findings=found, shares=shares)

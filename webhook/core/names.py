@@ -130,3 +130,15 @@ REPLACED_REASON = "GpushardReplaced"
 # Downward-API env of the replacer's pod: its identity in the Lease and the Lease's namespace.
 POD_NAME_ENV = "POD_NAME"
 POD_NAMESPACE_ENV = "POD_NAMESPACE"
+
+# The DRA backend (resource.k8s.io/v1): gpushard's driver, its DeviceClass, the consumable capacity
+# each card offers, the pod-level claim the webhook writes and the templates it comes from, and
+# the CDI kind of the per-claim device that carries a claim's limits.
+DRA_API_VERSION = "resource.k8s.io/v1"
+DRA_DRIVER = "gpu.gpushard.io"
+DRA_DEVICE_CLASS = "gpu.gpushard.io"
+DRA_SHARES_CAPACITY = "shares"
+DRA_REQUEST = "gpu"
+DRA_POD_CLAIM = "gpushard-gpu"
+DRA_TEMPLATE_PREFIX = "gpushard-shares-"
+DRA_CDI_KIND = "gpushard.io/claim"

@@ -20,6 +20,11 @@ DEVICE_LIST_STRATEGIES = (ENVVAR, VOLUME_MOUNTS, CDI_CRI)
 # node (it reads the mounts first and ignores the env); CDI needs a spec on the node.
 DEFAULT_DEVICE_LIST_STRATEGY = (ENVVAR, VOLUME_MOUNTS)
 ISOLATIONS = ("none", "memory", "mps")
+# Who keeps a card's shares: one device plugin per card (the webhook pins the card), or DRA with
+# consumable capacity (Kubernetes 1.36+; the scheduler picks the card from a claim): docs/dra.md.
+DEVICEPLUGIN = "deviceplugin"
+DRA = "dra"
+BACKENDS = (DEVICEPLUGIN, DRA)
 
 
 @dataclass(frozen=True)
@@ -73,3 +78,4 @@ class Policy:
     # Set on pods that hold shares when their author named none: the runtime class whose
     # handler is the NVIDIA container runtime, where it is not the node's default runtime.
     runtime_class_name: str | None = None
+    backend: str = DEVICEPLUGIN  # deviceplugin | dra

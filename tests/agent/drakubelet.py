@@ -1,0 +1,61 @@
+"""The kubelet's side of DRA, built from our copies of the published protos, over real unix sockets.
+
+It plays the plugin watcher (dial the registration socket, GetInfo, check type and version, dial the
+endpoint, NotifyRegistrationStatus) and the kubelet's DRA manager (NodePrepareResources and
+NodeUnprepareResources with claims named by namespace, UID and name).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from webhook.agent.proto import dra_pb2 as dpb
+from webhook.agent.proto import dra_pb2_grpc as dpb_grpc
+from webhook.agent.proto import pluginregistration_pb2 as rpb
+from webhook.agent.proto import pluginregistration_pb2_grpc as rpb_grpc
+
+TIMEOUT = 10.0
+
+
+class RegistrationRefused(AssertionError):
+    """What the kubelet would log and tell the plugin for a plugin it will not use."""
+
+
+class DraKubelet:
+    def __init__(self) -> None:
+        self.endpoint: str | None = None
+        self.driver: str | None = None
+
+    def register(self, registration_socket: str) -> rpb.PluginInfo:
+        """Register as the plugin watcher does; the plugin hears the outcome through NotifyRegistrationStatus."""
+        with grpc.insecure_channel(f"unix://{registration_socket}") as channel:
+            stub = rpb_grpc.RegistrationStub(channel)
+            info = stub.GetInfo(rpb.InfoRequest(), timeout=TIMEOUT)
+            problem = ""
+            if info.type != "DRAPlugin":
+                problem = f"plugin type {info.type!r} is not DRAPlugin"
+            elif "v1.DRAPlugin" not in info.supported_versions:
+                problem = f"none of the versions {list(info.supported_versions)} is v1.DRAPlugin"
+            elif not info.endpoint:
+                problem = "no endpoint"
+            stub.NotifyRegistrationStatus(rpb.RegistrationStatus(plugin_registered=not problem, error=problem),
+                                          timeout=TIMEOUT)
+            if problem:
+                raise RegistrationRefused(problem)
+        self.endpoint, self.driver = info.endpoint, info.name
+        return info
+
+    def _stub(self, channel) -> dpb_grpc.DRAPluginStub:
+        return dpb_grpc.DRAPluginStub(channel)
+
+    def prepare(self, *claims: tuple[str, str, str]) -> dpb.NodePrepareResourcesResponse:
+        """NodePrepareResources for (namespace, uid, name) claims."""
+        request = dpb.NodePrepareResourcesRequest(claims=[dpb.Claim(namespace=n, uid=u, name=m) for n, u, m in claims])
+        with grpc.insecure_channel(f"unix://{self.endpoint}") as channel:
+            return self._stub(channel).NodePrepareResources(request, timeout=TIMEOUT)
+
+    def unprepare(self, *claims: tuple[str, str, str]) -> dpb.NodeUnprepareResourcesResponse:
+        request = dpb.NodeUnprepareResourcesRequest(
+            claims=[dpb.Claim(namespace=n, uid=u, name=m) for n, u, m in claims])
+        with grpc.insecure_channel(f"unix://{self.endpoint}") as channel:
+            return self._stub(channel).NodeUnprepareResources(request, timeout=TIMEOUT)

@@ -1,0 +1,94 @@
+"""We test `gpushard agent` with backend dra as a real process, against the local API server, a fake
+device-plugin kubelet and the kubelet's DRA side from the published protos:
+- it serves only the sum as a device plugin, publishes the node's ResourceSlice, registers the DRA plugin and
+  prepares a claim allocated on one of its cards, writing the claim's CDI spec;
+- SIGTERM ends it with status 0 and its sockets removed; the checkpoint stays for the next start;
+- with --no-publish it refuses to start with backend dra (status 2, naming the flag).
+"""
+
+import os
+import pathlib
+import signal
+import time
+
+import pytest
+
+from tests import fakekube
+from tests.agent import drakubelet, draworld, fakekubelet
+from tests.agent.test_running import INVENTORY, agent_process
+from tests.audit import world
+from webhook.core import draobjects, names
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def eventually(check, what, proc, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if proc.poll() is not None:
+            raise AssertionError(f"the agent exited ({proc.returncode}) before {what}: {proc.communicate()[1]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never saw {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def setup(tmp_path, plugin_dir):
+    root = fakekubelet.short_tempdir("gsp-")
+    (tmp_path / "inventory.yaml").write_text(INVENTORY)
+    (tmp_path / "config.yaml").write_text("version: v1\nbackend: dra\nisolation: memory\n")
+    with fakekube.FakeKube() as api:
+        (tmp_path / "kubeconfig").write_text(world.kubeconfig(api))
+        api.put("nodes", {"metadata": {"name": "node-a"}, "status": {}})
+        yield api, root, tmp_path
+    fakekubelet.remove_tree(root)
+
+
+def test_the_agent_publishes_registers_prepares_and_stops(setup, plugin_dir):
+    api, root, tmp = setup
+    kubelet = fakekubelet.FakeKubelet(plugin_dir).start()
+    folders = [os.path.join(root, d) for d in ("reg", "plugins", "cdi")]
+    proc = agent_process("--config", str(tmp / "config.yaml"), "--fake-inventory", str(tmp / "inventory.yaml"),
+                         "--device-plugin-dir", plugin_dir, "--node-name", "node-a", "--poll-interval", "0.1",
+                         "--kubelet-registry-dir", folders[0], "--kubelet-plugins-dir", folders[1],
+                         "--cdi-dir", folders[2], env={"KUBECONFIG": str(tmp / "kubeconfig")})
+    registration = os.path.join(folders[0], f"{names.DRA_DRIVER}-reg.sock")
+    try:
+        kubelet.wait_for({names.SHARES_RESOURCE}, timeout=30)
+
+        def published():
+            try:
+                return [d["name"] for d in api.get("resourceslices", "node-a-gpu.gpushard.io")["spec"]["devices"]]
+            except KeyError:
+                return None
+        eventually(lambda: published() == ["card-0", "card-1"], "the slice", proc)
+        eventually(lambda: os.path.exists(registration), "the registration socket", proc)
+        peer = drakubelet.DraKubelet()
+        peer.register(registration)
+        api.put("resourceclaims", draworld.claim("ml", "c", "uid-1", "node-a", "card-1", 25))
+        entry = peer.prepare(("ml", "uid-1", "c")).claims["uid-1"]
+        assert entry.error == "" and list(entry.devices[0].cdi_device_ids)[0] == "nvidia.com/gpu=GPU-bbbb"
+        with open(os.path.join(folders[2], "gpushard.io-claim_uid-1.json")) as spec:
+            assert f"NVIDIA_GPU_MEMORY_LIMIT={25 * 81559 // 100}" in spec.read()
+        assert {r.resource_name for r in kubelet.requests} == {names.SHARES_RESOURCE}
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        kubelet.stop()
+    assert proc.returncode == 0, err
+    assert not os.path.exists(registration)
+    assert not os.path.exists(os.path.join(folders[1], names.DRA_DRIVER, "dra.sock"))
+    assert os.path.exists(os.path.join(folders[1], names.DRA_DRIVER, "checkpoint.json"))
+    assert draobjects.check_slice(api.get("resourceslices", "node-a-gpu.gpushard.io")) == []
+
+
+def test_backend_dra_needs_the_api_server(setup, plugin_dir):
+    _api, _root, tmp = setup
+    proc = agent_process("--config", str(tmp / "config.yaml"), "--fake-inventory", str(tmp / "inventory.yaml"),
+                         "--device-plugin-dir", plugin_dir, "--no-publish")
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 2
+    assert err.startswith("gpushard: backend dra needs the API server") and "--no-publish" in err

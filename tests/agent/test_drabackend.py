@@ -1,0 +1,92 @@
+"""We test the agent with backend dra, as `gpushard agent` runs it (a fake kubelet for device plugins, the
+kubelet's DRA side from the published protos, the local API server):
+- only the quota-able sum gpushard.io/gpu is a device plugin; no per-card resource is registered;
+- the node's ResourceSlice lists its cards, loses a card that turns Unhealthy and gets it back on recovery;
+- the kubelet registers the DRA plugin and prepares a claim allocated on a card, with the card's memory cap;
+- a claim allocated before its card turned Unhealthy can still be prepared.
+"""
+
+import os
+import time
+
+import pytest
+
+from tests import fakekube
+from tests.agent import drakubelet, draworld, fakekubelet
+from webhook.agent import drabackend, nvml, running
+from webhook.core import draobjects, names
+from webhook.core import policy as policy_mod
+
+NODE = "node-a"
+CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559), nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)]
+
+
+@pytest.fixture
+def api():
+    with fakekube.FakeKube() as server:
+        yield server
+
+
+def eventually(check, what, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never saw {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def world(api, plugin_dir, kubelet):
+    root = fakekubelet.short_tempdir("gsb-")
+    folders = drabackend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"), os.path.join(root, "cdi"))
+    devices = nvml.FakeDevices(CARDS)
+    policy = policy_mod.Policy(backend=policy_mod.DRA, isolation="memory")
+    client = api.api_client()
+    agent = running.Agent(devices, policy, plugin_dir, poll=0.05, tick=0.2, register_timeout=2,
+                          dra=lambda a: drabackend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
+                                                              folders, poll=0.05))
+    agent.start()
+    yield agent, devices, folders
+    agent.stop()
+    fakekubelet.remove_tree(root)
+
+
+def slice_devices(api):
+    try:
+        obj = api.get("resourceslices", draobjects.slice_name(NODE))
+    except KeyError:
+        return None
+    return [d["name"] for d in obj["spec"]["devices"]]
+
+
+def test_only_the_sum_is_a_device_plugin(world, kubelet, plugin_dir):
+    agent = world[0]
+    kubelet.wait_for({names.SHARES_RESOURCE})
+    assert [r.name for r in agent.resources] == [names.SHARES_RESOURCE]
+    assert sorted(n for n in os.listdir(plugin_dir) if n.endswith(".sock")) == ["gpushard-io-gpu.sock",
+                                                                                 "kubelet.sock"]
+
+
+def test_the_slice_follows_health(api, world):
+    _agent, devices, _folders = world
+    eventually(lambda: slice_devices(api) == ["card-0", "card-1"], "both cards published")
+    devices.inject(nvml.HealthEvent("GPU-bbbb", healthy=False, reason="Xid 79"))
+    eventually(lambda: slice_devices(api) == ["card-0"], "the Unhealthy card leave the slice")
+    devices.inject(nvml.HealthEvent("GPU-bbbb", healthy=True))
+    eventually(lambda: slice_devices(api) == ["card-0", "card-1"], "the card come back")
+    assert api.get("resourceslices", draobjects.slice_name(NODE))["spec"]["pool"]["generation"] == 2
+
+
+def test_the_kubelet_prepares_a_claim_through_the_agent(api, world):
+    agent, devices, folders = world
+    peer = drakubelet.DraKubelet()
+    eventually(lambda: os.path.exists(agent.dra.plugin.registration_path), "the registration socket")
+    peer.register(agent.dra.plugin.registration_path)
+    api.put("resourceclaims", draworld.claim("team-a", "c", "uid-1", NODE, "card-1", 50))
+    devices.inject(nvml.HealthEvent("GPU-bbbb", healthy=False, reason="Xid 79"))  # after allocation
+    eventually(lambda: slice_devices(api) == ["card-0"], "the Unhealthy card leave the slice")
+    entry = peer.prepare(("team-a", "uid-1", "c")).claims["uid-1"]
+    assert entry.error == ""
+    assert list(entry.devices[0].cdi_device_ids) == ["nvidia.com/gpu=GPU-bbbb", "gpushard.io/claim=uid-1-card-1"]
+    with open(os.path.join(folders.cdi, "gpushard.io-claim_uid-1.json")) as spec:
+        assert f"NVIDIA_GPU_MEMORY_LIMIT={22491 // 2}" in spec.read()

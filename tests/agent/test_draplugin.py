@@ -1,0 +1,213 @@
+"""We test, with the kubelet's side played from the published protos over real unix sockets and claims read
+from a local API server:
+- registration: GetInfo says DRAPlugin, our driver, v1.DRAPlugin and the dra.sock endpoint; the plugin hears
+  NotifyRegistrationStatus;
+- prepare: the card as the NVIDIA CDI spec names it, and gpushard's per-claim CDI device whose spec carries the
+  limits computed from the claim's consumed shares and the card's memory;
+- unprepare removes the spec and the checkpoint entry, and may come twice;
+- after the agent restarts, preparing again answers from the checkpoint (the claim is gone from the API), and
+  unprepare still removes what was prepared;
+- a claim for another driver, one made again under a new UID, and one on a card this node lacks are refused
+  with an error naming the claim, and leave nothing behind; one bad claim does not fail the others in a call;
+- a removed socket is served again.
+"""
+
+import json
+import os
+
+import pytest
+
+from tests import fakekube
+from tests.agent import drakubelet, draworld, fakekubelet
+from webhook.agent import cdi, draplugin, isolation, nvml
+from webhook.core import names
+
+NODE = "node-a"
+CARDS = {i: nvml.Card(i, f"GPU-{i}0000000-1111-2222-3333-444444444444", "NVIDIA H100 80GB HBM3", 81559)
+         for i in range(2)}
+
+
+@pytest.fixture
+def api():
+    with fakekube.FakeKube() as server:
+        yield server
+
+
+@pytest.fixture
+def dirs():
+    root = fakekubelet.short_tempdir("gsd-")
+    yield {"registry": os.path.join(root, "reg"), "plugins": os.path.join(root, "plugins"),
+           "cdi": os.path.join(root, "cdi"), "checkpoint": os.path.join(root, "plugins", "state", "checkpoint.json")}
+    fakekubelet.remove_tree(root)
+
+
+def make_plugin(api, dirs, mode="memory"):
+    preparer = draplugin.Preparer(NODE, lambda: CARDS, 100, draplugin.api_claim_reader(api.api_client()),
+                                  draplugin.Checkpoint(dirs["checkpoint"]), cdi_dir=dirs["cdi"], mode=mode,
+                                  mps_root=isolation.MpsRoot(os.path.join(dirs["plugins"], "mps")))
+    plugin = draplugin.DraPlugin(preparer, dirs["registry"], dirs["plugins"])
+    plugin.start()
+    return plugin
+
+
+@pytest.fixture
+def plugin(api, dirs):
+    started = make_plugin(api, dirs)
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def kubelet(plugin):
+    peer = drakubelet.DraKubelet()
+    peer.register(plugin.registration_path)
+    return peer
+
+
+def spec_env(dirs, uid):
+    with open(cdi.spec_path(dirs["cdi"], uid)) as source:
+        spec = json.load(source)
+    assert spec["kind"] == names.DRA_CDI_KIND and spec["cdiVersion"]
+    [device] = spec["devices"]
+    return device["name"], dict(e.split("=", 1) for e in device["containerEdits"]["env"])
+
+
+def test_registration(plugin, dirs):
+    assert plugin.registration_path == os.path.join(dirs["registry"], f"{names.DRA_DRIVER}-reg.sock")
+    peer = drakubelet.DraKubelet()
+    info = peer.register(plugin.registration_path)
+    assert (info.type, info.name, list(info.supported_versions)) == ("DRAPlugin", names.DRA_DRIVER, ["v1.DRAPlugin"])
+    assert info.endpoint == os.path.join(dirs["plugins"], names.DRA_DRIVER, "dra.sock")
+    assert plugin.registration.registered.is_set()
+
+
+def test_prepare_names_the_card_and_the_claims_limits(api, dirs, kubelet):
+    api.put("resourceclaims", draworld.claim("team-a", "pod-a-gpu", "uid-a", NODE, "card-1", 25))
+    response = kubelet.prepare(("team-a", "uid-a", "pod-a-gpu"))
+    entry = response.claims["uid-a"]
+    assert entry.error == ""
+    [device] = entry.devices
+    assert (list(device.request_names), device.pool_name, device.device_name) == (["gpu"], NODE, "card-1")
+    assert list(device.cdi_device_ids) == [f"nvidia.com/gpu={CARDS[1].uuid}", "gpushard.io/claim=uid-a-card-1"]
+    name, env = spec_env(dirs, "uid-a")
+    assert name == "uid-a-card-1"
+    cap = str(25 * 81559 // 100)
+    assert env == {"GPUSHARD_FRACTION": "0.25", "NVIDIA_GPU_MEMORY_LIMIT": cap, "NVIDIA_GPU_MEMORY_REQUEST": cap}
+
+
+def test_without_isolation_the_spec_still_tells_the_fraction(api, dirs):
+    plugin = make_plugin(api, dirs, mode="none")
+    try:
+        peer = drakubelet.DraKubelet()
+        peer.register(plugin.registration_path)
+        api.put("resourceclaims", draworld.claim("team-a", "c", "uid-n", NODE, "card-0", 50))
+        assert peer.prepare(("team-a", "uid-n", "c")).claims["uid-n"].error == ""
+        assert spec_env(dirs, "uid-n")[1] == {"GPUSHARD_FRACTION": "0.5"}
+    finally:
+        plugin.stop()
+
+
+def test_unprepare_removes_what_prepare_made_and_may_come_twice(api, dirs, kubelet):
+    api.put("resourceclaims", draworld.claim("team-a", "c", "uid-u", NODE, "card-0", 10))
+    assert kubelet.prepare(("team-a", "uid-u", "c")).claims["uid-u"].error == ""
+    assert os.path.exists(cdi.spec_path(dirs["cdi"], "uid-u"))
+    for _ in range(2):
+        response = kubelet.unprepare(("team-a", "uid-u", "c"))
+        assert "uid-u" in response.claims and response.claims["uid-u"].error == ""
+        assert not os.path.exists(cdi.spec_path(dirs["cdi"], "uid-u"))
+        assert "uid-u" not in draplugin.Checkpoint(dirs["checkpoint"]).claims
+
+
+def test_prepare_twice_gives_the_same_answer(api, kubelet):
+    api.put("resourceclaims", draworld.claim("team-a", "c", "uid-t", NODE, "card-0", 10))
+    first = kubelet.prepare(("team-a", "uid-t", "c"))
+    assert kubelet.prepare(("team-a", "uid-t", "c")) == first
+
+
+def test_prepare_again_after_a_restart_answers_from_the_checkpoint(api, dirs, plugin, kubelet):
+    api.put("resourceclaims", draworld.claim("team-a", "c", "uid-r", NODE, "card-1", 40))
+    before = kubelet.prepare(("team-a", "uid-r", "c"))
+    plugin.stop()
+    api.delete("resourceclaims", "c", "team-a")  # the API server cannot help now
+    again = make_plugin(api, dirs)
+    try:
+        peer = drakubelet.DraKubelet()
+        peer.register(again.registration_path)
+        after = peer.prepare(("team-a", "uid-r", "c"))
+        assert after == before and after.claims["uid-r"].error == ""
+        assert peer.unprepare(("team-a", "uid-r", "c")).claims["uid-r"].error == ""
+        assert not os.path.exists(cdi.spec_path(dirs["cdi"], "uid-r"))
+    finally:
+        again.stop()
+
+
+def test_a_claim_for_another_driver_is_refused(api, dirs, kubelet):
+    api.put("resourceclaims", draworld.claim("team-a", "other", "uid-o", NODE, "gpu-0", 1, driver="gpu.nvidia.com"))
+    entry = kubelet.prepare(("team-a", "uid-o", "other")).claims["uid-o"]
+    assert entry.error.startswith("gpushard: claim team-a/other has no device of driver gpu.gpushard.io")
+    assert not entry.devices
+    assert not os.path.exists(cdi.spec_path(dirs["cdi"], "uid-o"))
+    assert "uid-o" not in draplugin.Checkpoint(dirs["checkpoint"]).claims
+
+
+@pytest.mark.parametrize("claim,expected", [
+    (draworld.claim("team-a", "c", "uid-new", NODE, "card-0", 10), "was deleted and made again"),
+    (draworld.claim("team-a", "c", "uid-x", "node-b", "card-0", 10), "not a card of node"),
+    (draworld.claim("team-a", "c", "uid-x", NODE, "card-7", 10), "not a card of node"),
+    (draworld.claim("team-a", "c", "uid-x", NODE, None), "no device of driver"),
+])
+def test_claims_that_are_not_ours_to_prepare(api, dirs, kubelet, claim, expected):
+    api.put("resourceclaims", claim)
+    entry = kubelet.prepare(("team-a", "uid-x", "c")).claims["uid-x"]
+    assert entry.error.startswith("gpushard: claim team-a/c") and expected in entry.error
+    assert os.listdir(dirs["cdi"]) == [] if os.path.isdir(dirs["cdi"]) else True
+
+
+def test_a_missing_claim_is_an_error_the_kubelet_retries(kubelet):
+    entry = kubelet.prepare(("team-a", "uid-m", "missing")).claims["uid-m"]
+    assert entry.error == "gpushard: cannot read claim team-a/missing from the API server: HTTP 404 Not Found"
+
+
+def test_one_bad_claim_does_not_fail_the_others(api, kubelet):
+    api.put("resourceclaims", draworld.claim("team-a", "good", "uid-g", NODE, "card-0", 30))
+    response = kubelet.prepare(("team-a", "uid-b", "bad"), ("team-a", "uid-g", "good"))
+    assert set(response.claims) == {"uid-b", "uid-g"}
+    assert response.claims["uid-b"].error and not response.claims["uid-g"].error
+
+
+def test_a_removed_socket_is_served_again(api, plugin):
+    os.unlink(plugin.registration_path)
+    os.unlink(plugin.endpoint)
+    plugin.step()
+    peer = drakubelet.DraKubelet()
+    peer.register(plugin.registration_path)
+    api.put("resourceclaims", draworld.claim("team-a", "c", "uid-s", NODE, "card-0", 10))
+    assert peer.prepare(("team-a", "uid-s", "c")).claims["uid-s"].error == ""
+
+
+def test_a_registration_the_kubelet_refuses_is_heard(plugin):
+    plugin.registration.info.supported_versions[:] = ["v1beta1.DRAPlugin"]
+    with pytest.raises(drakubelet.RegistrationRefused):
+        drakubelet.DraKubelet().register(plugin.registration_path)
+    assert not plugin.registration.registered.is_set()
+    assert "v1.DRAPlugin" in plugin.registration.error
+
+
+def test_with_mps_the_spec_mounts_the_cards_pipe_and_shm(api, dirs):
+    plugin = make_plugin(api, dirs, mode="mps")
+    try:
+        peer = drakubelet.DraKubelet()
+        peer.register(plugin.registration_path)
+        api.put("resourceclaims", draworld.claim("team-a", "c", "uid-p", NODE, "card-0", 25))
+        assert peer.prepare(("team-a", "uid-p", "c")).claims["uid-p"].error == ""
+        with open(cdi.spec_path(dirs["cdi"], "uid-p")) as source:
+            edits = json.load(source)["devices"][0]["containerEdits"]
+        env = dict(e.split("=", 1) for e in edits["env"])
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={25 * 81559 // 100}M"
+        root = isolation.MpsRoot(os.path.join(dirs["plugins"], "mps"))
+        hosts = {m["hostPath"]: m["containerPath"] for m in edits["mounts"]}
+        assert hosts[root.pipe_dir(CARDS[0])] == names.MPS_CLIENT_PIPE_DIR
+        assert all(m["options"][0] == "rbind" for m in edits["mounts"])
+    finally:
+        plugin.stop()

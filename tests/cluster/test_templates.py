@@ -1,0 +1,115 @@
+"""We test, against the local API server and through the admission app with backend dra:
+- the template a pod's claim names is made in the pod's namespace before the answer, passing the API's rules;
+- it is made once per namespace and share count; one that exists already (409) is fine; after a while it is
+  made sure of again, so a template deleted since (a namespace made again) comes back with the next pod;
+- a dry run makes nothing; a pod without shares makes nothing;
+- when the API server fails, the pod is still admitted with a warning, and a later pass makes the template.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests import fakekube
+from tests.admission import objects
+from webhook import settings as settings_mod
+from webhook.admission import app as app_mod
+from webhook.cluster import templates as templates_mod
+from webhook.core import draobjects
+from webhook.core import policy as policy_mod
+
+
+@pytest.fixture
+def api():
+    with fakekube.FakeKube() as server:
+        yield server
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def templates(api, clock):
+    return templates_mod.Templates(api.api_client(), clock=clock)
+
+
+@pytest.fixture
+def client(templates):
+    settings = settings_mod.Settings(policy=policy_mod.Policy(backend=policy_mod.DRA))
+    return app_mod.create_app(settings, None, templates=templates).test_client()
+
+
+def mutate(client, obj, **kwargs):
+    review = objects.review(obj, **kwargs)
+    resp = client.post("/mutate", data=json.dumps(review), content_type="application/json")
+    assert resp.status_code == 200
+    return objects.response_of(resp.get_json(), review["request"]["uid"])
+
+
+def posts(api):
+    return [p for m, p, _ in api.requests if m == "POST"]
+
+
+def test_the_template_is_there_before_the_answer(api, client):
+    obj = objects.pod(objects.container("train", "0.25"))
+    response = mutate(client, obj)
+    assert response["allowed"] and "warnings" not in response
+    new = objects.patched(obj, response)
+    assert new["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "gpushard-shares-25"
+    stored = api.get("resourceclaimtemplates", "gpushard-shares-25", "ml")
+    assert draobjects.check_claim_template(stored) == []
+    assert stored["spec"] == draobjects.claim_template("ml", 25)["spec"]
+
+
+def test_made_once_per_namespace_and_share_count(api, client):
+    for _ in range(3):
+        mutate(client, objects.pod(objects.container("train", "0.25")))
+    mutate(client, objects.pod(objects.container("train", "0.5")))
+    assert posts(api) == ["/apis/resource.k8s.io/v1/namespaces/ml/resourceclaimtemplates"] * 2
+
+
+def test_one_that_exists_is_fine(api, client):
+    api.put("resourceclaimtemplates", draobjects.claim_template("ml", 25))
+    response = mutate(client, objects.pod(objects.container("train", "0.25")))
+    assert response["allowed"] and "warnings" not in response
+
+
+def test_dry_runs_and_pods_without_shares_make_nothing(api, client):
+    mutate(client, objects.pod(objects.container("train", "0.25")), dry_run=True)
+    mutate(client, objects.pod(objects.container("web")))
+    assert posts(api) == []
+
+
+def test_a_failing_api_server_admits_with_a_warning_and_retries(api, client, templates):
+    api.fail_next = [503]
+    response = mutate(client, objects.pod(objects.container("train", "0.25")))
+    assert response["allowed"]
+    assert response["warnings"] == ["gpushard: template ml/gpushard-shares-25 not made yet (HTTP 503); "
+                                    "the pod waits until it is"]
+    with pytest.raises(KeyError):
+        api.get("resourceclaimtemplates", "gpushard-shares-25", "ml")
+    templates.retry_pending()
+    assert api.get("resourceclaimtemplates", "gpushard-shares-25", "ml")
+
+
+def test_a_deleted_template_comes_back_after_the_recheck(api, client, clock):
+    mutate(client, objects.pod(objects.container("train", "0.25")))
+    api.delete("resourceclaimtemplates", "gpushard-shares-25", "ml")  # the namespace was deleted and made again
+    mutate(client, objects.pod(objects.container("train", "0.25")))
+    with pytest.raises(KeyError):
+        api.get("resourceclaimtemplates", "gpushard-shares-25", "ml")  # still remembered
+    clock.now += 61
+    mutate(client, objects.pod(objects.container("train", "0.25")))
+    assert api.get("resourceclaimtemplates", "gpushard-shares-25", "ml")

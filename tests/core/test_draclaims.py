@@ -1,0 +1,136 @@
+"""We test the webhook's pod with backend dra:
+- a fraction becomes a pod-level claim from the template gpushard-shares-<n> (n: the pod's shares as Kubernetes
+  counts them), named in each GPU container's resources.claims, with the quota-able gpushard.io/gpu count kept;
+- no card is chosen: no card resource, no card annotation, no node affinity; every container's
+  NVIDIA_VISIBLE_DEVICES is void (the card comes by CDI), and containers without shares are hidden as today;
+- the pod the API server would store passes its schema and rules; a second pass changes nothing;
+- an author's card pin is denied, naming the container (audit mode reports it); pods without GPUs get no claim;
+- workload templates are rewritten as with the device plugin (shares, no claim).
+"""
+
+import copy
+
+import pytest
+
+from tests import apiserver
+from webhook.core import decisions, names
+from webhook.core import policy as policy_mod
+
+POLICY = policy_mod.Policy(backend=policy_mod.DRA)
+
+
+def container(name, gpu=None, env=None, **resources):
+    c = {"name": name, "image": "cuda:12"}
+    if gpu is not None:
+        c["resources"] = {"limits": {"nvidia.com/gpu": gpu}}
+    if env:
+        c["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return c
+
+
+def pod(*containers, init=(), claims=None):
+    spec = {"containers": list(containers)}
+    if init:
+        spec["initContainers"] = list(init)
+    if claims:
+        spec["resourceClaims"] = claims
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team-a"}, "spec": spec}
+
+
+def decide(obj, policy=POLICY, kind="Pod"):
+    return decisions.decide(decisions.Request(copy.deepcopy(obj), kind, namespace="team-a"), policy, None)
+
+
+def env_of(c):
+    return {e["name"]: e.get("value") for e in c.get("env") or []}
+
+
+def admitted(obj, policy=POLICY):
+    decision = decide(obj, policy)
+    assert decision.allowed, decision.message
+    return apiserver.admit(obj, apiserver.make_patch(obj, decision.obj)), decision
+
+
+def test_a_fraction_becomes_a_pod_level_claim():
+    stored, decision = admitted(pod(container("train", "0.25", env={"NVIDIA_VISIBLE_DEVICES": "all"}),
+                                    container("web")))
+    spec = stored["spec"]
+    assert spec["resourceClaims"] == [{"name": "gpushard-gpu", "resourceClaimTemplateName": "gpushard-shares-25"}]
+    train, web = spec["containers"]
+    assert train["resources"] == {"limits": {"gpushard.io/gpu": "25"}, "requests": {"gpushard.io/gpu": "25"},
+                                  "claims": [{"name": "gpushard-gpu"}]}
+    assert env_of(train) == {"NVIDIA_VISIBLE_DEVICES": "void", "GPUSHARD_FRACTION": "0.25"}
+    assert env_of(web) == {"NVIDIA_VISIBLE_DEVICES": "void"} and "claims" not in web.get("resources", {})
+    assert stored["metadata"]["annotations"] == {names.SHARES_ANNOTATION: "25"}
+    assert stored["metadata"]["labels"] == {names.SHARED_LABEL: "true"}
+    assert names.CARD_ANNOTATION not in stored["metadata"]["annotations"]
+    assert "affinity" not in spec and decision.card is None and decision.node is None and decision.shares == 25
+
+
+def test_the_claim_holds_the_pods_shares_as_kubernetes_counts_them():
+    stored, _ = admitted(pod(container("a", "0.25"), container("b", "0.5"), init=[container("setup", "0.6")]))
+    assert stored["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "gpushard-shares-75"
+    for c in stored["spec"]["initContainers"] + stored["spec"]["containers"]:
+        assert c["resources"]["claims"] == [{"name": "gpushard-gpu"}]
+
+
+def test_a_share_ask_and_a_whole_card():
+    stored, _ = admitted(pod({"name": "s", "image": "x", "resources": {"limits": {"gpushard.io/gpu": "40"}}}))
+    assert stored["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "gpushard-shares-40"
+    stored, _ = admitted(pod(container("w", "1")))
+    assert stored["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "gpushard-shares-100"
+
+
+def test_other_claims_of_the_pod_are_kept():
+    other = {"name": "nic", "resourceClaimTemplateName": "rdma"}
+    c = container("train", "0.5")
+    c["resources"]["claims"] = [{"name": "nic"}]
+    stored, _ = admitted(pod(c, claims=[other]))
+    assert stored["spec"]["resourceClaims"] == [other, {"name": "gpushard-gpu",
+                                                        "resourceClaimTemplateName": "gpushard-shares-50"}]
+    assert stored["spec"]["containers"][0]["resources"]["claims"] == [{"name": "nic"}, {"name": "gpushard-gpu"}]
+
+
+def test_a_second_pass_changes_nothing():
+    stored, _ = admitted(pod(container("a", "0.25"), container("b", "0.5"), container("web")))
+    again = decide(stored)
+    assert again.allowed and apiserver.make_patch(stored, again.obj) == []
+
+
+def test_a_card_pin_is_denied():
+    pinned = {"name": "t", "image": "x", "resources": {"limits": {"gpushard.io/gpu": "10",
+                                                                  "gpushard.io/card-1": "10"}}}
+    decision = decide(pod(pinned))
+    assert not decision.allowed and decision.code == 403
+    assert decision.message.startswith('gpushard: container "t" names gpushard.io/card-1; with backend dra')
+
+
+def test_audit_mode_reports_the_pin_it_would_deny():
+    pinned = {"name": "t", "image": "x", "resources": {"limits": {"gpushard.io/gpu": "10",
+                                                                  "gpushard.io/card-1": "10"}}}
+    decision = decisions.decide(
+        decisions.Request(pod(pinned), "Pod", mode=names.MODE_AUDIT, namespace="team-a"), POLICY, None)
+    assert decision.allowed and decision.obj is None
+    assert any(x.rule == "pin-with-dra" and x.severity == "deny" for x in decision.findings)
+
+
+def test_pods_without_gpus_get_no_claim():
+    stored, _ = admitted(pod(container("web")))
+    assert "resourceClaims" not in stored["spec"]
+    assert env_of(stored["spec"]["containers"][0]) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
+def test_denials_are_the_same_as_with_the_device_plugin():
+    for bad in (container("x", "1.5"), container("x", "-1"), container("x", "2")):
+        assert not decide(pod(bad)).allowed
+
+
+@pytest.mark.parametrize("kind", ["Deployment"])
+def test_templates_get_shares_and_no_claim(kind):
+    deployment = {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "d", "namespace": "team-a"},
+                  "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+                      "metadata": {"labels": {"a": "b"}}, "spec": {"containers": [container("t", "0.25")]}}}}
+    with_dra = decide(deployment, kind=kind).obj
+    with_plugin = decide(deployment, policy_mod.Policy(), kind=kind).obj
+    assert with_dra == with_plugin
+    assert "resourceClaims" not in with_dra["spec"]["template"]["spec"]

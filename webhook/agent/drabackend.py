@@ -1,0 +1,73 @@
+"""The agent's DRA side as one piece: the node's ResourceSlice and the kubelet plugin, fed by the card board.
+
+With ``backend: dra`` the agent still serves the aggregate shares resource through a device
+plugin (the count ResourceQuota sees), but no per-card resource: the scheduler picks the card
+from the slice, and the kubelet asks this plugin to prepare each claim.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import kubernetes
+
+from webhook.agent import cdi, draplugin, draslices, health, isolation, nvml
+from webhook.core import draobjects, names
+from webhook.core import policy as policy_mod
+
+
+@dataclass(frozen=True)
+class Folders:
+    """Host folders the DRA side uses; the agent sees each at the same path as the kubelet and runtime do."""
+
+    registry: str = draplugin.REGISTRY_DIR
+    plugins: str = draplugin.PLUGINS_DIR
+    cdi: str = cdi.DEFAULT_DIR
+
+    def checkpoint(self, driver: str = names.DRA_DRIVER) -> str:
+        return os.path.join(self.plugins, driver, "checkpoint.json")
+
+
+class DraBackend:
+    """Publishes the slice from the board's healthy cards and serves the kubelet plugin."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, node: str, devices: nvml.Devices, cards: list[nvml.Card],
+                 board: health.Board, policy: policy_mod.Policy, folders: Folders = Folders(),
+                 mps_root: isolation.MpsRoot | None = None, poll: float = 1.0) -> None:
+        self.cards = list(cards)
+        self.board = board
+        self.policy = policy
+        self.poll = poll
+        self.memory_limits = devices.memory_limits_supported()
+        self.slices = draslices.SlicePublisher(api, node, self.healthy_facts, policy.shares_per_card)
+        preparer = draplugin.Preparer(node, self.present_cards, policy.shares_per_card,
+                                      draplugin.api_claim_reader(api), draplugin.Checkpoint(folders.checkpoint()),
+                                      cdi_dir=folders.cdi, mode=policy.isolation, mps_root=mps_root)
+        self.plugin = draplugin.DraPlugin(preparer, folders.registry, folders.plugins)
+
+    def healthy_facts(self) -> list[draobjects.CardFacts]:
+        """The cards the scheduler may place new claims on: present and Healthy."""
+        snapshot = self.board.snapshot()
+        return [draobjects.CardFacts(c.index, c.uuid, c.model, c.memory_mib, self.policy.isolation,
+                                     self.memory_limits)
+                for c in self.cards if snapshot.present.get(c.index) and snapshot.healthy.get(c.index)]
+
+    def present_cards(self) -> dict[int, nvml.Card]:
+        """The cards a claim may be prepared on: a card allocated before it turned Unhealthy still is."""
+        present = self.board.snapshot().present
+        return {c.index: c for c in self.cards if present.get(c.index)}
+
+    def changed(self) -> None:
+        self.slices.changed()
+
+    def start(self, threads: Callable[[str, object], None]) -> None:
+        """Serve the plugin, then run the slice publisher and the socket keeper on ``threads(name, target)``."""
+        self.plugin.start()
+        threads("gpushard-dra-slices", self.slices.run)
+        threads("gpushard-dra-plugin", lambda stop: self.plugin.run(stop, self.poll))
+
+    def stop(self) -> None:
+        self.slices.changed()  # wakes it to see the stop
+        self.plugin.stop()

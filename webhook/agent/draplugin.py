@@ -1,0 +1,358 @@
+"""The kubelet's DRA plugin for gpushard's driver: registration, NodePrepareResources, NodeUnprepareResources.
+
+The kubelet's plugin watcher finds our registration socket in its plugins_registry folder, asks
+GetInfo, and then calls the DRAPlugin service at the endpoint we gave. It names each claim only
+by namespace, name and UID, so the plugin reads the claim from the API server to learn what the
+scheduler allocated (the card, the shares it consumed) and answers with CDI device IDs: the card
+as the node's NVIDIA CDI spec names it, and gpushard's per-claim device with the claim's limits.
+What was prepared is kept in a checkpoint file, so preparing again (a restarted kubelet does)
+answers the same without the API server, and unprepare knows what to remove after our restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from concurrent import futures
+from dataclasses import asdict, dataclass
+
+import grpc
+import kubernetes
+
+from webhook.agent import allocation, cdi, isolation, nvml
+from webhook.agent.proto import dra_pb2 as dpb
+from webhook.agent.proto import dra_pb2_grpc as dpb_grpc
+from webhook.agent.proto import pluginregistration_pb2 as rpb
+from webhook.agent.proto import pluginregistration_pb2_grpc as rpb_grpc
+from webhook.core import draobjects, names, quantities
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"  # pluginregistration/v1 constants.go
+SUPPORTED_VERSIONS = ("v1.DRAPlugin",)  # dra/v1 types.go: DRAPluginService
+REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
+PLUGINS_DIR = "/var/lib/kubelet/plugins"
+CHECKPOINT_VERSION = 1
+
+
+def registration_socket(registry_dir: str, driver: str) -> str:
+    return os.path.join(registry_dir, f"{driver}-reg.sock")
+
+
+def plugin_socket(plugins_dir: str, driver: str) -> str:
+    return os.path.join(plugins_dir, driver, "dra.sock")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One device the kubelet gets for a claim: where it came from and its CDI device IDs."""
+
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+
+
+class Checkpoint:
+    """What is prepared, by claim UID, in one JSON file written atomically."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.claims: dict[str, dict] = {}
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            with open(self.path) as source:
+                data = json.load(source)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            # A checkpoint we cannot read would leave claims prepared for good; start over loudly and let
+            # the kubelet prepare again (it does for every running pod after our restart).
+            log.error("gpushard: cannot read the DRA checkpoint %s (%s); starting with none", self.path, exc)
+            return
+        if isinstance(data, dict) and data.get("version") == CHECKPOINT_VERSION and isinstance(
+                data.get("claims"), dict):
+            self.claims = data["claims"]
+        else:
+            log.error("gpushard: the DRA checkpoint %s is of an unknown version; starting with none", self.path)
+
+    def save(self) -> None:
+        directory = os.path.dirname(self.path)
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=".checkpoint-", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump({"version": CHECKPOINT_VERSION, "claims": self.claims}, out, sort_keys=True)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            try:
+                os.unlink(temporary)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def devices(self, uid: str) -> list[Prepared] | None:
+        entry = self.claims.get(uid)
+        if entry is None:
+            return None
+        return [Prepared(tuple(d["request_names"]), d["pool_name"], d["device_name"], tuple(d["cdi_device_ids"]))
+                for d in entry["devices"]]
+
+
+class PrepareError(RuntimeError):
+    """A claim that could not be prepared; the message (starting gpushard:) goes back to the kubelet."""
+
+
+def api_claim_reader(api: kubernetes.client.ApiClient, timeout: float = 10.0) -> Callable[[str, str], dict]:
+    """Reads a ResourceClaim from the API server (the kubelet names claims, it does not send them)."""
+    custom = kubernetes.client.CustomObjectsApi(api)
+    group, version = names.DRA_API_VERSION.split("/")
+
+    def read(namespace: str, name: str) -> dict:
+        return custom.get_namespaced_custom_object(group, version, namespace, "resourceclaims", name,
+                                                   _request_timeout=timeout)
+    return read
+
+
+class Preparer:
+    """Prepares and unprepares claims: the allocation read, the CDI spec written, the checkpoint kept.
+
+    Knows nothing of gRPC; the servicer translates. One lock: the kubelet may call concurrently.
+    """
+
+    def __init__(self, node: str, cards: Callable[[], Mapping[int, nvml.Card]], shares_per_card: int,
+                 read_claim: Callable[[str, str], dict], checkpoint: Checkpoint, cdi_dir: str = cdi.DEFAULT_DIR,
+                 mode: str = "none", mps_root: isolation.MpsRoot | None = None,
+                 driver: str = names.DRA_DRIVER) -> None:
+        self.node = node
+        self.cards = cards
+        self.shares_per_card = shares_per_card
+        self.read_claim = read_claim
+        self.checkpoint = checkpoint
+        self.cdi_dir = cdi_dir
+        self.mode = mode
+        self.mps_root = mps_root
+        self.driver = driver
+        self._lock = threading.Lock()
+
+    def prepare(self, namespace: str, uid: str, name: str) -> list[Prepared]:
+        with self._lock:
+            done = self.checkpoint.devices(uid)
+            if done is not None:
+                # Prepared before (a restarted kubelet asks again): the same answer, from the checkpoint.
+                return done
+            named = f"{namespace}/{name}"
+            try:
+                claim = self.read_claim(namespace, name)
+            except kubernetes.client.exceptions.ApiException as exc:
+                raise PrepareError(f"gpushard: cannot read claim {named} from the API server: "
+                                   f"HTTP {exc.status} {exc.reason}") from None
+            except Exception as exc:  # unreachable, timed out: the kubelet retries the call
+                raise PrepareError(f"gpushard: cannot read claim {named} from the API server: {exc}") from None
+            if (claim.get("metadata") or {}).get("uid") != uid:
+                raise PrepareError(f"gpushard: claim {named} has UID {(claim.get('metadata') or {}).get('uid')!r}, "
+                                   f"not {uid!r}: it was deleted and made again")
+            try:
+                results = draobjects.our_results(claim, self.driver, self.shares_per_card)
+            except draobjects.ClaimError as exc:
+                raise PrepareError(str(exc)) from None
+            cards = self.cards()
+            devices, cdi_devices = [], []
+            for result in results:
+                card = cards.get(result.card)
+                if result.pool != self.node or card is None:
+                    raise PrepareError(f"gpushard: claim {named} was given {result.pool}/{result.device}, which "
+                                       f"is not a card of node {self.node!r}")
+                own = f"{uid}-{result.device}"
+                cdi_devices.append(cdi.Device(own, self._answer(card, result.shares)))
+                devices.append(Prepared((result.request,) if result.request else (), result.pool, result.device,
+                                        (f"{names.NVIDIA_CDI_KIND}={card.uuid}", cdi.qualified(own))))
+            try:
+                cdi.write(self.cdi_dir, uid, cdi.spec(cdi_devices))
+            except (OSError, cdi.CdiError) as exc:
+                raise PrepareError(f"gpushard: cannot write the CDI spec for claim {named}: {exc}") from None
+            self.checkpoint.claims[uid] = {"namespace": namespace, "name": name,
+                                           "devices": [_listed(d) for d in devices]}
+            self.checkpoint.save()
+            log.info("gpushard: prepared claim %s (%s): %s", named, uid,
+                     ", ".join(f"{r.device} x{r.shares}" for r in results))
+            return devices
+
+    def _answer(self, card: nvml.Card, shares: int) -> allocation.Allocation:
+        fraction = quantities.fraction_text(shares, self.shares_per_card)
+        limits = isolation.answer(card, shares, self.shares_per_card, self.mode, self.mps_root)
+        # The fraction is always there: CDI refuses a device with no edits, and it tells the pod its part.
+        return allocation.combined(allocation.Allocation({names.FRACTION_ENV: fraction}), limits)
+
+    def unprepare(self, namespace: str, uid: str, name: str) -> None:
+        with self._lock:
+            removed = cdi.remove(self.cdi_dir, uid)
+            if self.checkpoint.claims.pop(uid, None) is not None:
+                self.checkpoint.save()
+                log.info("gpushard: unprepared claim %s/%s (%s)", namespace, name, uid)
+            elif removed:
+                log.info("gpushard: removed a CDI spec for claim %s/%s (%s) the checkpoint did not list",
+                         namespace, name, uid)
+
+
+def _listed(device: Prepared) -> dict:
+    entry = asdict(device)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in entry.items()}
+
+
+class DraServicer(dpb_grpc.DRAPluginServicer):
+    """The DRAPlugin service: every claim of a call gets an entry, failed ones with their error."""
+
+    def __init__(self, preparer: Preparer) -> None:
+        self.preparer = preparer
+
+    def NodePrepareResources(self, request, context):
+        response = dpb.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            entry = response.claims[claim.uid]
+            try:
+                for device in self.preparer.prepare(claim.namespace, claim.uid, claim.name):
+                    entry.devices.add(request_names=list(device.request_names), pool_name=device.pool_name,
+                                      device_name=device.device_name, cdi_device_ids=list(device.cdi_device_ids))
+            except PrepareError as exc:
+                entry.error = str(exc)
+                log.warning("%s", exc)
+            except Exception as exc:  # one bad claim must not fail the others in the call
+                log.exception("gpushard: preparing claim %s/%s failed", claim.namespace, claim.name)
+                entry.error = f"gpushard: preparing claim {claim.namespace}/{claim.name} failed: {exc}"
+        return response
+
+    def NodeUnprepareResources(self, request, context):
+        response = dpb.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            entry = response.claims[claim.uid]
+            try:
+                self.preparer.unprepare(claim.namespace, claim.uid, claim.name)
+            except Exception as exc:
+                log.exception("gpushard: unpreparing claim %s/%s failed", claim.namespace, claim.name)
+                entry.error = f"gpushard: unpreparing claim {claim.namespace}/{claim.name} failed: {exc}"
+        return response
+
+
+class RegistrationServicer(rpb_grpc.RegistrationServicer):
+    """Tells the kubelet's plugin watcher who we are and where the DRAPlugin service is."""
+
+    def __init__(self, driver: str, endpoint: str) -> None:
+        self.info = rpb.PluginInfo(type=PLUGIN_TYPE, name=driver, endpoint=endpoint,
+                                   supported_versions=list(SUPPORTED_VERSIONS))
+        self.registered = threading.Event()
+        self.error = ""
+
+    def GetInfo(self, request, context):
+        return self.info
+
+    def NotifyRegistrationStatus(self, request, context):
+        if request.plugin_registered:
+            self.error = ""
+            self.registered.set()
+            log.info("gpushard: the kubelet registered DRA driver %s", self.info.name)
+        else:
+            self.error = request.error
+            self.registered.clear()
+            log.error("gpushard: the kubelet refused DRA driver %s: %s", self.info.name, request.error)
+        return rpb.RegistrationStatusResponse()
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+class _Socket:
+    """One gRPC server on one unix socket, restartable when the file goes."""
+
+    def __init__(self, path: str, add: Callable[[grpc.Server], None]) -> None:
+        self.path = path
+        self.add = add
+        self.server: grpc.Server | None = None
+        self.identity: tuple[int, int] | None = None
+
+    def start(self) -> None:
+        self.stop()
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        try:
+            os.unlink(self.path)  # a socket left by an earlier agent
+        except FileNotFoundError:
+            pass
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        self.add(server)
+        server.add_insecure_port(f"unix://{self.path}")
+        server.start()
+        self.server = server
+        self.identity = _identity(self.path)
+
+    def is_ours(self) -> bool:
+        return self.identity is not None and _identity(self.path) == self.identity
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(grace=1).wait()
+            self.server = None
+            if self.identity is not None and _identity(self.path) == self.identity:
+                os.unlink(self.path)
+            self.identity = None
+
+
+class DraPlugin:
+    """The plugin's two sockets: the DRAPlugin service first, then the registration socket the kubelet watches.
+
+    The kubelet dials us (registration is the plugin watcher's job), so there is no kubelet socket to
+    wait for; ``step`` only serves a socket again when someone removed its file.
+    """
+
+    def __init__(self, preparer: Preparer, registry_dir: str = REGISTRY_DIR, plugins_dir: str = PLUGINS_DIR,
+                 driver: str = names.DRA_DRIVER) -> None:
+        self.preparer = preparer
+        self.driver = driver
+        self.endpoint = plugin_socket(plugins_dir, driver)
+        self.registration = RegistrationServicer(driver, self.endpoint)
+        servicer = DraServicer(preparer)
+        self._plugin = _Socket(self.endpoint, lambda s: dpb_grpc.add_DRAPluginServicer_to_server(servicer, s))
+        self._registry = _Socket(registration_socket(registry_dir, driver),
+                                 lambda s: rpb_grpc.add_RegistrationServicer_to_server(self.registration, s))
+
+    @property
+    def registration_path(self) -> str:
+        return self._registry.path
+
+    def start(self) -> None:
+        # Serve before announcing: the kubelet calls the endpoint as soon as it sees the registration socket.
+        self._plugin.start()
+        self._registry.start()
+
+    def step(self) -> None:
+        if not self._plugin.is_ours():
+            log.info("gpushard: socket %s is gone; serving the DRA plugin again", self._plugin.path)
+            self._plugin.start()
+        if not self._registry.is_ours():
+            log.info("gpushard: socket %s is gone; registering the DRA driver again", self._registry.path)
+            self._registry.start()
+
+    def run(self, stop: threading.Event, poll: float = 1.0) -> None:
+        while not stop.is_set():
+            try:
+                self.step()
+            except Exception:  # one bad poll must not end serving for good
+                log.exception("gpushard: checking the DRA plugin sockets failed")
+            stop.wait(poll)
+
+    def stop(self) -> None:
+        # The registration socket first, so the kubelet stops calling before the service goes.
+        self._registry.stop()
+        self._plugin.stop()

@@ -1,0 +1,107 @@
+"""Making sure a namespace has the ResourceClaimTemplate a pod's claim comes from (backend dra).
+
+The pod names ``gpushard-shares-<n>``; Kubernetes' resourceclaim controller makes the pod's claim
+from it once the pod exists, and while the template is missing it records a
+``FailedResourceClaimCreation`` event on the pod and tries again with backoff: the pod stays
+Pending, then starts normally once the template appears. So the webhook makes the template as it
+admits the first such pod of a namespace, before answering, and remembers which exist for a
+minute (a template deleted since is made again by the next pod after that); when the
+API server does not take it in time, the pod is still admitted with a warning, and a background
+pass keeps trying.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import kubernetes
+
+from webhook.core import draobjects, names
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION = names.DRA_API_VERSION.split("/")
+PLURAL = "resourceclaimtemplates"
+
+
+class Templates:
+    """Ensures templates exist; thread-safe, one API call per namespace and share count at most once."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, timeout: float = 2.0, retry: float = 5.0,
+                 recheck: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.custom = kubernetes.client.CustomObjectsApi(api)
+        self.timeout = timeout
+        self.retry = retry
+        # A template is remembered this long: a namespace deleted and made again, or a template someone
+        # deleted, gets it back from the next pod after that (its pods wait until then).
+        self.recheck = recheck
+        self.clock = clock
+        self._known: dict[tuple[str, int], float] = {}  # -> when it was last made sure of
+        self._pending: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def _make(self, namespace: str, shares: int) -> None:
+        obj = draobjects.claim_template(namespace, shares)
+        problems = draobjects.check_claim_template(obj)
+        if problems:
+            raise ValueError("; ".join(problems))
+        try:
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, obj,
+                                                        _request_timeout=self.timeout)
+        except kubernetes.client.exceptions.ApiException as exc:
+            if exc.status != 409:  # 409: it exists (another replica, or an operator, made it)
+                raise
+        log.info("gpushard: ResourceClaimTemplate %s/%s is there", namespace, obj["metadata"]["name"])
+
+    def ensure(self, namespace: str, shares: int) -> str | None:
+        """Make sure the template exists; a warning for the pod when that could not be made sure."""
+        key = (namespace, shares)
+        with self._lock:
+            seen = self._known.get(key)
+            if seen is not None and self.clock() - seen < self.recheck:
+                return None
+        try:
+            self._make(namespace, shares)
+        except Exception as exc:
+            with self._lock:
+                self._pending.add(key)
+            self._wake.set()
+            reason = f"HTTP {exc.status}" if isinstance(exc, kubernetes.client.exceptions.ApiException) else \
+                type(exc).__name__
+            log.warning("gpushard: cannot make ResourceClaimTemplate %s/%s yet (%s); will retry", namespace,
+                        draobjects.template_name(shares), exc)
+            return (f"gpushard: template {namespace}/{draobjects.template_name(shares)} not made yet ({reason}); "
+                    "the pod waits until it is")
+        with self._lock:
+            self._known[key] = self.clock()
+            self._pending.discard(key)
+        return None
+
+    def retry_pending(self) -> None:
+        with self._lock:
+            pending = sorted(self._pending)
+        for namespace, shares in pending:
+            self.ensure(namespace, shares)
+
+    def start(self) -> Templates:
+        def loop():
+            while not self._stop.is_set():
+                self._wake.wait(self.retry)
+                self._wake.clear()
+                if self._stop.wait(self.retry):
+                    return
+                self.retry_pending()
+
+        self._thread = threading.Thread(target=loop, name="gpushard-templates", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()

@@ -1,0 +1,96 @@
+"""The pod as gpushard admits it with backend dra: its shares become one pod-level claim; no card is chosen.
+
+The pod's shares (max of the largest init container and the sum of the others, as Kubernetes
+counts them) become a claim from the namespace's template ``gpushard-shares-<n>``, which asks one
+device of gpushard's DeviceClass consuming ``n`` of its ``shares`` capacity. The scheduler picks
+the card when it places the pod, among cards with room. Every GPU container names that claim
+in ``resources.claims`` and keeps its own ``gpushard.io/gpu`` count, which the agent still serves
+as a device plugin, so ResourceQuota keeps counting shares. Every container gets
+``NVIDIA_VISIBLE_DEVICES=void``: the card reaches the GPU containers by CDI, never by that env,
+so an image's ``all`` cannot widen what a container sees.
+"""
+
+from __future__ import annotations
+
+from webhook.core import draobjects, names, quantities, rewrite
+from webhook.core import findings as f
+from webhook.core import requests as req
+from webhook.core.policy import Policy
+
+# The rule id of a card an author pins while the scheduler chooses cards.
+PIN_WITH_DRA = "pin-with-dra"
+
+
+def pin_findings(asks: list[req.ContainerAsk], policy: Policy) -> list[f.Finding]:
+    """Containers that name a card: with DRA the scheduler chooses it, so a pin cannot be kept."""
+    found = []
+    for ask in asks:
+        if ask.holds_share and ask.pin is not None:
+            found.append(f.Finding(PIN_WITH_DRA, f.DENY, (
+                f"gpushard: container \"{ask.name}\" names {policy.resources.card(ask.pin)}; with backend dra the "
+                f"scheduler chooses the card: ask {policy.resources.fraction} or {policy.resources.shares}"),
+                ask.name))
+    return found
+
+
+def _claims_of(container: dict) -> list:
+    resources = container.get("resources")
+    claims = resources.get("claims") if isinstance(resources, dict) else None
+    return list(claims) if isinstance(claims, list) else []
+
+
+def _set_shares(container: dict, policy: Policy, count: str) -> None:
+    res = policy.resources
+    resources = dict(container["resources"]) if isinstance(container.get("resources"), dict) else {}
+    for part in ("limits", "requests"):
+        current = dict(resources[part]) if isinstance(resources.get(part), dict) else {}
+        for key in list(current):
+            if key in (res.fraction, res.shares) or res.card_index(key) is not None:
+                del current[key]
+        current[res.shares] = count
+        resources[part] = current
+    claims = _claims_of(container)
+    if not any(isinstance(c, dict) and c.get("name") == names.DRA_POD_CLAIM for c in claims):
+        claims.append({"name": names.DRA_POD_CLAIM})
+    resources["claims"] = claims
+    container["resources"] = resources
+
+
+def _set_pod_claim(spec: dict, pod_shares: int) -> None:
+    wanted = {"name": names.DRA_POD_CLAIM, "resourceClaimTemplateName": draobjects.template_name(pod_shares)}
+    listed = spec.get("resourceClaims")
+    claims = [c for c in listed if not (isinstance(c, dict) and c.get("name") == names.DRA_POD_CLAIM)] \
+        if isinstance(listed, list) else []
+    spec["resourceClaims"] = claims + [wanted]
+
+
+def pod(obj: dict, asks: list[req.ContainerAsk], pod_shares: int, policy: Policy) -> dict:
+    """The pod with its shares as a claim (when it holds any) and GPU env owned; the input is not touched."""
+    new = dict(obj)
+    spec = new["spec"] = dict(obj["spec"])
+    for key, _group in req.CONTAINER_LISTS:
+        if isinstance(spec.get(key), list):
+            spec[key] = list(spec[key])
+    for ask in asks:
+        container = spec[ask.list_key][ask.position] = dict(spec[ask.list_key][ask.position])
+        if ask.holds_share:
+            _set_shares(container, policy, str(ask.shares))
+            rewrite.set_env(container, names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
+            rewrite.set_env(container, names.FRACTION_ENV,
+                            quantities.fraction_text(ask.shares, policy.shares_per_card))
+        elif ask.passthrough:
+            if rewrite.env_value(container, names.VISIBLE_DEVICES_ENV):
+                rewrite.remove_env(container, names.VISIBLE_DEVICES_ENV)
+        elif policy.hide_unrequested_gpus:
+            rewrite.set_env(container, names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
+    if pod_shares <= 0:
+        return new
+    _set_pod_claim(spec, pod_shares)
+    if policy.runtime_class_name and not spec.get("runtimeClassName"):
+        spec["runtimeClassName"] = policy.runtime_class_name
+    meta = new["metadata"] = dict(new["metadata"]) if isinstance(new.get("metadata"), dict) else {}
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    meta["annotations"] = {**annotations, names.SHARES_ANNOTATION: str(pod_shares)}
+    meta["labels"] = {**labels, names.SHARED_LABEL: names.SHARED_LABEL_VALUE}
+    return new
