@@ -84,7 +84,7 @@ def test_the_agent_reports_a_conflicting_driver_in_its_inventory_metrics_and_log
     kube.put("resourceslices", resource_slice("nic", "net.example.com", uuids=("MAC-1",)))
     agent = start_agent(kube, plugin_dir)
     try:
-        kubeobjects.wait_for(lambda: agent.dra.checked, what="the first ResourceSlice list")
+        kubeobjects.wait_for(lambda: agent.conflicts.checked, what="the first ResourceSlice list")
         assert all("draConflict" not in c for c in kubeobjects.wait_for(lambda: inventory(kube)))
         assert metrics(agent) == {("gpushard_agent_dra_conflicts", (("node", NODE),)): 0}
 
@@ -126,3 +126,10 @@ def test_no_right_or_no_dra_api_reports_nothing(kube, status, caplog):
     if status == 403:
         assert "the agent's ClusterRole needs list on resourceslices" in said[0]
     assert watcher.check_once() == [conflicting.Conflict("gpu.nvidia.com", ("nv-1",), 1, ())]
+
+
+def test_gpushard_s_own_slice_is_no_conflict():
+    """Backend dra publishes gpushard's own slice naming the node's cards; it must not report itself
+    (break: drop the own-driver check in conflicting.conflicts and this fails)."""
+    own = resource_slice("mine", names.DRA_DRIVER, uuids=("GPU-aaaa", "GPU-bbbb"))
+    assert conflicting.conflicts([own], NODE, CARDS) == []

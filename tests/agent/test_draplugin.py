@@ -92,7 +92,8 @@ def test_prepare_names_the_card_and_the_claims_limits(api, dirs, kubelet):
     name, env = spec_env(dirs, "uid-a")
     assert name == "uid-a-card-1"
     cap = str(25 * 81559 // 100)
-    assert env == {"GPUSHARD_FRACTION": "0.25", "NVIDIA_GPU_MEMORY_LIMIT": cap, "NVIDIA_GPU_MEMORY_REQUEST": cap}
+    assert env == {"GPUSHARD_FRACTION": "0.25", "NVIDIA_GPU_MEMORY_LIMIT": cap, "NVIDIA_GPU_MEMORY_REQUEST": cap,
+                   "NVIDIA_GPU_MEMORY_LIMITS": cap, "NVIDIA_GPU_MEMORY_REQUESTS": cap}
 
 
 def test_without_isolation_the_spec_still_tells_the_fraction(api, dirs):

@@ -86,7 +86,8 @@ def rules_of(objects, account):
 
 def test_rbac(objects):
     agent = {x for x in rules_of(objects, "gpushard-agent") if x[0] == "resource.k8s.io"}
-    assert agent == {("resource.k8s.io", "resourceslices", v) for v in ("get", "create", "update")} | {
+    # list: every agent looks for another DRA driver offering its node's cards (the base grants it).
+    assert agent == {("resource.k8s.io", "resourceslices", v) for v in ("get", "list", "create", "update")} | {
         ("resource.k8s.io", "resourceclaims", "get")}
     webhook = {x for x in rules_of(objects, "gpushard-webhook") if x[0] == "resource.k8s.io"}
     assert webhook == {("resource.k8s.io", "resourceclaimtemplates", "create")}

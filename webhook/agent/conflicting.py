@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import kubernetes
 
 from webhook.agent import nvml
+from webhook.core import names
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ def conflicts(slices: Iterable[dict], node: str, cards: Iterable[nvml.Card],
         spec = item.get("spec") or {}
         if spec.get("nodeName") != node or not isinstance(spec.get("driver"), str):
             continue
+        if spec["driver"] == names.DRA_DRIVER:
+            continue  # gpushard's own slice (backend dra) offers these cards by design
         devices = [d for d in spec.get("devices") or () if isinstance(d, dict)]
         named = {by_uuid[s] for d in devices for s in _strings(d) if s in by_uuid}
         if spec["driver"] not in known and not named:
