@@ -46,7 +46,9 @@ def admit(policy, obj: dict, namespace: dict, operation: str = "CREATE", old: di
                "kind": {"group": group, "version": "v1", "kind": obj["kind"]},
                "resource": {"group": group, "version": "v1", "resource": resource + (f"/{sub}" if sub else "")},
                "userInfo": {"username": "alice"}}
-    return admission_policy.evaluate(*policy, request, obj, old, namespace)
+    outcome = admission_policy.evaluate(*policy, request, obj, old, namespace)
+    assert not outcome.errored, outcome.message  # a denial must come from the rule, not a failing expression
+    return outcome
 
 
 def mounting(path: str) -> dict:
