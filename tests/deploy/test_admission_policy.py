@@ -219,3 +219,16 @@ def test_a_broken_field_path_in_a_shipped_policy_denies():
     outcome = admission_policy.evaluate(broken, bind, req, deployment, None, LAB)
     assert not outcome.allowed and outcome.errored
     assert "composited variable 'holder' fails to evaluate" in outcome.message
+
+
+# Each shipped policy and the module that evaluates it on objects it admits and objects it denies.
+EVALUATED_BY = {"gpushard-device-channels": "test_device_channels.py", "gpushard-opt-in": "test_opt_in_guard.py",
+                "gpushard-agent-own-node": "test_agent_own_node.py"}
+
+
+def test_every_shipped_policy_is_evaluated_by_a_test_module():
+    assert {shipped["metadata"]["name"] for _, shipped in shipped_policies()} == set(EVALUATED_BY)
+    here = rendering.Path(__file__).parent
+    for name, module in EVALUATED_BY.items():
+        text = (here / module).read_text()
+        assert name in text and "admission_policy.evaluate(" in text and "not outcome.errored" in text, module
