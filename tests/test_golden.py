@@ -94,6 +94,7 @@ EXPECT = {
     f.FRACTION_ABOVE_ONE: (DENIED, ["nvidia.com/gpu 1.5", "at most one card"]),
     f.FRACTION_UNREWRITTEN: (REWRITTEN, ["nvidia.com/gpu 0.25", "rejects fractions"]),
     f.HOST_PATH: (DENIED, ["is hostPath /dev ", "is hostPath / ", "device files", "kubelet's folders",
+                           "a folder holding /dev", "processes and kernel controls", "the container runtime",
                            "hostPath /var/log ", "only host paths the operator allows"]),
     f.HOST_PID: (DENIED, ["spec.hostPID", "process namespace"]),
     f.LIMIT_ENV_FROM: (DENIED, ['configMap "settings" with no prefix', 'secret "tokens" with prefix "CUDA_"']),
