@@ -18,12 +18,14 @@ server, so that an expression the API server would fail fails here too:
 - A variable that fails to evaluate is an error value wherever it is read
   (staging/src/k8s.io/apiserver/pkg/admission/plugin/cel/composition.go: the lazy
   variable's callback returns ``types.NewErr("composited variable %q fails to evaluate")``).
-  Errors are values: ``true || err`` is true, ``err.f`` and ``has(err.f)`` are errors.
+  Errors are values: ``true || err`` is true, ``err.f`` and ``has(err.f)`` are errors, and so
+  is ``err ? a : b`` (cel-python makes that a new "no matching overload" error that hides it).
 - A validation whose evaluation errs, or that returns something other than a bool, is decided
   by the policy's failurePolicy: Fail (the default) denies, Ignore admits
   (staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating/validator.go,
   ``policyDecisionActionForError``). A false validation denies with its messageExpression's
-  result, trimmed; if that errs, is not a string, is blank or has a line break, with its
+  result, trimmed; if that errs, is not a string, is blank, longer than 5 KiB
+  (MaxEvaluatedMessageExpressionSizeBytes) or has a line break, with its
   ``message``; else with ``failed expression: <expression>`` (same file).
 - matchConditions (staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions/
   matcher.go, which validator.go calls first): any condition false skips the policy, even
@@ -42,7 +44,8 @@ server, so that an expression the API server would fail fails here too:
   simple expressions and under-counts string and deep-equality work) are charged against the
   API server's budgets (staging/src/k8s.io/apiserver/pkg/apis/cel/config.go:
   PerCallLimit 1,000,000 per expression, RuntimeCELCostBudget 10,000,000 per policy
-  evaluation); past them the evaluation is an error. ``Outcome.steps`` reports what was spent.
+  evaluation, RuntimeCELCostBudgetMatchConditions 2,500,000 for its matchConditions); past them
+  the evaluation is an error. ``Outcome.steps`` reports what was spent.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ from celpy.evaluation import CELEvalError, Evaluator
 NAME_LABEL = "kubernetes.io/metadata.name"
 PER_CALL_LIMIT = 1_000_000
 RUNTIME_COST_BUDGET = 10_000_000
+MATCH_CONDITIONS_BUDGET = 2_500_000
+MESSAGE_MAX_BYTES = 5 * 1024
 ROOTS = frozenset({"object", "oldObject", "request", "params", "namespaceObject", "variables", "authorizer"})
 COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 
@@ -327,8 +332,9 @@ def problems(policy: dict) -> list[str]:
 def _message(validation: dict, message: _Expression | None, activation: dict, meter: _Meter) -> str:
     if message is not None:
         value = message.evaluate(activation, meter)
-        if isinstance(value, str) and value.strip() and "\n" not in value.strip():
-            return str(value).strip()
+        text = value.strip() if isinstance(value, str) else ""
+        if text and "\n" not in text and len(text.encode()) <= MESSAGE_MAX_BYTES:
+            return str(text)
     if validation.get("message", "").strip():
         return validation["message"].strip()
     return f"failed expression: {validation['expression'].strip()}"
@@ -348,26 +354,27 @@ def evaluate(policy: dict, binding: dict, request: dict, obj: dict | None, old: 
         return Outcome(matched=False, allowed=True)
     compiled = compile_policy(policy)
     meter = _Meter(per_call_limit, budget)
+    conditions_meter = _Meter(per_call_limit, min(budget, MATCH_CONDITIONS_BUDGET))
     activation: dict = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
                         "request": celpy.json_to_cel(request), "namespaceObject": celpy.json_to_cel(namespace)}
 
     def decided(allowed: bool, message: str, errored: bool) -> Outcome:
         if allowed:
-            return Outcome(True, True, "", errored, steps=meter.total)
+            return Outcome(True, True, "", errored, steps=meter.total + conditions_meter.total)
         warnings = [message] if "Warn" in actions else []
-        return Outcome(True, "Deny" not in actions, message, errored, warnings, meter.total)
+        return Outcome(True, "Deny" not in actions, message, errored, warnings, meter.total + conditions_meter.total)
 
-    # matchConditions: any false skips; otherwise an error goes to failurePolicy.
+    # matchConditions: any false skips; otherwise an error goes to failurePolicy. They have a budget of their own.
     errors = []
     for name, condition in compiled.conditions:
-        value = condition.evaluate(activation, meter)
+        value = condition.evaluate(activation, conditions_meter)
         if isinstance(value, CELEvalError) or not _is_bool(value):
             errors.append(f"matchCondition {name!r}: {_describe(value)}")
         elif not value:
-            return Outcome(matched=False, allowed=True, steps=meter.total)
+            return Outcome(matched=False, allowed=True, steps=conditions_meter.total)
     if errors:
         if compiled.failure_policy == "Ignore":
-            return Outcome(matched=False, allowed=True, errored=True, steps=meter.total)
+            return Outcome(matched=False, allowed=True, errored=True, steps=conditions_meter.total)
         return decided(False, "; ".join(errors), True)
 
     # Variables, each seeing those before it; one that fails is an error value where it is read.
@@ -389,7 +396,7 @@ def evaluate(policy: dict, binding: dict, request: dict, obj: dict | None, old: 
                                   f"{_describe(value)}", True)
         if not value:
             return decided(False, _message(validation, message, activation, meter), False)
-    return Outcome(True, True, steps=meter.total)
+    return Outcome(True, True, steps=meter.total + conditions_meter.total)
 
 
 def _is_bool(value) -> bool:

@@ -8,7 +8,7 @@ We test, on small policies written here and on the shipped ones:
 - matchConditions: any false skips the policy even beside an error; an error with all else
   true denies under Fail and skips under Ignore;
 - a false validation's message: messageExpression, else message (when the former errs or is
-  blank or multi-line), else "failed expression: ...";
+  blank, multi-line or over 5 KiB), else "failed expression: ...";
 - validationActions: Warn admits with a warning, Deny denies;
 - compile-time checks: undeclared identifiers, variables read before their declaration,
   has() without a field selection; every shipped policy (base and overlays) has none;
@@ -144,6 +144,9 @@ def test_match_conditions(conditions, failure, expected):
     (check("false", messageExpression="'  '", message=" static "), "static"),
     (check("false", messageExpression="'two\\nlines'", message="static"), "static"),
     (check("false", messageExpression="1", message="static"), "static"),
+    (check("false", messageExpression="'x' + object.metadata.name * 0", message="static"), "static"),
+    (check("false", messageExpression="'" + "m" * 5121 + "'", message="static"), "static"),
+    (check("false", messageExpression="'" + "m" * 5120 + "'", message="static"), "m" * 5120),
     (check(" false "), "failed expression: false"),
 ])
 def test_messages_fall_back_as_the_api_server_does(validation, message):
