@@ -39,6 +39,11 @@ server, so that an expression the API server would fail fails here too:
   error is in composition.go, and ``problems()`` lists them for the tests that assert the
   shipped policies have none. cel-python has no type checker against the resources' schemas,
   so a misspelt field is found only when evaluated against an object without it.
+- Functions: cel-go's ext.Strings (lowerAscii, upperAscii, trim, split, join, replace,
+  substring, charAt, indexOf, lastIndexOf) and Kubernetes' list library (isSorted, sum, min, max,
+  indexOf, lastIndexOf), which the API server's CEL environment declares
+  (staging/src/k8s.io/apiserver/pkg/cel/environment/base.go), are added to cel-python's, with
+  their errors (an index out of range) as errors.
 - Cost: cel-python does not count cel-go's cost units. Each expression's steps (one per
   evaluated syntax node and one per comprehension iteration, a coarse proxy that over-counts
   simple expressions and under-counts string and deep-equality work) are charged against the
@@ -179,7 +184,7 @@ class _Expression:
         meter.call = 0
         if meter.total <= meter.budget:
             meter.exceeded = ""  # a per-call limit holds for one expression only
-        runner = _ENV.program(self.ast)
+        runner = _ENV.program(self.ast, functions=_K8S_FUNCTIONS)
         runner.meter = meter
         try:
             return runner.evaluate(activation)
@@ -222,6 +227,90 @@ def _selection_root(tree: lark.Tree) -> str | None:
                 primary.children[0].data == "ident":
             return str(primary.children[0].children[0])
     return None
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise CELEvalError(message)
+
+
+def _ascii(text: str, upper: bool) -> celtypes.StringType:
+    low, high, shift = ("a", "z", -32) if upper else ("A", "Z", 32)
+    return celtypes.StringType("".join(chr(ord(c) + shift) if low <= c <= high else c for c in text))
+
+
+def _index_of(target, item, start=None):
+    if isinstance(target, str):
+        start = 0 if start is None else int(start)
+        _check(0 <= start <= len(target), f"index out of range: {start}")
+        return celtypes.IntType(target.find(item, start))
+    _check(start is None, "no such overload: list.indexOf(item, start)")
+    return celtypes.IntType(next((i for i, x in enumerate(target) if x == item), -1))
+
+
+def _last_index_of(target, item, end=None):
+    if isinstance(target, str):
+        end = len(target) if end is None else int(end)
+        _check(0 <= end <= len(target), f"index out of range: {end}")
+        return celtypes.IntType(target.rfind(item, 0, end + len(item)))
+    _check(end is None, "no such overload: list.lastIndexOf(item, end)")
+    return celtypes.IntType(max((i for i, x in enumerate(target) if x == item), default=-1))
+
+
+def _split(text, separator, limit=None):
+    limit = -1 if limit is None else int(limit)
+    if limit == 0:
+        return celtypes.ListType([])
+    if separator == "":
+        parts = list(text)
+        if limit > 0 and len(parts) > limit:
+            parts = parts[:limit - 1] + ["".join(parts[limit - 1:])]
+    else:
+        parts = text.split(separator, limit - 1 if limit > 0 else -1)
+    return celtypes.ListType([celtypes.StringType(p) for p in parts])
+
+
+def _substring(text, start, end=None):
+    start, end = int(start), len(text) if end is None else int(end)
+    _check(0 <= start <= end <= len(text), f"index out of range: substring({start}, {end}) of {len(text)}")
+    return celtypes.StringType(text[start:end])
+
+
+def _char_at(text, index):
+    index = int(index)
+    _check(0 <= index <= len(text), f"index out of range: {index}")
+    return celtypes.StringType(text[index:index + 1])
+
+
+def _replace(text, old, new, limit=None):
+    return celtypes.StringType(text.replace(old, new, -1 if limit is None else int(limit)))
+
+
+def _join(items, separator=""):
+    _check(all(isinstance(x, str) for x in items), "join: a list of strings only")
+    return celtypes.StringType(separator.join(items))
+
+
+def _is_sorted(items):
+    return celtypes.BoolType(all(a <= b for a, b in zip(items, items[1:], strict=False)))
+
+
+def _extreme(pick):
+    def function(items):
+        _check(len(items) > 0, f"{pick.__name__}(list) of an empty list")
+        return pick(items)
+    return function
+
+
+# The string functions of cel-go's ext.Strings and the list functions of Kubernetes' CEL library,
+# which the API server's environment declares and cel-python lacks.
+_K8S_FUNCTIONS = {
+    "lowerAscii": lambda s: _ascii(s, upper=False), "upperAscii": lambda s: _ascii(s, upper=True),
+    "trim": lambda s: celtypes.StringType(s.strip()), "split": _split, "join": _join, "replace": _replace,
+    "substring": _substring, "charAt": _char_at, "indexOf": _index_of, "lastIndexOf": _last_index_of,
+    "isSorted": _is_sorted, "sum": lambda items: sum(items[1:], items[0]) if items else celtypes.IntType(0),
+    "min": _extreme(min), "max": _extreme(max),
+}
 
 
 class _StrictRunner(celpy.InterpretedRunner):

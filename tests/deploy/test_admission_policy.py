@@ -13,6 +13,8 @@ We test, on small policies written here and on the shipped ones:
 - compile-time checks: undeclared identifiers, variables read before their declaration,
   has() without a field selection; every shipped policy (base and overlays) has none;
 - the step budget: a comprehension past the per-call limit is an error, so a denial;
+- the string and list functions the API server's CEL declares (lowerAscii, split, join, ...,
+  isSorted, sum, min, max), their results, and their failures as errors;
 - a shipped policy with one field path misspelt denies an object it admits as shipped, as an
   error: a forgiving evaluator let that through;
 - every Pod and pod template of tests/golden and examples/ is judged by the opt-in guard and the
@@ -152,6 +154,27 @@ def test_match_conditions(conditions, failure, expected):
 def test_messages_fall_back_as_the_api_server_does(validation, message):
     outcome = run(policy(validation))
     assert (outcome.allowed, outcome.errored, outcome.message) == (False, False, message)
+
+
+@pytest.mark.parametrize("expression", [
+    "'AbC-Z'.lowerAscii() == 'abc-z' && 'ab'.upperAscii() == 'AB' && ' a '.trim() == 'a'",
+    "'a,b,c'.split(',') == ['a', 'b', 'c'] && 'a,b,c'.split(',', 2) == ['a', 'b,c'] && 'a'.split(',', 0) == []",
+    "['a', 'b'].join('-') == 'a-b' && ['a', 'b'].join() == 'ab'",
+    "'abcb'.replace('b', 'x') == 'axcx' && 'abcb'.replace('b', 'x', 1) == 'axcb'",
+    "'abcb'.indexOf('b') == 1 && 'abcb'.lastIndexOf('b') == 3 && 'abc'.indexOf('z') == -1",
+    "'abc'.substring(1) == 'bc' && 'abc'.substring(1, 2) == 'b' && 'abc'.charAt(3) == ''",
+    "[1, 2, 3].isSorted() && [1, 2, 3].sum() == 6 && [3, 1].min() == 1 && [1, 2, 1].lastIndexOf(1) == 2",
+])
+def test_the_api_servers_string_and_list_functions(expression):
+    outcome = run(policy(check(expression)))
+    assert outcome.allowed and not outcome.errored, outcome.message
+
+
+@pytest.mark.parametrize("expression", ["'abc'.substring(2, 9) == ''", "[].max() == 0", "'abc'.charAt(4) == ''",
+                                        "'abc'.indexOf('a', 9) == 0", "[1].join() == ''"])
+def test_their_errors_are_errors(expression):
+    outcome = run(policy(check(expression)))
+    assert not outcome.allowed and outcome.errored
 
 
 def test_warn_admits_with_a_warning():
