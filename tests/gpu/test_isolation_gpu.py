@@ -115,24 +115,26 @@ def test_mps_caps_hold_on_the_real_card_through_allocate(devices, tmp_path):
            not k.startswith("CUDA_MPS_")}
     plugin_dir = fakekubelet.short_tempdir()
     kubelet = fakekubelet.FakeKubelet(plugin_dir).start()
-    agent = subprocess.Popen([sys.executable, "-m", "webhook.cli", "agent", "--config", str(config),
-                              "--device-plugin-dir", plugin_dir, "--no-publish", "--poll-interval", "0.5",
-                              "--mps-root", str(tmp_path / "mps")],
-                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The agent's log goes to a file: a pipe nobody reads while the clients run could fill and stall it.
+    log = tmp_path / "agent.log"
+    with open(log, "w") as out:
+        agent = subprocess.Popen([sys.executable, "-m", "webhook.cli", "agent", "--config", str(config),
+                                  "--device-plugin-dir", plugin_dir, "--no-publish", "--poll-interval", "0.5",
+                                  "--mps-root", str(tmp_path / "mps")],
+                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         resource = f"gpushard.io/card-{card.index}"
         try:
             requests = kubelet.wait_for({resource}, timeout=60)
         except AssertionError:
-            agent.kill()
-            raise AssertionError(f"the agent did not register {resource}: {agent.communicate()[1]}") from None
+            raise AssertionError(f"the agent did not register {resource}: {log.read_text()}") from None
         endpoint = requests[resource].endpoint
         # What the kubelet would allocate from: every share of the card Healthy, so its daemon runs.
         with fakekubelet.PluginClient(plugin_dir, endpoint) as c:
             stream = fakekubelet.Stream(c)
             health = fakekubelet.health_by_id(stream.message(0, timeout=30))
             stream.cancel()
-        assert len(health) == SPC and set(health.values()) == {"Healthy"}, (health, agent.poll())
+        assert len(health) == SPC and set(health.values()) == {"Healthy"}, (health, log.read_text())
         assert devices.compute_mode(card.uuid) == nvml.COMPUTE_EXCLUSIVE_PROCESS
         base = {k: v for k, v in env.items() if k not in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")}
         # Outside a container the toolkit does not hide the other cards: CUDA_VISIBLE_DEVICES does.
@@ -164,12 +166,11 @@ def test_mps_caps_hold_on_the_real_card_through_allocate(devices, tmp_path):
                                  env=dict(env, CUDA_MPS_PIPE_DIRECTORY=pipe), timeout=30)
         assert servers.stdout.strip(), servers  # the clients went through MPS
         agent.send_signal(signal.SIGTERM)
-        _out, err = agent.communicate(timeout=60)
-        assert agent.returncode == 0, err
+        assert agent.wait(timeout=60) == 0, log.read_text()
     finally:
         if agent.poll() is None:
             agent.kill()
-            agent.communicate()
+            agent.wait()
         kubelet.stop()
         fakekubelet.remove_tree(plugin_dir)
     deadline = time.monotonic() + 10
