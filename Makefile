@@ -61,7 +61,9 @@ image:
 # Every gpu-marked test, as one command on a machine with a GPU. With wheels in .whl/ (make gpu-wheels,
 # carried along) it installs offline into /tmp/gpushard-site; otherwise it uses the venv.
 GPU_TESTS = $(shell grep -rl 'mark.gpu' tests --include='test_*.py')
-GPU_WHEELS = pytest pytest-timeout nvidia-ml-py PyYAML
+# The GPU test runs `gpushard agent` and talks gRPC to it: the agent's imports come along.
+GPU_WHEELS = pytest pytest-timeout nvidia-ml-py PyYAML 'grpcio>=1.85.1,<2' 'protobuf>=7.35.1,<8' \
+	prometheus-client 'kubernetes>=29,<38'
 WHEELS ?= .whl
 GPU_PYTHON_VERSION ?= 3.12
 

@@ -119,6 +119,9 @@ class FakeKube:
         self.compactions = 0  # bumped by expire_history: continue tokens issued before it get 410 Gone
         self.before: dict[int, dict] = {}  # resourceVersion of a MODIFIED event -> the object before it
         self.on_page = None  # called (resource, page number) after each page of a paginated list is sent
+        # Called (method, path with query) as each request arrives, before it is answered, the lock
+        # not held: it may block, as an API server that is slow to answer would.
+        self.on_request = None
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -246,6 +249,9 @@ class FakeKube:
             def _before(self, body: bytes = b"") -> bool:
                 with fake.lock:
                     fake.requests.append((self.command, self.path, body))
+                if fake.on_request is not None:
+                    fake.on_request(self.command, self.path)
+                with fake.lock:
                     code = fake.fail_next.pop(0) if fake.fail_next else None
                 if code:
                     self._status(code, "InternalError", "injected failure")

@@ -3,9 +3,14 @@
 We test:
 - every rule id of a single object (webhook/core/findings.py) and every audit rule has a
   `<rule>.fail.yaml` and a `<rule>.pass.yaml` in tests/golden/, and nothing else lives there;
-- admission: each fail manifest is denied or warned with its rule in enforce mode, or, for what
-  enforce mode rewrites away, found in audit mode and gone from the object enforce mode admits;
-  each pass manifest gets no finding of its rule in either mode;
+- admission, for each fail manifest, with the verdict and words its rule's entry in EXPECT
+  gives: every object is denied in enforce mode (403, or 400 for what cannot be read) with a
+  message holding the key words, and admitted in audit mode with each finding of the rule
+  among its warnings; or, for what enforce mode rewrites away, admitted in enforce mode as
+  exactly the object of `<rule>.patched.yaml` (and its JSONPatch, when one is recorded, makes
+  that object), with the rule gone from it, while audit mode warns with the key words; each
+  pass manifest gets no finding of its rule in either mode. The host-path fail manifest
+  names one finding per hostPath volume, each naming its volume;
 - audit: `gpushard audit -f` reports exactly the fail manifest's rule (exit 1), and nothing at
   all for the pass manifest (exit 0), in the table and in JSON;
 - what the audit rules find gets past admission: decide allows every object of their fail
@@ -17,6 +22,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+import jsonpatch
 import pytest
 import yaml
 
@@ -64,7 +70,7 @@ def decide(obj: dict, mode: str, policy) -> decisions.Decision:
 
 def test_every_rule_has_a_pass_and_a_fail_manifest():
     expected = {golden(r, v).name for r in ADMISSION_RULES + AUDIT_RULES for v in ("pass", "fail")}
-    present = {p.name for p in GOLDEN.glob("*.yaml") if not p.name.endswith(".config.yaml")}
+    present = {p.name for p in GOLDEN.glob("*.yaml") if not p.name.endswith((".config.yaml", ".patched.yaml"))}
     assert present == expected
 
 
@@ -73,23 +79,97 @@ def test_audit_rules_are_new_ids():
     assert all(audit.fix_for(rule) for rule in AUDIT_RULES + ADMISSION_RULES)
 
 
+DENIED, REWRITTEN = "denied", "rewritten"
+# Each admission rule's verdict on its fail manifest in enforce mode, and words its messages must
+# hold (audit mode admits with warnings either way).
+EXPECT = {
+    f.ADDED_CAPABILITIES: (DENIED, ['"tools"', "NET_ADMIN", "SYS_ADMIN", "beyond Pod Security's baseline"]),
+    f.BAD_CARD: (DENIED, ["'gpushard.io/card-01'", "no card resource"]),
+    f.BAD_QUANTITY: (DENIED, ["'half'", "not a quantity"]),
+    f.BAD_SHARES: (DENIED, ["gpushard.io/gpu 150", "whole number from 1 to 100"]),
+    f.BOTH_FORMS: (DENIED, ["nvidia.com/gpu 0.5", "gpushard.io/gpu 50", "use one"]),
+    f.CONFLICTING_PINS: (DENIED, ["cards 0, 1", "share one card"]),
+    f.DEVICE_ANNOTATION: (DENIED, ['"devices.noderesource.dev/container.app"', '"mounts.nri.io/pod"', "inject devices",
+                              "inject mounts", "whatever its value"]),
+    f.DEVICE_LIST_MOUNT: (DENIED, ['"scratch"', "/var/run/nvidia-container-devices/all", "device-list folder"]),
+    f.FRACTION_ABOVE_ONE: (DENIED, ["nvidia.com/gpu 1.5", "at most one card"]),
+    f.FRACTION_UNREWRITTEN: (REWRITTEN, ["nvidia.com/gpu 0.25", "rejects fractions"]),
+    f.HOST_PATH: (DENIED, ["is hostPath /dev ", "is hostPath / ", "device files", "kubelet's folders",
+                           "a folder holding /dev", "processes and kernel controls", "the container runtime",
+                           "hostPath /var/log ", "only host paths the operator allows"]),
+    f.HOST_PID: (DENIED, ["spec.hostPID", "process namespace"]),
+    f.LIMIT_ENV_FROM: (DENIED, ['configMap "settings" with no prefix', 'secret "tokens" with prefix "CUDA_"']),
+    f.LIMIT_ENV_SET: (REWRITTEN, ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, NVIDIA_GPU_MEMORY_LIMIT", "remove"]),
+    f.MIXED_PASSTHROUGH: (DENIED, ['"whole" passes whole cards', '"part" holds shares']),
+    f.MULTI_CARD: (DENIED, ["nvidia.com/gpu 2", "at most one card"]),
+    f.PIN_MISMATCH: (DENIED, ["30 shares", "gpushard.io/card-2 40"]),
+    f.POD_OVER_CARD: (DENIED, ["120 shares", "a card has 100"]),
+    f.PRIVILEGED: (DENIED, ['init container "setup" is privileged', "every card"]),
+    f.REQUESTS_DIFFER: (DENIED, ["0.25 in requests", "0.5 in limits"]),
+    f.ROUNDED: (REWRITTEN, ["nvidia.com/gpu 0.333", "rounded up to 34 of 100 shares"]),
+    f.UNHIDDEN: (REWRITTEN, ['"logger" asks no GPU', "every card"]),
+    f.UNREADABLE: (DENIED, ["cannot read spec.containers", "expected a list"]),
+    f.VISIBLE_DEVICES_FROM: (DENIED, ['configMap "settings"', "envFrom", "NVIDIA_VISIBLE_DEVICES"]),
+    f.VISIBLE_DEVICES_SET: (REWRITTEN, ["NVIDIA_VISIBLE_DEVICES=all"]),
+}
+
+
+def test_every_admission_rule_has_its_expectations():
+    assert set(EXPECT) == set(ADMISSION_RULES)
+    rewritten = {rule for rule, (verdict, _) in EXPECT.items() if verdict == REWRITTEN}
+    assert {p.name for p in GOLDEN.glob("*.patched.yaml")} == {golden(r, "patched").name for r in rewritten}
+
+
+def of_rule(decision: decisions.Decision, rule: str) -> list[f.Finding]:
+    return [x for x in decision.findings if x.rule == rule]
+
+
 @pytest.mark.parametrize("rule", ADMISSION_RULES)
 def test_admission_fails_the_fail_manifest(rule):
+    """Breaks this catches, each tried on a copy and caught: shares rounded down (33, "rounded
+    down"), every pod pinned to card 0 (the rounded manifest's second pod pins card 1),
+    host-access denials turned into warnings (enforce admits), a denial's message without its
+    container or value, an env rewrite that keeps NVIDIA_VISIBLE_DEVICES=all."""
     policy = policy_for(rule)
+    verdict, words = EXPECT[rule]
     objects = admitted_kinds(golden(rule, "fail"))
     assert objects
-    seen = []
-    for obj in objects:
+    patched = admitted_kinds(golden(rule, "patched")) if verdict == REWRITTEN else []
+    assert len(patched) == (len(objects) if verdict == REWRITTEN else 0)
+    messages = []
+    for i, obj in enumerate(objects):
         enforced = decide(obj, names.MODE_ENFORCE, policy)
-        if rule in rules_of(enforced):
-            seen.append(obj)
-            continue
-        # What enforce mode rewrites away shows only in audit mode, and must be gone once rewritten.
-        if rule in rules_of(decide(obj, names.MODE_AUDIT, policy)):
-            assert enforced.allowed and enforced.obj is not None
-            assert rule not in rules_of(decide(enforced.obj, names.MODE_AUDIT, policy))
-            seen.append(obj)
-    assert seen, f"no object of {golden(rule, 'fail').name} was found to break {rule}"
+        audited = decide(obj, names.MODE_AUDIT, policy)
+        found = of_rule(audited, rule)
+        assert found, f"object {i} of {golden(rule, 'fail').name} breaks no {rule} in audit mode"
+        # Audit mode admits, the rule's findings among its warnings.
+        assert audited.allowed and audited.obj is None
+        assert set(decisions.warnings_for(found)) <= set(audited.warnings)
+        messages += [x.message for x in found]
+        if verdict == DENIED:
+            assert not enforced.allowed and enforced.code == (400 if rule == f.UNREADABLE else 403)
+            assert {x.severity for x in of_rule(enforced, rule)} == {f.DENY}
+            assert enforced.message.startswith("gpushard: ")
+            assert all(x.message.removeprefix("gpushard: ") in enforced.message for x in of_rule(enforced, rule))
+        else:
+            assert enforced.allowed and enforced.code == 200
+            assert f.DENY not in {x.severity for x in of_rule(enforced, rule)}
+            assert enforced.obj == patched[i], f"object {i}: enforce admits another object than the patched golden"
+            if enforced.patch is not None:
+                assert jsonpatch.apply_patch(obj, enforced.patch) == patched[i]
+            assert not of_rule(decide(enforced.obj, names.MODE_AUDIT, policy), rule)
+    text = "\n".join(messages)
+    missing = [w for w in words if w not in text]
+    assert not missing, f"{rule}: the messages lack {missing}:\n{text}"
+
+
+def test_every_host_path_of_the_fail_manifest_is_named():
+    (job,) = admitted_kinds(golden(f.HOST_PATH, "fail"))
+    volumes = job["spec"]["template"]["spec"]["volumes"]
+    assert len(volumes) >= 10
+    for mode in names.MODES:
+        found = of_rule(decide(job, mode, policy_for(f.HOST_PATH)), f.HOST_PATH)
+        assert [x.message.split('"')[1] for x in found] == [v["name"] for v in volumes]
 
 
 @pytest.mark.parametrize("rule", ADMISSION_RULES)

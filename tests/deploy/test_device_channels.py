@@ -80,7 +80,9 @@ def admit(policy, obj: dict, namespace: dict, operation: str = "CREATE", old: di
                "userInfo": {"username": "alice"}}
     if params is None:
         params = _shipped_params()
-    return admission_policy.evaluate(*policy, request, obj, old, namespace, params=params)
+    outcome = admission_policy.evaluate(*policy, request, obj, old, namespace, params=params)
+    assert not outcome.errored, outcome.message  # a denial must come from the rule, not a failing expression
+    return outcome
 
 
 @functools.cache
