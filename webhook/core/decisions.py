@@ -121,6 +121,13 @@ def pod_rules(asks: list[req.ContainerAsk], policy: Policy) -> tuple[list[f.Find
         found.append(f.Finding(f.CONFLICTING_PINS, f.DENY, (
             f"gpushard: containers pin cards {', '.join(map(str, pins))}; all GPU containers of a pod "
             "share one card"), None))
+    by_memory = [a for a in holders if a.memory_mib is not None]
+    by_share = [a for a in holders if a.memory_mib is None]
+    if by_memory and by_share:
+        found.append(f.Finding(f.MIXED_MEMORY, f.DENY, (
+            f"gpushard: container \"{by_memory[0].name}\" asks {policy.resources.memory} {by_memory[0].memory_text} "
+            f"while \"{by_share[0].name}\" asks a share of a card; ask GPU memory in every GPU container of the "
+            "pod, or a fraction in every one"), by_memory[0].name))
     shares = req.effective_shares(asks)
     spc = policy.shares_per_card
     if shares > spc:
@@ -322,11 +329,16 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         new = rewrite.template(obj, names.TEMPLATE_PATHS[kind], asks, policy)
         return Decision(allowed=True, obj=new, findings=found, shares=shares)
 
-    card, node = None, None
+    card, node, sized = None, None, None
     if shares > 0 and pin is not None and _placed_by_gpushard(obj, pin):
         # A reinvocation (another webhook changed the pod after gpushard did): keep the card,
         # and neither place nor count the pod again.
         card = pin
+    elif any(a.memory_mib is not None for a in asks):
+        decided = _place_memory(request, asks, scheduling, policy, view, found)
+        if isinstance(decided, Decision):
+            return decided
+        card, node, shares, sized = decided
     elif shares > 0:
         # Built directly: dataclasses.replace costs more than the rest of this branch.
         ask = placement.Ask(shares, pin, scheduling.node_name, scheduling.node_selector,
@@ -337,8 +349,39 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)
     ops = rewrite.Ops()
-    new = rewrite.pod(obj, asks, card, shares, policy, node=node, ops=ops)
+    new = rewrite.pod(obj, asks, card, shares, policy, node=node, ops=ops, sized=sized)
     patch = ops.items
     if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):  # else strip_env has nothing to remove
         new, patch = isolation.strip_env(new, asks), None
     return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares, patch=patch)
+
+
+def _place_memory(request: Request, asks: list[req.ContainerAsk], scheduling: placement.Ask, policy: Policy,
+                  view: placement.View | None, found: list[f.Finding]
+                  ) -> Decision | tuple[int, str | None, int, tuple[int, int]]:
+    """A card size and a card for a pod that asks GPU memory: (card, node, shares, (card MiB, asked MiB)),
+    or its denial. ``found`` gets placement's findings.
+
+    Without a view the pod is denied: its shares depend on the size of the card it gets, and no
+    guess is safe (too few shares cap the program below its ask under isolation, too many waste a
+    card). The workload controllers create the pod again; a person sees why.
+    """
+    asked = req.memory_mib(asks)
+    memory = policy.resources.memory
+    if view is None:
+        finding = f.Finding(f.NO_VIEW, f.DENY, (
+            f"gpushard: the pod asks {memory} ({asked} MiB), and gpushard has no view of the cluster's cards "
+            "yet to size it; try again shortly (gpushard review: give --cluster FILE)"))
+        return Decision(allowed=False, code=403, message=finding.message, findings=[*found, finding])
+    spc = policy.shares_per_card
+    ask = placement.Ask(0, None, scheduling.node_name, scheduling.node_selector, scheduling.required_terms,
+                        scheduling.tolerations)
+    choice = placement.choose_sized(view, ask, lambda mib: req.size(asks, mib, spc), spc, policy.memory_size,
+                                    policy.placement, draws.Draw(request.seed) if request.seed else None,
+                                    asked_mib=asked)
+    if choice.denied:
+        found += choice.findings
+        return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
+    found += choice.findings
+    shares = req.size(asks, choice.size_mib, spc)
+    return choice.card, choice.node, shares, (choice.size_mib, asked)

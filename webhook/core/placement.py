@@ -23,7 +23,7 @@ import functools
 import json
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from webhook.core import findings as f
@@ -645,6 +645,9 @@ def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
         result = View(nodes=tuple(nodes))
     moved = [i for i in new if i not in old or not same_scheduling(old[i], new[i])]
     result.__dict__["_topology"] = topology.derive(result.nodes, moved) if moved else topology
+    if not moved and "_sizes" in view.__dict__ and all(
+            [c.index for c in old[i].cards] == [c.index for c in new[i].cards] for i in new):
+        result.__dict__["_sizes"] = view.__dict__["_sizes"]  # the same labels and cards: the same sizes
     if "_usage" in view.__dict__:  # only keep an index someone has paid for
         result.__dict__["_usage"] = view._usage.derive(old, new)
     return result
@@ -662,6 +665,8 @@ def replace_card(view: View, node: Node, j: int) -> View:
     was, now = view.node(i).cards[j], node.cards[j]
     result = view.with_node(i, node)
     result.__dict__["_topology"] = topology  # the same scheduling: only shares moved
+    if "_sizes" in view.__dict__:
+        result.__dict__["_sizes"] = view.__dict__["_sizes"]
     if "_usage" in view.__dict__:
         result.__dict__["_usage"] = view._usage.moved(i, now.index, was.capacity - was.used,
                                                        now.capacity - now.used, node.cards)
@@ -849,3 +854,150 @@ def preferred_node(spec: dict) -> str | None:
                 and isinstance(fields[0]["values"][0], str)):
             return fields[0]["values"][0]
     return None
+
+
+# --- memory asks: the card size first, then a card of that size ---------------------------------
+
+
+def card_memory_mib(node: Node, index: int) -> int | None:
+    """Card ``index``'s memory in MiB as the node's label says it (what a required affinity matches)."""
+    text = node.labels.get(names.card_memory_label(index))
+    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 9:
+        return None
+    value = int(text)
+    return value or None
+
+
+def _sizes(view: View) -> dict[int, dict[int, int]]:
+    """Card size in MiB -> card index -> the nodes whose card of that index has that size, per labels.
+
+    Labels only: a node without the agent's label cannot be matched by the affinity a memory ask gets.
+    Cached on the view; a view derived without label changes carries it (``replace_nodes``).
+    """
+    cached = view.__dict__.get("_sizes")
+    if cached is not None:
+        return cached
+    sizes: dict[int, dict[int, int]] = {}
+    for i, node in enumerate(view.nodes):
+        for card in node.cards:
+            mib = card_memory_mib(node, card.index)
+            if mib is not None:
+                by_k = sizes.setdefault(mib, {})
+                by_k[card.index] = by_k.get(card.index, 0) | (1 << i)
+    view.__dict__["_sizes"] = sizes
+    return sizes
+
+
+@dataclass(slots=True)
+class SizedChoice:
+    """A card for a memory ask: ``size_mib`` is the size the shares were computed for (0: denied)."""
+
+    card: int
+    size_mib: int
+    shares: int
+    node: str | None = None
+    fits: bool = False
+    findings: tuple[f.Finding, ...] = ()
+    denied: bool = False
+
+
+def largest_card(view: View) -> tuple[int, str]:
+    """(MiB, model) of the largest card any node's labels publish; (0, "") when none does."""
+    best, model = 0, ""
+    for node in view.nodes:
+        for card in node.cards:
+            mib = card_memory_mib(node, card.index) or 0
+            if mib > best:
+                best, model = mib, card.model
+    return best, model
+
+
+def _sized_candidates(usage: _Usage, masks: Mapping[int, int], shares: int, strategy: str,
+                      count: int, slack: int) -> list[tuple[int, int]]:
+    """``_candidates`` over per-index node masks (cards of one size): up to ``count`` fitting
+    (node position, card index), best first, within ``slack`` free shares of the best."""
+    fs, by_f, out = usage.fs, usage.by_f, []
+    anywhere = 0
+    for bits in masks.values():
+        anywhere |= bits
+    if strategy == "spread":
+        order = range(len(fs) - 1, bisect.bisect_left(fs, shares) - 1, -1)
+    else:
+        order = range(bisect.bisect_left(fs, shares), len(fs))
+    best = None
+    for j in order:
+        free = fs[j]
+        if best is not None and abs(free - best) > slack:
+            break
+        hit = by_f[free] & anywhere
+        if not hit:
+            continue
+        for k in usage.ks:
+            found = usage.by_kf.get(k, {}).get(free, 0) & hit & masks.get(k, 0)
+            if found and best is None:
+                best = free
+            while found:
+                low = found & -found
+                out.append((low.bit_length() - 1, k))
+                if len(out) == count:
+                    return out
+                found ^= low
+    return out
+
+
+def choose_sized(view: View, ask: Ask, shares_for: Callable[[int], int], shares_per_card: int,
+                 size_policy: str = "smallest", strategy: str = "binpack",
+                 rng: random.Random | None = None, asked_mib: int = 0) -> SizedChoice:
+    """Pick a card size and a card of that size for a memory ask.
+
+    ``shares_for(size_mib)`` is the pod's shares on a card of that size. Sizes that hold the pod
+    (at most ``shares_per_card`` shares) are tried in ``size_policy`` order; the first with a card
+    that has room on a node the pod may run on wins, the card chosen among those of that size as
+    ``choose`` does (binpack or spread, drawn among the best few with ``rng``). When none has room,
+    the first size the pod's nodes offer, on an index drawn among them; the pod waits for it.
+    """
+    sizes = _sizes(view)
+    held = sorted((mib for mib in sizes if shares_for(mib) <= shares_per_card),
+                  reverse=size_policy == "largest")
+    if not held:
+        mib, model = largest_card(view)
+        return SizedChoice(0, 0, 0, denied=True, findings=(f.Finding(f.MEMORY_ABOVE_CARD, f.DENY, (
+            f"gpushard: the pod asks {asked_mib} MiB of GPU memory, more than the largest card holds "
+            f"({model or 'a card'}, {mib} MiB); ask at most {mib}Mi") if mib else (
+            "gpushard: the pod asks GPU memory, but no shared node publishes its cards' memory "
+            f"(label {names.card_memory_label(0)}); ask a fraction instead, or check the agents")),),)
+    usage = view._usage
+    mask = view._topology.mask(ask) & usage.has_any
+    waiting: tuple[int, dict[int, int]] | None = None
+    for mib in held:
+        masks = {k: bits & mask for k, bits in sizes[mib].items() if bits & mask}
+        if not masks:
+            continue
+        shares = shares_for(mib)
+        if rng is not None:
+            found = _sized_candidates(usage, masks, shares, strategy, CHOICE_CANDIDATES, CHOICE_SLACK)
+        else:
+            found = _sized_candidates(usage, masks, shares, strategy, 1, 0)
+        if found:
+            pos, k = found[rng.randrange(len(found))] if rng is not None and len(found) > 1 else found[0]
+            return SizedChoice(k, mib, shares, node=view.node(pos).name, fits=True)
+        if waiting is None:
+            waiting = (mib, masks)
+    if waiting is None:
+        mib = held[0]
+        k = min(sizes[mib])
+        return SizedChoice(k, mib, shares_for(mib), findings=(_warn(f.NO_MATCHING_NODE, (
+            f"no shared node this pod may run on has a card of {mib} MiB; card {k} of that size chosen, "
+            "the pod may stay Pending")),))
+    mib, masks = waiting
+    ks = sorted(masks)
+    k = ks[rng.randrange(len(ks))] if rng is not None else ks[0]
+    shares = shares_for(mib)
+    return SizedChoice(k, mib, shares, findings=(_warn(f.NO_ROOM, (
+        f"no card of {mib} MiB has {shares} free shares now; card {k} chosen, the pod stays Pending "
+        "until one frees up")),))
+
+
+def card_memory_expression(index: int, size_mib: int) -> dict:
+    """The required node-affinity expression that keeps a memory ask on card ``index`` of ``size_mib``."""
+    return {"key": names.card_memory_label(index), "operator": "In", "values": [str(size_mib)]}

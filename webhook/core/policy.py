@@ -20,6 +20,9 @@ DEVICE_LIST_STRATEGIES = (ENVVAR, VOLUME_MOUNTS, CDI_CRI)
 # node (it reads the mounts first and ignores the env); CDI needs a spec on the node.
 DEFAULT_DEVICE_LIST_STRATEGY = (ENVVAR, VOLUME_MOUNTS)
 ISOLATIONS = ("none", "memory", "mps")
+# Which card size a memory ask tries first: the smallest that holds it (large cards stay free for
+# large asks) or the largest (the most room left beside it).
+MEMORY_SIZES = ("smallest", "largest")
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class Resources:
     fraction: str = names.FRACTION_RESOURCE
     shares: str = names.SHARES_RESOURCE
     card_prefix: str = names.CARD_PREFIX
+    memory: str = names.MEMORY_RESOURCE
 
     def card(self, index: int) -> str:
         return names.card_resource(self.card_prefix, index)
@@ -73,3 +77,4 @@ class Policy:
     # Set on pods that hold shares when their author named none: the runtime class whose
     # handler is the NVIDIA container runtime, where it is not the node's default runtime.
     runtime_class_name: str | None = None
+    memory_size: str = "smallest"  # MEMORY_SIZES: the card size a memory ask tries first
