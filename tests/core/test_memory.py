@@ -14,19 +14,21 @@ We test:
 - denials: an ask above every card (naming the largest), memory mixed with a fraction, shares or a
   pin (in one container or across containers), no view of the cluster, bad quantities;
 - a memory ask in requests only reads as in limits; templates keep the ask, with a limit;
-- under isolation the cap that the shares give is never below the ask, for every ask and size.
+- under isolation the cap that the shares give is never below the ask, for every ask and size;
+- `gpushard status` shows the memory asked beside the shares and their cap.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
 from tests import apiserver
 from tests.core import podmaker
-from webhook import settings
-from webhook.core import decisions, isolation, names, placement
+from webhook import auditing, settings
+from webhook.core import audit, decisions, isolation, names, placement
 from webhook.core import findings as f
 from webhook.core import requests as req
 from webhook.core.policy import Policy
@@ -332,3 +334,25 @@ def test_the_memory_resource_name_is_configurable():
 def test_bad_memory_settings_name_the_key(config, message):
     with pytest.raises(settings.SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
         settings.from_mapping(config)
+
+
+def test_status_shows_the_memory_asked_beside_the_shares():
+    pod = podmaker.pod(memory_container(ask="12Gi"), name="infer")
+    decision = decide(pod, fleet())
+    placed = copy.deepcopy(decision.obj)
+    placed["spec"]["nodeName"] = decision.node
+    k = decision.card
+    inventory = [{"index": i, "uuid": f"GPU-{i}", "model": L4[0], "memoryMiB": L4[1]} for i in range(4)]
+    cluster_node = {"metadata": {"name": decision.node, "annotations": {names.INVENTORY_ANNOTATION:
+                                                                          json.dumps(inventory)}},
+                    "status": {"allocatable": {f"{names.CARD_PREFIX}{i}": "100" for i in range(4)}}}
+    fraction = podmaker.pod(podmaker.container("a", "0.25"), name="frac")
+    fraction = decide(fraction, fleet()).obj
+    fraction["spec"]["nodeName"] = "elsewhere"
+    use = audit.usage([cluster_node], [placed, fraction], Policy())
+    table = auditing.status_table(use)
+    assert "team-a/infer (54, 12438 MiB, asked 12288 MiB)" in table  # 54 x 23034 / 100 = 12438 >= 12288
+    report = auditing.status_json(use, 100)
+    card = next(c for c in report["nodes"][0]["cards"] if c["index"] == k)
+    assert card["pods"] == [{"namespace": "team-a", "name": "infer", "shares": 54, "memoryMiB": 12438,
+                             "memoryAskedMiB": 12288}]
