@@ -27,7 +27,7 @@ from webhook.core import findings as f
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 
 # Rules about card choice over a view of the cluster: no single manifest passes or fails them.
-PLACEMENT_RULES = {f.NO_ROOM, f.NO_VIEW, f.NO_MATCHING_NODE, f.MEMORY_ABOVE_CARD}
+PLACEMENT_RULES = {f.NO_ROOM, f.NO_VIEW, f.NO_MATCHING_NODE, f.MEMORY_ABOVE_CARD, f.MEMORY_SIZED}
 ADMISSION_RULES = sorted(
     value for key, value in vars(f).items()
     if key.isupper() and isinstance(value, str) and key not in ("DENY", "WARN", "CHANGE") and value not in

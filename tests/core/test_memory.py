@@ -112,6 +112,10 @@ def test_shares_are_computed_for_the_smallest_card_that_holds_the_ask(ask, size,
         names.SHARES_RESOURCE: str(shares), f"{names.CARD_PREFIX}{k}": str(shares)}
     assert MEMORY not in out["spec"]["containers"][0]["resources"]["requests"]
     assert out["metadata"]["annotations"][names.SHARES_ANNOTATION] == str(shares)
+    assert [x.message for x in decision.findings if x.rule == f.MEMORY_SIZED] == [
+        f"gpushard: the pod asks {out['metadata']['annotations'][names.MEMORY_ANNOTATION]} MiB of GPU memory: "
+        f"{shares} shares of card {k}, which has {size} MiB ({shares * size // 100} MiB held)"]
+    assert decision.audit_annotations[f.MEMORY_SIZED] == decision.findings[-1].message
     assert required_terms(out) == [{"matchExpressions": [
         {"key": f"gpushard.io/card-{k}.memory-mib", "operator": "In", "values": [str(size)]}]}]
     # The scheduler may bind it only where card k has that size, the mixed node included when its
@@ -200,7 +204,7 @@ def test_no_room_anywhere_waits_on_the_smallest_size_the_pods_nodes_offer():
     pod = podmaker.pod(memory_container(ask="12Gi"))
     decision = decide(pod, view, seed="burst-7")
     out = admitted(pod, decision)
-    assert [x.rule for x in decision.findings] == [f.NO_ROOM]
+    assert [x.rule for x in decision.findings] == [f.NO_ROOM, f.MEMORY_SIZED]
     assert "23034 MiB" in decision.findings[0].message
     assert decision.shares == 54
     assert required_terms(out)[0]["matchExpressions"][0]["values"] == ["23034"]

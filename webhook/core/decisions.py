@@ -384,4 +384,7 @@ def _place_memory(request: Request, asks: list[req.ContainerAsk], scheduling: pl
         return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
     found += choice.findings
     shares = req.size(asks, choice.size_mib, spc)
+    found.append(f.Finding(f.MEMORY_SIZED, f.WARN, (
+        f"gpushard: the pod asks {asked} MiB of GPU memory: {shares} shares of card {choice.card}, which has "
+        f"{choice.size_mib} MiB ({isolation.memory_cap_mib(shares, choice.size_mib, spc)} MiB held)")))
     return choice.card, choice.node, shares, (choice.size_mib, asked)
