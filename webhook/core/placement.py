@@ -23,7 +23,7 @@ import functools
 import json
 import random
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from webhook.core import findings as f
@@ -714,16 +714,25 @@ def _warn(rule: str, message: str) -> f.Finding:
 # free shares are within CHOICE_SLACK of the best one's. Choosers whose views lag each other
 # (webhook replicas, a burst of pods) then rarely pick the same card, where all of them would
 # pick the one best card, and the slack keeps packing where the best card alone would (the
-# figures behind these values are in docs/placement.md).
-CHOICE_CANDIDATES = 16
+# figures behind these values are in docs/placement.md). 64 rather than 16: with the scheduler
+# behind a burst (every pod admitted before one binds), two replicas 20 changes apart put 12 % of
+# the pods on a card the other had just filled with 16 candidates, 8.5 % with 64, at the same
+# packing (bench/stranding.py --behind).
+CHOICE_CANDIDATES = 64
 CHOICE_SLACK = 5
 
 
-def _candidates(usage: _Usage, mask: int, pin: int | None, shares: int, strategy: str,
-                count: int, slack: int) -> list[tuple[int, int]]:
-    """Up to ``count`` (node position, card index) that fit, best first, in ``search``'s order,
-    whose free shares are within ``slack`` of the best one's."""
-    fs, by_f, out = usage.fs, usage.by_f, []
+def _fitting(usage: _Usage, mask: int, pin: int | None, shares: int, strategy: str, slack: int,
+             masks: Mapping[int, int] | None = None) -> Iterator[tuple[int, int]]:
+    """(card index, bitset of nodes) of the cards that fit, best first in ``search``'s order (free
+    shares, then card index; nodes by position within a bitset), whose free shares are within
+    ``slack`` of the best one's. ``masks``: per card index, the nodes to look at instead of ``mask``
+    (cards of one size)."""
+    fs, by_f = usage.fs, usage.by_f
+    if masks is not None:
+        mask = 0
+        for bits in masks.values():
+            mask |= bits
     if strategy == "spread":
         order = range(len(fs) - 1, bisect.bisect_left(fs, shares) - 1, -1)
     else:
@@ -732,21 +741,46 @@ def _candidates(usage: _Usage, mask: int, pin: int | None, shares: int, strategy
     for j in order:
         free = fs[j]
         if best is not None and abs(free - best) > slack:
-            break
+            return
         hit = by_f[free] & mask
         if not hit:
             continue
         for k in (pin,) if pin is not None else usage.ks:
             found = usage.by_kf.get(k, {}).get(free, 0) & hit
-            if found and best is None:
-                best = free
-            while found:
-                low = found & -found
-                out.append((low.bit_length() - 1, k))
-                if len(out) == count:
-                    return out
-                found ^= low
-    return out
+            if masks is not None:
+                found &= masks.get(k, 0)
+            if found:
+                if best is None:
+                    best = free
+                yield k, found
+
+
+def _draw(groups: Iterable[tuple[int, int]], count: int, rng: random.Random | None) -> tuple[int, int] | None:
+    """(node position, card index) drawn uniformly among the first ``count`` cards of ``groups`` (the
+    first of them without ``rng``); None when there is none.
+
+    The cards are counted a bitset at a time and only the drawn one is looked for, so a draw among
+    many candidates costs about what a draw among a few did.
+    """
+    taken, total = [], 0
+    for k, bits in groups:
+        n = bits.bit_count()
+        taken.append((k, bits, n))
+        total += n
+        if total >= count or rng is None:
+            total = min(total, count)
+            break
+    if not total:
+        return None
+    r = rng.randrange(total) if rng is not None and total > 1 else 0
+    for k, bits, n in taken:
+        if r < n:
+            while r:
+                bits &= bits - 1  # drop the lowest node: the r-th of the bitset is then the lowest
+                r -= 1
+            return _lowest_bit(bits), k
+        r -= n
+    return None  # unreachable: r < total
 
 
 def _waiting_index(usage: _Usage, mask: int, rng: random.Random) -> int:
@@ -781,8 +815,7 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
         return Choice(k, findings=(_warn(f.NO_MATCHING_NODE, f"{why}; card {k} chosen, the pod may stay Pending"),))
     if rng is not None:
         # The candidates start with search's answer, and there are none exactly when it has none.
-        found = _candidates(usage, mask, ask.pin, ask.shares, strategy, CHOICE_CANDIDATES, CHOICE_SLACK)
-        hit = (found[rng.randrange(len(found))] if len(found) > 1 else found[0]) if found else None
+        hit = _draw(_fitting(usage, mask, ask.pin, ask.shares, strategy, CHOICE_SLACK), CHOICE_CANDIDATES, rng)
     else:
         hit = usage.search(mask, ask.pin, ask.shares, strategy)
     if hit is None:
@@ -912,39 +945,6 @@ def largest_card(view: View) -> tuple[int, str]:
     return best, model
 
 
-def _sized_candidates(usage: _Usage, masks: Mapping[int, int], shares: int, strategy: str,
-                      count: int, slack: int) -> list[tuple[int, int]]:
-    """``_candidates`` over per-index node masks (cards of one size): up to ``count`` fitting
-    (node position, card index), best first, within ``slack`` free shares of the best."""
-    fs, by_f, out = usage.fs, usage.by_f, []
-    anywhere = 0
-    for bits in masks.values():
-        anywhere |= bits
-    if strategy == "spread":
-        order = range(len(fs) - 1, bisect.bisect_left(fs, shares) - 1, -1)
-    else:
-        order = range(bisect.bisect_left(fs, shares), len(fs))
-    best = None
-    for j in order:
-        free = fs[j]
-        if best is not None and abs(free - best) > slack:
-            break
-        hit = by_f[free] & anywhere
-        if not hit:
-            continue
-        for k in usage.ks:
-            found = usage.by_kf.get(k, {}).get(free, 0) & hit & masks.get(k, 0)
-            if found and best is None:
-                best = free
-            while found:
-                low = found & -found
-                out.append((low.bit_length() - 1, k))
-                if len(out) == count:
-                    return out
-                found ^= low
-    return out
-
-
 def choose_sized(view: View, ask: Ask, shares_for: Callable[[int], int], shares_per_card: int,
                  size_policy: str = "smallest", strategy: str = "binpack",
                  rng: random.Random | None = None, asked_mib: int = 0) -> SizedChoice:
@@ -974,12 +974,10 @@ def choose_sized(view: View, ask: Ask, shares_for: Callable[[int], int], shares_
         if not masks:
             continue
         shares = shares_for(mib)
-        if rng is not None:
-            found = _sized_candidates(usage, masks, shares, strategy, CHOICE_CANDIDATES, CHOICE_SLACK)
-        else:
-            found = _sized_candidates(usage, masks, shares, strategy, 1, 0)
-        if found:
-            pos, k = found[rng.randrange(len(found))] if rng is not None and len(found) > 1 else found[0]
+        hit = _draw(_fitting(usage, 0, None, shares, strategy, CHOICE_SLACK if rng is not None else 0, masks),
+                    CHOICE_CANDIDATES, rng)
+        if hit is not None:
+            pos, k = hit
             return SizedChoice(k, mib, shares, node=view.node(pos).name, fits=True)
         if waiting is None:
             waiting = (mib, masks)
