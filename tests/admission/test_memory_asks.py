@@ -8,7 +8,8 @@ We test:
 - the warning and audit annotation say what the ask became;
 - an ask above every card comes back as a 403 naming the largest card; a pod mixing memory and a
   fraction as a 403 naming both; a Deployment keeps its memory ask, with a limit;
-- with the static view's labels drawn from the file's memoryMiB, as the agent publishes them.
+- with the static view's labels drawn from the file's memoryMiB, as the agent publishes them;
+- the metrics count memory pods and the MiB they asked, by the card size they were sized for.
 """
 
 from __future__ import annotations
@@ -117,3 +118,16 @@ def test_a_deployment_keeps_its_memory_ask_with_a_limit(client):
     objects.assert_api_server_accepts(new)
     resources = new["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources == {"limits": {names.MEMORY_RESOURCE: "20Gi"}, "requests": {names.MEMORY_RESOURCE: "20Gi"}}
+
+
+def test_metrics_count_memory_pods_and_what_they_asked_by_card_size(client):
+    for i in range(3):
+        post(client, memory_pod(f"p{i}", "12Gi"))
+    post(client, memory_pod("big", "60Gi"))
+    post(client, objects.pod(objects.container("frac", "0.25"), name="frac"))
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'gpushard_memory_ask_pods_total{card_mib="23034"} 3.0' in metrics
+    assert 'gpushard_memory_asked_mebibytes_total{card_mib="23034"} 36864.0' in metrics
+    assert 'gpushard_memory_ask_pods_total{card_mib="81559"} 1.0' in metrics
+    assert 'gpushard_memory_asked_mebibytes_total{card_mib="81559"} 61440.0' in metrics
+    assert 'card_mib="46068"' not in metrics

@@ -41,6 +41,9 @@ class Decision:
     # The JSONPatch from the object to ``obj``, when the rewrite recorded it (a Pod created in
     # enforce mode); None when whoever needs one must compare the two (admission's patch walk).
     patch: list[dict] | None = None
+    # A pod placed by its memory ask: the MiB it asked and the card size its shares are for (0 otherwise).
+    memory_mib: int = 0
+    card_memory_mib: int = 0
 
     @property
     def warnings(self) -> list[str]:
@@ -353,7 +356,8 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
     patch = ops.items
     if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):  # else strip_env has nothing to remove
         new, patch = isolation.strip_env(new, asks), None
-    return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares, patch=patch)
+    return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares, patch=patch,
+                    memory_mib=sized[1] if sized else 0, card_memory_mib=sized[0] if sized else 0)
 
 
 def _place_memory(request: Request, asks: list[req.ContainerAsk], scheduling: placement.Ask, policy: Policy,
