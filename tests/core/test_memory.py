@@ -15,7 +15,8 @@ We test:
   pin (in one container or across containers), no view of the cluster, bad quantities;
 - a memory ask in requests only reads as in limits; templates keep the ask, with a limit;
 - under isolation the cap that the shares give is never below the ask, for every ask and size;
-- `gpushard status` shows the memory asked beside the shares and their cap.
+- `gpushard status` shows the memory asked beside the shares and their cap; the replacer reads a
+  memory pod as one sized afresh when its owner makes it again.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import pytest
 
 from tests import apiserver
 from tests.core import podmaker
-from webhook import auditing, settings
+from webhook import auditing, replacing, settings
 from webhook.core import audit, decisions, isolation, names, placement
 from webhook.core import findings as f
 from webhook.core import requests as req
@@ -360,3 +361,14 @@ def test_status_shows_the_memory_asked_beside_the_shares():
     card = next(c for c in report["nodes"][0]["cards"] if c["index"] == k)
     assert card["pods"] == [{"namespace": "team-a", "name": "infer", "shares": 54, "memoryMiB": 12438,
                              "memoryAskedMiB": 12288}]
+
+
+def test_the_replacer_reads_a_memory_pod_as_sized_afresh_when_made_again():
+    decision = decide(podmaker.pod(memory_container(ask="12Gi")), fleet())
+    listed = {**decision.obj, "status": {"phase": "Pending"}}
+    listed["metadata"] = {**listed["metadata"], "uid": "u1", "creationTimestamp": "2026-01-01T00:00:00Z"}
+    waiting = replacing.read_pinned(listed, Policy()).waiting
+    assert waiting.sized and (waiting.card, waiting.shares) == (decision.card, 54)
+    fraction = decide(podmaker.pod(podmaker.container("a", "0.25")), fleet()).obj
+    fraction = {**fraction, "status": {"phase": "Pending"}}
+    assert not replacing.read_pinned(fraction, Policy()).waiting.sized

@@ -999,3 +999,23 @@ def choose_sized(view: View, ask: Ask, shares_for: Callable[[int], int], shares_
 def card_memory_expression(index: int, size_mib: int) -> dict:
     """The required node-affinity expression that keeps a memory ask on card ``index`` of ``size_mib``."""
     return {"key": names.card_memory_label(index), "operator": "In", "values": [str(size_mib)]}
+
+
+def without_card_memory(ask: Ask, index: int) -> Ask:
+    """``ask`` without the expressions on card ``index``'s memory label in its required terms, as a pod
+    made again from the same template would ask (a memory ask is sized afresh when it is created)."""
+    key = names.card_memory_label(index)
+    terms, changed = [], False
+    for term in ask.required_terms:
+        exprs = term.get("matchExpressions")
+        if isinstance(exprs, list) and any(isinstance(e, dict) and e.get("key") == key for e in exprs):
+            changed = True
+            kept = [e for e in exprs if not (isinstance(e, dict) and e.get("key") == key)]
+            term = {k: v for k, v in term.items() if k != "matchExpressions"} | (
+                {"matchExpressions": kept} if kept else {})
+            if not term.get("matchExpressions") and not term.get("matchFields"):
+                continue  # the term gpushard made: nothing of the author's is left in it
+        terms.append(term)
+    if not changed:
+        return ask
+    return Ask(ask.shares, ask.pin, ask.node_name, ask.node_selector, tuple(terms), ask.tolerations)
