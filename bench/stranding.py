@@ -376,12 +376,13 @@ class Behind:
 
 
 def behind(seed: int, choosers: int = 2, lag: int = 20, fill: float = 0.80, demand: float = 0.9,
-           honour: bool = True, sim_class: type[Sim] = Sim) -> Behind:
+           honour: bool = True, sim_class: type[Sim] = Sim, at_once: bool = False) -> Behind:
     """A burst the scheduler is behind: every pod is admitted before the first one binds (a Job of
     hundreds of pods, a slow scheduler). The cluster starts ``fill`` full; the burst asks ``demand`` of
     the free shares; ``choosers`` webhook replicas, each with a view ``lag`` changes behind, choose in
     turn. Then the scheduler binds the pods, oldest first; then one re-placement round and its
-    scheduling pass."""
+    scheduling pass. ``at_once``: each pod bound right after its admission instead (the scheduler
+    keeping up), for comparison."""
     rng = random.Random(seed)
     used = start_cluster(rng, low=fill, high=fill)
     free = sum(CAPACITY - u for row in used for u in row)
@@ -393,7 +394,9 @@ def behind(seed: int, choosers: int = 2, lag: int = 20, fill: float = 0.80, dema
     ffd = first_fit_decreasing(used, sizes)
     sim = sim_class([row[:] for row in used], choosers, lag, True, honour, seed)
     for size in sizes:
-        sim.create(size, 0.0)
+        pod = sim.create(size, 0.0)
+        if at_once:  # for comparison: the scheduler keeps up, each pod bound as soon as it is admitted
+            sim.try_bind(pod)
     sim.schedule()
     first = sim.stranded()
     moved = sum(1 for p in sim.running.values() if p.preferred is not None and p.node != p.preferred)
@@ -430,10 +433,12 @@ def behind_report(seed: int, runs: int) -> dict:
           f"{'after 1 round':>13} {'worst':>6} {'evicted':>7} {'packing':>8} {'worst':>6}")
     out = {}
     for honour, scheduler in ((True, "preferred node"), (False, "any node with room on k")):
-        for label, count in ((f"before ({BEFORE_CANDIDATES} candidates)", BEFORE_CANDIDATES),
-                             (f"now ({placement.CHOICE_CANDIDATES} candidates)", placement.CHOICE_CANDIDATES)):
+        for label, count, at_once in (
+                (f"before ({BEFORE_CANDIDATES} candidates)", BEFORE_CANDIDATES, False),
+                (f"now ({placement.CHOICE_CANDIDATES} candidates)", placement.CHOICE_CANDIDATES, False),
+                ("now, bound at once (no backlog)", placement.CHOICE_CANDIDATES, True)):
             with candidates(count):
-                results = [behind(seed + i, honour=honour) for i in range(runs)]
+                results = [behind(seed + i, honour=honour, at_once=at_once) for i in range(runs)]
             first = [r.stranded_first / r.pods for r in results]
             after = [r.stranded_after / r.pods for r in results]
             packing = [r.placed / r.ffd for r in results]
@@ -442,7 +447,8 @@ def behind_report(seed: int, runs: int) -> dict:
                   f"{statistics.mean(first):>14.1%} {max(first):>6.1%} {statistics.mean(after):>13.1%} "
                   f"{max(after):>6.1%} {statistics.mean(r.evicted for r in results):>7.1f} "
                   f"{statistics.mean(packing):>8.3f} {min(packing):>6.3f}")
-            out[("behind", honour, count)] = (max(first), max(after), statistics.mean(packing))
+            if not at_once:
+                out[("behind", honour, count)] = (max(first), max(after), statistics.mean(packing))
         worst_first, worst_after, packing = out[("behind", honour, placement.CHOICE_CANDIDATES)]
         met = worst_first <= 0.05 and worst_after <= 0.01 and packing >= 0.98
         print(f"now, {scheduler}: worst {worst_first:.1%} stranded at first scheduling (goal <= 5 %), "
