@@ -89,11 +89,16 @@ class Publisher:
             return {k for k, v in self.published["metadata"]["labels"].items()
                     if v is not None and names.card_memory_index(k) is not None}
         try:
-            node = self.core.read_node(self.node_name, _request_timeout=self.timeout)
+            # A list of the one Node by name: what RBAC grants as list on nodes.
+            listed = self.core.list_node(field_selector=f"metadata.name={self.node_name}",
+                                         _request_timeout=self.timeout)
         except Exception:  # the patch below says what went wrong, and the next try reads again
             return set()
-        labels = (node.metadata.labels if node.metadata is not None else None) or {}
-        return {k for k in labels if names.card_memory_index(k) is not None}
+        keys: set[str] = set()
+        for node in listed.items or ():
+            labels = (node.metadata.labels if node.metadata is not None else None) or {}
+            keys |= {k for k in labels if names.card_memory_index(k) is not None}
+        return keys
 
     def publish_once(self) -> bool:
         patch = node_patch(self._cards(), self.details() if self.details is not None else None,
