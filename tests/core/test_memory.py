@@ -15,6 +15,9 @@ We test:
   pin (in one container or across containers), no view of the cluster, bad quantities;
 - a memory ask in requests only reads as in limits; templates keep the ask, with a limit;
 - under isolation the cap that the shares give is never below the ask, for every ask and size;
+- over generated mixed views, asks and policies (hypothesis): a pod is denied exactly when no card
+  size holds it; otherwise its shares hold its ask on the chosen size, the scheduler may bind it
+  only where card k has that size, and it takes the first size (in policy order) with room;
 - `gpushard status` shows the memory asked beside the shares and their cap; the replacer reads a
   memory pod as one sized afresh when its owner makes it again.
 """
@@ -25,12 +28,16 @@ import copy
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests import apiserver
 from tests.core import podmaker
-from webhook import auditing, replacing, settings
+from webhook import auditing, replacing
+from webhook import settings as settings_mod
 from webhook.core import audit, decisions, isolation, names, placement
 from webhook.core import findings as f
+from webhook.core import policy as policy_mod
 from webhook.core import requests as req
 from webhook.core.policy import Policy
 
@@ -323,7 +330,7 @@ def test_the_isolation_cap_is_never_below_the_ask():
 
 
 def test_the_memory_resource_name_is_configurable():
-    policy = settings.from_mapping({"resources": {"memory": "example.com/gpu-memory"},
+    policy = settings_mod.from_mapping({"resources": {"memory": "example.com/gpu-memory"},
                                     "policy": {"memorySize": "largest"}}).policy
     pod = podmaker.pod(podmaker.container("a", "12Gi", resource="example.com/gpu-memory"))
     decision = decide(pod, fleet(), policy)
@@ -337,8 +344,8 @@ def test_the_memory_resource_name_is_configurable():
     ({"resources": {"memory": "nvidia.com/gpu"}}, "resources.memory: 'nvidia.com/gpu' must differ"),
 ])
 def test_bad_memory_settings_name_the_key(config, message):
-    with pytest.raises(settings.SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        settings.from_mapping(config)
+    with pytest.raises(settings_mod.SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        settings_mod.from_mapping(config)
 
 
 def test_status_shows_the_memory_asked_beside_the_shares():
@@ -372,3 +379,65 @@ def test_the_replacer_reads_a_memory_pod_as_sized_afresh_when_made_again():
     fraction = decide(podmaker.pod(podmaker.container("a", "0.25")), fleet()).obj
     fraction = {**fraction, "status": {"phase": "Pending"}}
     assert not replacing.read_pinned(fraction, Policy()).waiting.sized
+
+
+SIZES_MIB = (23034, 46068, 81559, 143771)
+
+
+@st.composite
+def mixed_views(draw):
+    nodes = []
+    for i in range(draw(st.integers(min_value=1, max_value=6))):
+        count = draw(st.integers(min_value=1, max_value=4))
+        cards = tuple(placement.Card(k, 100, draw(st.integers(min_value=0, max_value=100)), f"GPU-{i}-{k}",
+                                     "model", draw(st.sampled_from(SIZES_MIB))) for k in range(count))
+        labels = {names.card_memory_label(c.index): str(c.memory_mib) for c in cards}
+        if draw(st.booleans()):
+            labels["pool"] = "p"
+        nodes.append(placement.Node(f"n{i}", labels, cards=cards))
+    return placement.View(tuple(nodes))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(view=mixed_views(), asks_mib=st.lists(st.integers(min_value=1, max_value=150_000), min_size=1, max_size=3),
+       size_policy=st.sampled_from(policy_mod.MEMORY_SIZES), strategy=st.sampled_from(policy_mod.PLACEMENTS),
+       selector=st.booleans(), seed=st.text(max_size=8))
+def test_every_memory_decision_keeps_the_pod_on_a_card_size_that_holds_its_ask(view, asks_mib, size_policy, strategy,
+                                                                             selector, seed):
+    pod = podmaker.pod(*(memory_container(f"c{i}", f"{mib}Mi") for i, mib in enumerate(asks_mib)),
+                       spec={"nodeSelector": {"pool": "p"}} if selector else None)
+    pol = Policy(memory_size=size_policy, placement=strategy)
+    decision = decide(pod, view, pol, seed=seed)
+    asked = sum(asks_mib)
+    holding = sorted({c.memory_mib for n in view.nodes for c in n.cards
+                      if sum(-(-m * 100 // c.memory_mib) for m in asks_mib) <= 100})
+    if not holding:
+        assert not decision.allowed and [x.rule for x in decision.findings] == [f.MEMORY_ABOVE_CARD]
+        largest = max(c.memory_mib for n in view.nodes for c in n.cards)
+        assert f"{largest} MiB); ask at most {largest}Mi" in decision.message
+        return
+    out = admitted(pod, decision)
+    size = decision.card_memory_mib
+    assert size in holding and decision.memory_mib == asked
+    shares = [-(-m * 100 // size) for m in asks_mib]
+    assert decision.shares == sum(shares) <= 100
+    assert isolation.memory_cap_mib(decision.shares, size, 100) >= asked
+    written = [c["resources"]["limits"][names.SHARES_RESOURCE] for c in out["spec"]["containers"]]
+    assert written == list(map(str, shares))
+    k = decision.card
+    # The scheduler may bind the pod only where card k has exactly that size (and the selector holds).
+    allowed = schedulable_on(out, view)
+    assert allowed == {n.name for n in view.nodes for c in n.cards if c.index == k and c.memory_mib == size
+                       and (not selector or n.labels.get("pool") == "p")}
+    eligible = [n for n in view.nodes if not selector or n.labels.get("pool") == "p"]
+    room = sorted({c.memory_mib for n in eligible for c in n.cards
+                   if c.memory_mib in holding and c.free >= sum(-(-m * 100 // c.memory_mib) for m in asks_mib)},
+                  reverse=size_policy == "largest")
+    if decision.node is not None:  # it fits there now: a card of the first size (in policy order) with room
+        assert decision.node in allowed
+        card = next(c for n in view.nodes if n.name == decision.node for c in n.cards if c.index == k)
+        assert card.free >= decision.shares
+        assert room and size == room[0]
+    else:
+        assert not room
+        assert {x.rule for x in decision.findings} & {f.NO_ROOM, f.NO_MATCHING_NODE}
