@@ -441,3 +441,26 @@ def test_every_memory_decision_keeps_the_pod_on_a_card_size_that_holds_its_ask(v
     else:
         assert not room
         assert {x.rule for x in decision.findings} & {f.NO_ROOM, f.NO_MATCHING_NODE}
+
+
+@settings(max_examples=100, deadline=None)
+@given(view=mixed_views(), changes=st.lists(st.tuples(st.integers(min_value=0, max_value=7),
+                                                       st.sampled_from((*SIZES_MIB, None)), st.booleans()),
+                                             max_size=6))
+def test_the_card_size_index_of_a_derived_view_equals_a_fresh_one(view, changes):
+    placement._sizes(view)  # paid for: derived views carry it
+    for position, size, add_card in changes:
+        if position >= len(view.nodes):  # a new node at the end
+            name, cards, labels = f"new{position}", (placement.Card(0, 100),), {}
+        else:
+            old = view.nodes[position]
+            name, labels = old.name, dict(old.labels)
+            cards = old.cards + ((placement.Card(len(old.cards), 100),) if add_card else ())
+        key = names.card_memory_label(len(cards) - 1)
+        if size is None:
+            labels.pop(key, None)
+        else:
+            labels[key] = str(size)
+        view = placement.replace_nodes(view, {name: placement.Node(name, labels, cards=cards)})
+        assert "_sizes" in view.__dict__  # derived, not built afresh
+        assert placement._sizes(view) == placement._sizes(placement.View(view.nodes))

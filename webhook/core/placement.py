@@ -645,9 +645,11 @@ def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
         result = View(nodes=tuple(nodes))
     moved = [i for i in new if i not in old or not same_scheduling(old[i], new[i])]
     result.__dict__["_topology"] = topology.derive(result.nodes, moved) if moved else topology
-    if not moved and "_sizes" in view.__dict__ and all(
-            [c.index for c in old[i].cards] == [c.index for c in new[i].cards] for i in new):
-        result.__dict__["_sizes"] = view.__dict__["_sizes"]  # the same labels and cards: the same sizes
+    if "_sizes" in view.__dict__:  # only keep an index someone has paid for
+        if not moved and all([c.index for c in old[i].cards] == [c.index for c in new[i].cards] for i in new):
+            result.__dict__["_sizes"] = view.__dict__["_sizes"]  # the same labels and cards: the same sizes
+        else:
+            result.__dict__["_sizes"] = _sizes_with(view.__dict__["_sizes"], new)
     if "_usage" in view.__dict__:  # only keep an index someone has paid for
         result.__dict__["_usage"] = view._usage.derive(old, new)
     return result
@@ -919,6 +921,27 @@ def _sizes(view: View) -> dict[int, dict[int, int]]:
                 by_k[card.index] = by_k.get(card.index, 0) | (1 << i)
     view.__dict__["_sizes"] = sizes
     return sizes
+
+
+def _sizes_with(sizes: dict[int, dict[int, int]], changed: Mapping[int, Node]) -> dict[int, dict[int, int]]:
+    """``_sizes`` after the nodes at ``changed``'s positions became its nodes (positions may be new):
+    their bits leave every table and come back where their labels now put them."""
+    out = {mib: dict(by_k) for mib, by_k in sizes.items()}
+    clear = 0
+    for i in changed:
+        clear |= 1 << i
+    for by_k in out.values():
+        for k in [k for k, bits in by_k.items() if bits & clear]:
+            by_k[k] &= ~clear
+            if not by_k[k]:
+                del by_k[k]
+    for i, node in changed.items():
+        for card in node.cards:
+            mib = card_memory_mib(node, card.index)
+            if mib is not None:
+                by_k = out.setdefault(mib, {})
+                by_k[card.index] = by_k.get(card.index, 0) | (1 << i)
+    return {mib: by_k for mib, by_k in out.items() if by_k}
 
 
 @dataclass(slots=True)
