@@ -907,7 +907,8 @@ def _sizes(view: View) -> dict[int, dict[int, int]]:
     """Card size in MiB -> card index -> the nodes whose card of that index has that size, per labels.
 
     Labels only: a node without the agent's label cannot be matched by the affinity a memory ask gets.
-    Cached on the view; a view derived without label changes carries it (``replace_nodes``).
+    Cached on the view; ``replace_nodes`` and ``replace_card`` carry it to the views they derive,
+    updated for the changed nodes only (building it over 2,000 nodes x 8 cards takes 15-25 ms).
     """
     cached = view.__dict__.get("_sizes")
     if cached is not None:
