@@ -25,13 +25,20 @@ With ``--dra``, the same bursts and churn with backend dra: the webhook picks no
 scheduler binds each claim on a node where some card has room, first fit among its cards; and the
 packing figure (shares in use at the first Pending pod) for both backends.
 
-Run: python bench/stranding.py [--seed N] [--quick] [--long] [--sweep] [--why] [--required] [--dra]
+- a burst the scheduler is behind (``--behind``): every pod admitted before the first binds (a Job
+  of hundreds of pods, a slow scheduler), 80 % full, the burst asking 0.9 of the free shares, two
+  choosers 20 changes apart; counted at the first scheduling pass and after one re-placement
+  round, with the packing against first-fit-decreasing, before and now.
+
+Run: python bench/stranding.py [--seed N] [--quick] [--long] [--sweep] [--why] [--required] [--behind]
+     [--dra] [--remember]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import heapq
 import math
 import random
@@ -360,6 +367,111 @@ def burst_bound(seed: int) -> tuple[int, int]:
     return count, sum(1 for s in waiting if any(f >= s for f in free))
 
 
+def first_fit_decreasing(used: list[list[int]], sizes: list[int]) -> int:
+    """Shares that first-fit-decreasing places into ``used`` (not changed): the offline packing bound."""
+    used = [row[:] for row in used]
+    placed = 0
+    for s in sorted(sizes, reverse=True):
+        spot = next(((i, k) for i, row in enumerate(used) for k, u in enumerate(row) if u + s <= CAPACITY), None)
+        if spot is not None:
+            used[spot[0]][spot[1]] += s
+            placed += s
+    return placed
+
+
+@dataclass
+class Behind:
+    pods: int
+    stranded_first: int  # waiting on a full card while another had room, after the first scheduling pass
+    stranded_after: int  # the same after one re-placement round and the scheduling pass that follows it
+    evicted: int
+    placed: int  # shares bound after the re-placement round
+    ffd: int  # shares first-fit-decreasing places from the same start
+    moved: int  # bound elsewhere than the node chosen for it, its card there full
+
+
+def behind(seed: int, choosers: int = 2, lag: int = 20, fill: float = 0.80, demand: float = 0.9,
+           honour: bool = True, sim_class: type[Sim] = Sim, at_once: bool = False) -> Behind:
+    """A burst the scheduler is behind: every pod is admitted before the first one binds (a Job of
+    hundreds of pods, a slow scheduler). The cluster starts ``fill`` full; the burst asks ``demand`` of
+    the free shares; ``choosers`` webhook replicas, each with a view ``lag`` changes behind, choose in
+    turn. Then the scheduler binds the pods, oldest first; then one re-placement round and its
+    scheduling pass. ``at_once``: each pod bound right after its admission instead (the scheduler
+    keeping up), for comparison."""
+    rng = random.Random(seed)
+    used = start_cluster(rng, low=fill, high=fill)
+    free = sum(CAPACITY - u for row in used for u in row)
+    sizes, total = [], 0
+    while total < demand * free:
+        size = draw(rng)
+        sizes.append(size)
+        total += size
+    ffd = first_fit_decreasing(used, sizes)
+    sim = sim_class([row[:] for row in used], choosers, lag, True, honour, seed)
+    for size in sizes:
+        pod = sim.create(size, 0.0)
+        if at_once:  # for comparison: the scheduler keeps up, each pod bound as soon as it is admitted
+            sim.try_bind(pod)
+    sim.schedule()
+    first = sim.stranded()
+    moved = sum(1 for p in sim.running.values() if p.preferred is not None and p.node != p.preferred)
+    sim.replace(1.0, 0.0)
+    sim.schedule()
+    after = sim.stranded()
+    placed = sum(p.shares for p in sim.running.values())
+    return Behind(len(sizes), first, after, sim.evicted, placed, ffd, moved)
+
+
+@contextlib.contextmanager
+def candidates(count: int):
+    """Choices drawn among up to ``count`` candidates (placement.CHOICE_CANDIDATES) for a while."""
+    was = placement.CHOICE_CANDIDATES
+    placement.CHOICE_CANDIDATES = count
+    try:
+        yield
+    finally:
+        placement.CHOICE_CANDIDATES = was
+
+
+BEFORE_CANDIDATES = 16  # the draw before it took up to 64 candidates
+
+
+def behind_report(seed: int, runs: int) -> dict:
+    """The burst the scheduler is behind, as ``behind`` runs it, for each scheduler, before and now."""
+    print(f"\nburst the scheduler is behind (all pods admitted, then scheduled): 100 nodes x 8 cards 80 % full, "
+          f"demand 0.9 of the free shares, 2 choosers with views 20 changes behind, {runs} runs "
+          f"(seeds {seed}..{seed + runs - 1})")
+    print("moved: bound elsewhere than the node chosen for it (its card there was full: the other replica chose it "
+          "too); stranded: waiting on a full card while another card had room, as many as the free cards could "
+          "take together; packing: shares bound after the round over first-fit-decreasing's from the same start")
+    print(f"{'scheduler, choice':58} {'pods':>5} {'moved':>6} {'stranded first':>14} {'worst':>6} "
+          f"{'after 1 round':>13} {'worst':>6} {'evicted':>7} {'packing':>8} {'worst':>6}")
+    out = {}
+    for honour, scheduler in ((True, "preferred node"), (False, "any node with room on k")):
+        for label, count, at_once in (
+                (f"before ({BEFORE_CANDIDATES} candidates)", BEFORE_CANDIDATES, False),
+                (f"now ({placement.CHOICE_CANDIDATES} candidates)", placement.CHOICE_CANDIDATES, False),
+                ("now, bound at once (no backlog)", placement.CHOICE_CANDIDATES, True)):
+            with candidates(count):
+                results = [behind(seed + i, honour=honour, at_once=at_once) for i in range(runs)]
+            first = [r.stranded_first / r.pods for r in results]
+            after = [r.stranded_after / r.pods for r in results]
+            packing = [r.placed / r.ffd for r in results]
+            moved = sum(r.moved for r in results) / sum(r.pods for r in results)
+            print(f"{scheduler + ', ' + label:58} {statistics.mean(r.pods for r in results):>5.0f} {moved:>6.1%} "
+                  f"{statistics.mean(first):>14.1%} {max(first):>6.1%} {statistics.mean(after):>13.1%} "
+                  f"{max(after):>6.1%} {statistics.mean(r.evicted for r in results):>7.1f} "
+                  f"{statistics.mean(packing):>8.3f} {min(packing):>6.3f}")
+            if not at_once:
+                out[("behind", honour, count)] = (max(first), max(after), statistics.mean(packing))
+        worst_first, worst_after, packing = out[("behind", honour, placement.CHOICE_CANDIDATES)]
+        met = worst_first <= 0.05 and worst_after <= 0.01 and packing >= 0.98
+        print(f"now, {scheduler}: worst {worst_first:.1%} stranded at first scheduling (goal <= 5 %), "
+              f"{worst_after:.1%} after one round (goal <= 1 %), packing {packing:.3f} of FFD (goal >= 0.98): "
+              f"{'met' if met else 'MISSED'}")
+    return out
+
+
 OLD = 60.0  # seconds: the churn tables also count the stranded pods that waited longer than this
 
 
@@ -492,6 +604,7 @@ def report(seed: int, bursts: int, churns: int, hours: float) -> dict:
         print(f"churn, now with re-placement vs before: {ratio:.2f} of the stranded pods (goal <= 0.10): "
               f"{'met' if ratio <= 0.10 else 'MISSED'}")
         out[("churn", honour)] = ratio
+    out.update(behind_report(seed, bursts))
     return out
 
 
@@ -820,6 +933,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="bursts with remembered choices expiring after a time to live, by view lag")
     parser.add_argument("--required", action="store_true",
                         help="only churn and bursts with a required node or node set instead of the preferred term")
+    parser.add_argument("--behind", action="store_true",
+                        help="only the burst the scheduler is behind (all pods admitted before one binds)")
     parser.add_argument("--why", action="store_true",
                         help="only which pods the churn figure with the defaults counts as stranded")
     parser.add_argument("--dra", action="store_true",
@@ -830,6 +945,10 @@ def main(argv: list[str] | None = None) -> int:
         dra(args.seed, bursts=10 if args.long else (2 if args.quick else 4),
             churns=3 if args.long else 1, hours=3.0 if args.long else 1.0)
         print(f"\nbackend comparison finished in {time.perf_counter() - started:.0f} s")
+        return 0
+    if args.behind:
+        behind_report(args.seed, runs=20 if args.long else (4 if args.quick else 10))
+        print(f"\nbehind-the-scheduler bench finished in {time.perf_counter() - started:.0f} s")
         return 0
     if args.why:
         why(args.seed, churns=8 if args.long else 3, hours=3.0 if args.long else 1.0)

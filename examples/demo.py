@@ -106,6 +106,12 @@ def show(obj: dict, response: dict) -> None:
         where = f" (node {node} preferred: its card has room)" if node else ""
         print(f"  {GREEN}admitted{RESET}: {ann['gpushard.io/shares']} shares, pinned to card {ann['gpushard.io/card']}"
               f"{where}")
+        required = ((new["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution")
+        if "gpushard.io/memory-mib" in ann and required:
+            expression = required["nodeSelectorTerms"][0]["matchExpressions"][-1]
+            print(f"    asked {ann['gpushard.io/memory-mib']} MiB of GPU memory; required: {expression['key']} "
+                  f"in {expression['values']}")
     else:
         print(f"  {GREEN}admitted{RESET}")
     spec = new["spec"] if obj["kind"] == "Pod" else new["spec"]["template"]["spec"]

@@ -33,7 +33,7 @@ from webhook.core import findings as f
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 
 # Rules about card choice over a view of the cluster: no single manifest passes or fails them.
-PLACEMENT_RULES = {f.NO_ROOM, f.NO_VIEW, f.NO_MATCHING_NODE}
+PLACEMENT_RULES = {f.NO_ROOM, f.NO_VIEW, f.NO_MATCHING_NODE, f.MEMORY_ABOVE_CARD, f.MEMORY_SIZED}
 ADMISSION_RULES = sorted(
     value for key, value in vars(f).items()
     if key.isupper() and isinstance(value, str) and key not in ("DENY", "WARN", "CHANGE") and value not in
@@ -100,6 +100,7 @@ EXPECT = {
     f.HOST_PID: (DENIED, ["spec.hostPID", "process namespace"]),
     f.LIMIT_ENV_FROM: (DENIED, ['configMap "settings" with no prefix', 'secret "tokens" with prefix "CUDA_"']),
     f.LIMIT_ENV_SET: (REWRITTEN, ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, NVIDIA_GPU_MEMORY_LIMIT", "remove"]),
+    f.MIXED_MEMORY: (DENIED, ["gpushard.io/memory 12Gi", "asks a share of a card", "not both"]),
     f.MIXED_PASSTHROUGH: (DENIED, ['"whole" passes whole cards', '"part" holds shares']),
     f.MULTI_CARD: (DENIED, ["nvidia.com/gpu 2", "at most one card"]),
     f.PIN_MISMATCH: (DENIED, ["30 shares", "gpushard.io/card-2 40"]),

@@ -461,8 +461,9 @@ def status_json(use: audit.Usage, shares_per_card: int) -> dict:
     """The `-o json` document of `gpushard status` (fields documented in docs/audit.md)."""
     def holders(hs, memory_mib):
         # memoryMiB: the memory cap such a share gets under isolation memory or mps (null when unknown).
+        # memoryAskedMiB, only for a pod placed by its memory ask (gpushard.io/memory): what it asked.
         return [{"namespace": h.namespace, "name": h.name, "shares": h.shares,
-                 "memoryMiB": _cap(h.shares, memory_mib, shares_per_card)} for h in hs]
+                 "memoryMiB": _cap(h.shares, memory_mib, shares_per_card), **_asked(h)} for h in hs]
 
     return {
         "apiVersion": REPORT_API_VERSION,
@@ -474,13 +475,17 @@ def status_json(use: audit.Usage, shares_per_card: int) -> dict:
                        "capacity": c.capacity, "used": c.used, "free": c.free, "pods": holders(c.holders, c.memory_mib)}
                       for c in n.cards],
         } for n in use.nodes],
-        "pending": [{"namespace": h.namespace, "name": h.name, "card": k, "shares": h.shares}
+        "pending": [{"namespace": h.namespace, "name": h.name, "card": k, "shares": h.shares, **_asked(h)}
                     for h, k in use.pending],
         "stranded": [{"namespace": h.namespace, "name": h.name, "card": k, "shares": h.shares, "hint": hint}
                      for h, k, hint in use.stranded],
         "totals": {"nodes": len(use.nodes), "cards": sum(len(n.cards) for n in use.nodes),
                    "capacity": use.capacity, "used": use.used, "free": use.free},
     }
+
+
+def _asked(holder: audit.Holder) -> dict:
+    return {"memoryAskedMiB": holder.memory_asked_mib} if holder.memory_asked_mib else {}
 
 
 def _cap(shares: int, memory_mib: int, shares_per_card: int) -> int | None:
@@ -514,7 +519,8 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
 
     for n in use.nodes:
         for c in n.cards:
-            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, c.memory_mib, shares_per_card)})"
+            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, c.memory_mib, shares_per_card)}"
+                             f"{f', asked {h.memory_asked_mib} MiB' if h.memory_asked_mib else ''})"
                              for h in c.holders) or "-"
             row(n.name, str(c.index), c.model, c.uuid or "-", c.used, c.free, c.capacity, pods)
         if len(n.cards) > 1:

@@ -105,7 +105,8 @@ def read_pinned(obj: dict, policy: policy_mod.Policy) -> Pinned | None:
         name=str(meta.get("name") or ""), card=card, shares=count, age=0.0, ask=ask,
         preferred=placement.preferred_node(spec), owner_kind=owner.get("kind") if owner else None,
         owner_name=str(owner.get("name") or "") if owner else "", gated=bool(spec.get("schedulingGates")),
-        version=str(meta.get("resourceVersion") or ""))
+        version=str(meta.get("resourceVersion") or ""),
+        sized=isinstance(meta.get("annotations"), dict) and names.MEMORY_ANNOTATION in meta["annotations"])
     return Pinned(None, (), False, waiting, _parse_time(meta.get("creationTimestamp")))
 
 

@@ -127,23 +127,26 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         raise SettingsError(f"sharesPerCard: must be an integer from 1 to {MAX_SHARES_PER_CARD}, got {spc!r}")
 
     res = _mapping("resources", data.get("resources"))
-    _check_keys("resources.", res, {"fraction", "shares", "cardPrefix"})
+    _check_keys("resources.", res, {"fraction", "shares", "cardPrefix", "memory"})
     defaults = policy_mod.Resources()
     fraction = res.get("fraction", defaults.fraction)
     shares = res.get("shares", defaults.shares)
     prefix = res.get("cardPrefix", defaults.card_prefix)
+    memory = res.get("memory", defaults.memory)
     for key, value, pattern in (("fraction", fraction, _RESOURCE), ("shares", shares, _RESOURCE),
-                                ("cardPrefix", prefix, _PREFIX)):
+                                ("cardPrefix", prefix, _PREFIX), ("memory", memory, _RESOURCE)):
         # The kubelet takes anything in the kubernetes.io domain (or a subdomain) as a native resource.
         if not isinstance(value, str) or not pattern.match(value) or "kubernetes.io/" in value \
                 or value.startswith("requests."):
             raise SettingsError(f"resources.{key}: {value!r} is not an extended resource name (domain/name)")
     if len({fraction, shares}) < 2 or shares.startswith(prefix) or fraction.startswith(prefix):
         raise SettingsError("resources: fraction, shares and cardPrefix must name different resources")
+    if memory in (fraction, shares) or memory.startswith(prefix):
+        raise SettingsError(f"resources.memory: {memory!r} must differ from fraction, shares and cardPrefix")
 
     pol = _mapping("policy", data.get("policy"))
     _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "nodeAffinity", "hideUnrequestedGpus",
-                                 "exempt", "runtimeClassName"})
+                                 "exempt", "runtimeClassName", "memorySize"})
     hide = pol.get("hideUnrequestedGpus", True)
     if not isinstance(hide, bool):
         raise SettingsError(f"policy.hideUnrequestedGpus: must be true or false, got {hide!r}")
@@ -153,7 +156,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
                             "(lower-case DNS subdomain, such as nvidia)")
     policy = policy_mod.Policy(
         shares_per_card=spc,
-        resources=policy_mod.Resources(fraction=fraction, shares=shares, card_prefix=prefix),
+        resources=policy_mod.Resources(fraction=fraction, shares=shares, card_prefix=prefix, memory=memory),
         whole_cards=_choice("policy.wholeCards", pol.get("wholeCards", "share"), policy_mod.WHOLE_CARDS),
         multi_card=_choice("policy.multiCard", pol.get("multiCard", "deny"), policy_mod.MULTI_CARD),
         placement=_choice("policy.placement", pol.get("placement", "binpack"), policy_mod.PLACEMENTS),
@@ -164,6 +167,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         isolation=_choice("isolation", data.get("isolation", "none"), policy_mod.ISOLATIONS),
         runtime_class_name=runtime_class,
         backend=_choice("backend", data.get("backend", policy_mod.DEVICEPLUGIN), policy_mod.BACKENDS),
+        memory_size=_choice("policy.memorySize", pol.get("memorySize", "smallest"), policy_mod.MEMORY_SIZES),
     )
     return Settings(policy=policy, source=source, replacement=_replacement(data.get("replacement")))
 

@@ -105,6 +105,16 @@ def test_a_card_pin_is_denied():
     assert decision.message.startswith('gpushard: container "t" names gpushard.io/card-1; with backend dra')
 
 
+def test_a_memory_ask_is_denied_naming_what_to_ask_instead():
+    """Its shares depend on the card's size, which the scheduler chooses after admission: a pod
+    admitted with no claim would run without its GPU (break: skip memory asks in pin_findings)."""
+    asking = {"name": "t", "image": "x", "resources": {"limits": {"gpushard.io/memory": "12Gi"}}}
+    decision = decide(pod(asking))
+    assert not decision.allowed and decision.code == 403
+    assert decision.message.startswith('gpushard: container "t" asks gpushard.io/memory; with backend dra')
+    assert "ask nvidia.com/gpu or gpushard.io/gpu" in decision.message
+
+
 def test_audit_mode_reports_the_pin_it_would_deny():
     pinned = {"name": "t", "image": "x", "resources": {"limits": {"gpushard.io/gpu": "10",
                                                                   "gpushard.io/card-1": "10"}}}

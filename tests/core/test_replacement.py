@@ -11,7 +11,9 @@
 - a pod required on its node (policy.nodeAffinity: required) is stranded when that node's card is
   full, even where the card has room elsewhere, and moved where its remade pod may go; the
   required expression gpushard wrote is taken out of the ask, the author's terms kept; without
-  that policy a node the author required holds for the move too.
+  that policy a node the author required holds for the move too;
+- a pod placed by its memory ask is judged by where it may go when made again: the card-size
+  requirement gpushard wrote is left out (the new pod is sized afresh), the author's terms kept.
 """
 
 from webhook.core import placement as pl
@@ -144,3 +146,23 @@ def test_without_required_node_keeps_the_author_s_terms():
     assert pl.without_required_node(ask, "a").required_terms == ({"matchExpressions": [author]},)
     assert pl.without_required_node(ask, "b") is ask
     assert pl.without_required_node(pl.Ask(shares=5), "a").required_terms == ()
+
+
+def test_a_memory_pod_may_move_to_another_card_size():
+    small = {"gpushard.io/card-0.memory-mib": "23034", "gpushard.io/card-1.memory-mib": "23034"}
+    large = {"gpushard.io/card-0.memory-mib": "81559", "gpushard.io/card-1.memory-mib": "81559", "pool": "big"}
+    view = pl.View(nodes=(node("small", 100, 100, labels=small), node("large", 100, 0, labels=large)))
+    sized = {"matchExpressions": [pl.card_memory_expression(0, 23034)]}
+    ask = pl.Ask(shares=0, required_terms=(sized,))
+    out = plan(view, [pod("memory", shares=54, ask=ask, sized=True)])
+    assert [(m.pod.name, m.to_node, m.to_card) for m in out.moves] == [("memory", "large", 1)]
+    # Without the mark, the requirement is the author's: only cards of 23034 MiB count, all full.
+    out = plan(view, [pod("authors", shares=54, ask=ask)])
+    assert not out.moves and out.waiting_for_room == 1
+    # The author's own expressions in the same term hold for the move.
+    theirs = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["small-only"]},
+                                   pl.card_memory_expression(0, 23034)]}
+    out = plan(view, [pod("picky", shares=54, ask=pl.Ask(shares=0, required_terms=(theirs,)), sized=True)])
+    assert not out.moves
+    assert pl.without_card_memory(pl.Ask(shares=0, required_terms=(theirs,)), 0).required_terms == (
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["small-only"]}]},)

@@ -87,6 +87,10 @@ def admission_blueprint() -> flask.Blueprint:
                 metrics.admissions.labels(reviews.INVALID, "unknown", mode).inc()
                 return _text(f"{exc}\n", 400)
             metrics.admissions.labels(result.outcome, result.kind, mode).inc()
+            if result.memory is not None:
+                card_mib, asked = result.memory
+                metrics.memory_pods.labels(str(card_mib)).inc()
+                metrics.memory_asked.labels(str(card_mib)).inc(asked)
             return flask.Response(wirejson.dumps(result.review), status=200,
                                   mimetype="application/json")
         finally:

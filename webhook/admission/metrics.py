@@ -34,6 +34,13 @@ class Metrics:
         self.admissions = prometheus_client.Counter(
             "gpushard_admissions", "AdmissionReviews answered, by outcome (allowed, patched, denied, "
             "invalid, error), object kind and mode", ["outcome", "kind", "mode"], registry=self.registry)
+        # Memory asks (gpushard.io/memory), by the card size their shares were computed for.
+        self.memory_pods = prometheus_client.Counter(
+            "gpushard_memory_ask_pods", "Pods admitted by a GPU memory ask, by the card size (MiB) they were sized "
+            "for", ["card_mib"], registry=self.registry)
+        self.memory_asked = prometheus_client.Counter(
+            "gpushard_memory_asked_mebibytes", "GPU memory those pods asked, in MiB, by card size",
+            ["card_mib"], registry=self.registry)
         self.latency = prometheus_client.Histogram(
             "gpushard_admission_seconds", "Time to read, decide and answer one AdmissionReview",
             ["mode"], buckets=LATENCY_BUCKETS, registry=self.registry)

@@ -63,6 +63,7 @@ class Answer:
     outcome: str
     kind: str
     rules: tuple[str, ...] = ()  # the denying rules, for the log line of a denial
+    memory: tuple[int, int] | None = None  # (card MiB, MiB asked) of a pod admitted by its memory ask
 
 
 def parse(body: bytes) -> dict:
@@ -229,7 +230,9 @@ def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy,
         except Exception:
             # Packing gets a little worse until the view catches up; the answer stays right.
             log.exception("gpushard: the cluster view could not record a placement")
-    return Answer(envelope(uid, allowed=True, **extra), outcome, kind_label)
+    memory = (decision.card_memory_mib, decision.memory_mib) \
+        if outcome == PATCHED and not dry_run and decision.memory_mib else None
+    return Answer(envelope(uid, allowed=True, **extra), outcome, kind_label, memory=memory)
 
 
 def review(body: bytes, mode: str, policy: Policy, view: View | None, templates: Templates | None = None) -> Answer:

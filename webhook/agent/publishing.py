@@ -35,11 +35,25 @@ def inventory_json(cards: Iterable[nvml.Card], details: Mapping | None = None) -
     return json.dumps(sorted(listed, key=lambda e: e["index"]), separators=(",", ":"))
 
 
-def node_patch(cards: Iterable[nvml.Card], details: Mapping | None = None) -> dict:
-    """A merge patch that sets only our annotation and label and leaves the rest of the Node alone."""
+def memory_labels(cards: Iterable[nvml.Card]) -> dict[str, str]:
+    """Each card's memory in MiB as a node label (gpushard.io/card-<k>.memory-mib), which a memory
+    ask's required node affinity matches."""
+    return {names.card_memory_label(c.index): str(c.memory_mib) for c in cards if c.memory_mib > 0}
+
+
+def node_patch(cards: Iterable[nvml.Card], details: Mapping | None = None, stale: Iterable[str] = ()) -> dict:
+    """A merge patch that sets only our annotation and labels and leaves the rest of the Node alone.
+
+    ``stale``: card-memory label keys on the Node now; those of cards no longer present are removed
+    (null in a merge patch), so no pod is sized for a card that is gone.
+    """
     cards = list(cards)
+    labels: dict[str, str | None] = {names.CARDS_LABEL: str(len(cards))}
+    current = memory_labels(cards)
+    labels.update({key: None for key in sorted(stale) if key not in current})
+    labels.update(current)
     return {"metadata": {"annotations": {names.INVENTORY_ANNOTATION: inventory_json(cards, details)},
-                         "labels": {names.CARDS_LABEL: str(len(cards))}}}
+                         "labels": labels}}
 
 
 def api_client() -> kubernetes.client.ApiClient:
@@ -68,8 +82,27 @@ class Publisher:
         """Ask for a new patch; cheap, called from the health watcher."""
         self._dirty.set()
 
+    def _labels_on_node(self) -> set[str]:
+        """Our card-memory label keys on the Node: those we last published, or, before that, those
+        the Node has (an agent that restarts after a card left must remove that card's label)."""
+        if self.published is not None:
+            return {k for k, v in self.published["metadata"]["labels"].items()
+                    if v is not None and names.card_memory_index(k) is not None}
+        try:
+            # A list of the one Node by name: what RBAC grants as list on nodes.
+            listed = self.core.list_node(field_selector=f"metadata.name={self.node_name}",
+                                         _request_timeout=self.timeout)
+        except Exception:  # the patch below says what went wrong, and the next try reads again
+            return set()
+        keys: set[str] = set()
+        for node in listed.items or ():
+            labels = (node.metadata.labels if node.metadata is not None else None) or {}
+            keys |= {k for k in labels if names.card_memory_index(k) is not None}
+        return keys
+
     def publish_once(self) -> bool:
-        patch = node_patch(self._cards(), self.details() if self.details is not None else None)
+        patch = node_patch(self._cards(), self.details() if self.details is not None else None,
+                           self._labels_on_node())
         if patch == self.published:
             return True
         try:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from webhook import settings
-from webhook.core import placement
+from webhook.core import names, placement
 
 # How long a placement counts on its card; the live view (kube.py) uses the same.
 REMEMBER_TTL_S = 30.0
@@ -74,9 +74,12 @@ def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.
         if raw["name"] in seen:
             raise ViewFileError(f"{where}.name: node {raw['name']!r} is listed twice")
         seen.add(raw["name"])
+        # Each card's memory label, as the agent publishes it, unless the file says otherwise.
+        labels = {names.card_memory_label(c.index): str(c.memory_mib) for c in cards if c.memory_mib}
+        labels.update(_str_map(f"{where}.labels", raw.get("labels")))
         nodes.append(placement.Node(
             name=raw["name"],
-            labels=_str_map(f"{where}.labels", raw.get("labels")),
+            labels=labels,
             taints=tuple(taints),
             ready=raw.get("ready", True) is not False,
             unschedulable=bool(raw.get("unschedulable", False)),

@@ -480,6 +480,7 @@ class Holder:
     namespace: str
     name: str
     shares: int
+    memory_asked_mib: int = 0  # what a pod placed by its memory ask asked (its annotation); 0 for a fraction
 
 
 @dataclass(frozen=True)
@@ -544,6 +545,7 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
     """
     pods = list(pods)
     held = _card_use(pods, policy)
+    asked = {(r.namespace, r.name): mib for r, mib in map(_memory_asked, pods) if mib}
     pending, owners = [], {}
     for pod in pods:
         spec = _dict(pod.get("spec"))
@@ -555,7 +557,7 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
             if isinstance(refs, list) else None
         owners[(ref.namespace, ref.name)] = owner.get("kind") if owner else None
         for k, shares in card_shares(spec, policy).items():
-            pending.append((Holder(ref.namespace, ref.name, shares), k))
+            pending.append((Holder(ref.namespace, ref.name, shares, asked.get((ref.namespace, ref.name), 0)), k))
     out = []
     for raw in nodes:
         node = node_cards(raw, policy)
@@ -564,7 +566,8 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
         indexes = sorted(set(node.cards) | {k for (n, k) in held if n == node.name})
         cards = []
         for k in indexes:
-            holders = tuple(sorted((Holder(r.namespace, r.name, s) for r, s in held.get((node.name, k), [])),
+            holders = tuple(sorted((Holder(r.namespace, r.name, s, asked.get((r.namespace, r.name), 0))
+                                    for r, s in held.get((node.name, k), [])),
                                    key=lambda h: (h.namespace, h.name)))
             info = node.inventory.get(k, {})
             memory = info.get("memoryMiB")
@@ -576,6 +579,14 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
         out.append(NodeUse(node.name, tuple(cards)))
     pending.sort(key=lambda p: (p[0].namespace, p[0].name))
     return Usage(tuple(sorted(out, key=lambda n: n.name)), tuple(pending), _stranded(out, pending, owners))
+
+
+def _memory_asked(pod: dict) -> tuple[Ref, int]:
+    """The MiB a pod placed by its memory ask asked, from gpushard's annotation (0 when none)."""
+    annotations = _dict(_dict(pod.get("metadata")).get("annotations"))
+    text = annotations.get(names.MEMORY_ANNOTATION)
+    mib = int(text) if isinstance(text, str) and text.isascii() and text.isdigit() and len(text) < 10 else 0
+    return ref_of(pod), mib
 
 
 def _stranded(nodes: list[NodeUse], pending: list[tuple[Holder, int]],

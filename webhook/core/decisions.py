@@ -42,6 +42,9 @@ class Decision:
     # The JSONPatch from the object to ``obj``, when the rewrite recorded it (a Pod created in
     # enforce mode); None when whoever needs one must compare the two (admission's patch walk).
     patch: list[dict] | None = None
+    # A pod placed by its memory ask: the MiB it asked and the card size its shares are for (0 otherwise).
+    memory_mib: int = 0
+    card_memory_mib: int = 0
 
     @property
     def warnings(self) -> list[str]:
@@ -122,6 +125,13 @@ def pod_rules(asks: list[req.ContainerAsk], policy: Policy) -> tuple[list[f.Find
         found.append(f.Finding(f.CONFLICTING_PINS, f.DENY, (
             f"gpushard: containers pin cards {', '.join(map(str, pins))}; all GPU containers of a pod "
             "share one card"), None))
+    by_memory = [a for a in holders if a.memory_mib is not None]
+    by_share = [a for a in holders if a.memory_mib is None]
+    if by_memory and by_share:
+        found.append(f.Finding(f.MIXED_MEMORY, f.DENY, (
+            f"gpushard: container \"{by_memory[0].name}\" asks {policy.resources.memory} {by_memory[0].memory_text} "
+            f"while \"{by_share[0].name}\" asks a share of a card; ask GPU memory in every GPU container of the "
+            "pod, or a fraction in every one"), by_memory[0].name))
     shares = req.effective_shares(asks)
     spc = policy.shares_per_card
     if shares > spc:
@@ -328,11 +338,16 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
     if policy.backend == policy_mod.DRA:
         return _dra_pod(obj, asks, shares, found, limit_found, policy)
 
-    card, node = None, None
+    card, node, sized = None, None, None
     if shares > 0 and pin is not None and _placed_by_gpushard(obj, pin):
         # A reinvocation (another webhook changed the pod after gpushard did): keep the card,
         # and neither place nor count the pod again.
         card = pin
+    elif any(a.memory_mib is not None for a in asks):
+        decided = _place_memory(request, asks, scheduling, policy, view, found)
+        if isinstance(decided, Decision):
+            return decided
+        card, node, shares, sized = decided
     elif shares > 0:
         # Built directly: dataclasses.replace costs more than the rest of this branch.
         ask = placement.Ask(shares, pin, scheduling.node_name, scheduling.node_selector,
@@ -343,11 +358,46 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)
     ops = rewrite.Ops()
-    new = rewrite.pod(obj, asks, card, shares, policy, node=node, ops=ops)
+    new = rewrite.pod(obj, asks, card, shares, policy, node=node, ops=ops, sized=sized)
     patch = ops.items
     if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):  # else strip_env has nothing to remove
         new, patch = isolation.strip_env(new, asks), None
-    return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares, patch=patch)
+    return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares, patch=patch,
+                    memory_mib=sized[1] if sized else 0, card_memory_mib=sized[0] if sized else 0)
+
+
+def _place_memory(request: Request, asks: list[req.ContainerAsk], scheduling: placement.Ask, policy: Policy,
+                  view: placement.View | None, found: list[f.Finding]
+                  ) -> Decision | tuple[int, str | None, int, tuple[int, int]]:
+    """A card size and a card for a pod that asks GPU memory: (card, node, shares, (card MiB, asked MiB)),
+    or its denial. ``found`` gets placement's findings.
+
+    Without a view the pod is denied: its shares depend on the size of the card it gets, and no
+    guess is safe (too few shares cap the program below its ask under isolation, too many waste a
+    card). The workload controllers create the pod again; a person sees why.
+    """
+    asked = req.memory_mib(asks)
+    memory = policy.resources.memory
+    if view is None:
+        finding = f.Finding(f.NO_VIEW, f.DENY, (
+            f"gpushard: the pod asks {memory} ({asked} MiB), and gpushard has no view of the cluster's cards "
+            "yet to size it; try again shortly (gpushard review: give --cluster FILE)"))
+        return Decision(allowed=False, code=403, message=finding.message, findings=[*found, finding])
+    spc = policy.shares_per_card
+    ask = placement.Ask(0, None, scheduling.node_name, scheduling.node_selector, scheduling.required_terms,
+                        scheduling.tolerations)
+    choice = placement.choose_sized(view, ask, lambda mib: req.size(asks, mib, spc), spc, policy.memory_size,
+                                    policy.placement, draws.Draw(request.seed) if request.seed else None,
+                                    asked_mib=asked)
+    if choice.denied:
+        found += choice.findings
+        return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
+    found += choice.findings
+    shares = req.size(asks, choice.size_mib, spc)
+    found.append(f.Finding(f.MEMORY_SIZED, f.WARN, (
+        f"gpushard: the pod asks {asked} MiB of GPU memory: {shares} shares of card {choice.card}, which has "
+        f"{choice.size_mib} MiB ({isolation.memory_cap_mib(shares, choice.size_mib, spc)} MiB held)")))
+    return choice.card, choice.node, shares, (choice.size_mib, asked)
 
 
 def _dra_pod(obj: dict, asks: list[req.ContainerAsk], shares: int, found: list[f.Finding],

@@ -19,12 +19,20 @@ from webhook.core.policy import Policy
 
 # The rule id of a card an author pins while the scheduler chooses cards.
 PIN_WITH_DRA = "pin-with-dra"
+MEMORY_WITH_DRA = "memory-with-dra"
 
 
 def pin_findings(asks: list[req.ContainerAsk], policy: Policy) -> list[f.Finding]:
-    """Containers that name a card: with DRA the scheduler chooses it, so a pin cannot be kept."""
+    """Containers whose ask the DRA backend cannot keep: a card pin (the scheduler chooses the card),
+    or a memory ask (its shares depend on the card's size, which is not known until the scheduler
+    has chosen)."""
     found = []
     for ask in asks:
+        if ask.memory_mib is not None:
+            found.append(f.Finding(MEMORY_WITH_DRA, f.DENY, (
+                f"gpushard: container \"{ask.name}\" asks {policy.resources.memory}; with backend dra the "
+                f"scheduler chooses the card, so its size is not known at admission: ask "
+                f"{policy.resources.fraction} or {policy.resources.shares}"), ask.name))
         if ask.holds_share and ask.pin is not None:
             found.append(f.Finding(PIN_WITH_DRA, f.DENY, (
                 f"gpushard: container \"{ask.name}\" names {policy.resources.card(ask.pin)}; with backend dra the "

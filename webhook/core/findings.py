@@ -28,6 +28,10 @@ FRACTION_UNREWRITTEN = "fraction-unrewritten"
 NO_ROOM = "no-room"
 NO_VIEW = "no-view"
 NO_MATCHING_NODE = "no-matching-node"
+# Memory asks (gpushard.io/memory): mixed with a fraction or shares; above every card's memory.
+MIXED_MEMORY = "mixed-memory"
+MEMORY_ABOVE_CARD = "memory-above-card"
+MEMORY_SIZED = "memory-sized"  # what a memory ask became: shares of a card of some size (a warning, for the record)
 # Host access around the device plugin (core/hostaccess.py).
 PRIVILEGED = "privileged"
 ADDED_CAPABILITIES = "added-capabilities"
@@ -60,6 +64,9 @@ FIXES = {
     NO_ROOM: "wait for a card to free up, or ask for fewer shares",
     NO_VIEW: "check that the webhook can reach the Kubernetes API",
     NO_MATCHING_NODE: "check the pod's node selector, affinity and tolerations",
+    MIXED_MEMORY: "ask GPU memory or a fraction (or shares) in a pod, not both",
+    MEMORY_ABOVE_CARD: "ask at most the memory of the largest card",
+    MEMORY_SIZED: "nothing to do: it says which card size the memory ask was sized for",
     PRIVILEGED: "drop privileged: true, or exempt the service account in policy.exempt",
     ADDED_CAPABILITIES: "drop SYS_ADMIN and ALL from capabilities.add, or exempt the service account",
     HOST_PID: "drop hostPID: true, or exempt the service account in policy.exempt",

@@ -4,6 +4,8 @@
 FRACTION_RESOURCE = "nvidia.com/gpu"
 SHARES_RESOURCE = "gpushard.io/gpu"
 CARD_PREFIX = "gpushard.io/card-"
+# A container's GPU memory ask (a quantity of bytes, as for memory: 12Gi).
+MEMORY_RESOURCE = "gpushard.io/memory"
 
 DOMAIN = "gpushard.io"
 
@@ -18,10 +20,18 @@ CARD_ANNOTATION = "gpushard.io/card"
 SHARES_ANNOTATION = "gpushard.io/shares"
 SHARED_LABEL = "gpushard.io/shared"
 SHARED_LABEL_VALUE = "true"
+# On a pod placed by its memory ask: the MiB it asked (counted as Kubernetes counts requests).
+MEMORY_ANNOTATION = "gpushard.io/memory-mib"
 
 # What the agent writes on its Node.
 INVENTORY_ANNOTATION = "gpushard.io/inventory"
 CARDS_LABEL = "gpushard.io/cards"
+# Each card's memory in MiB (NVML's total), one label per card: gpushard.io/card-3.memory-mib=81559.
+# A label key's name part is at most 63 characters of [A-Za-z0-9._-] and a value at most 63
+# alphanumerics, so a per-card key with the size as its value fits; a required node affinity on
+# it keeps a pod sized for one card size off a smaller card with the same index.
+CARD_MEMORY_LABEL_PREFIX = "gpushard.io/card-"
+CARD_MEMORY_LABEL_SUFFIX = ".memory-mib"
 
 # Container environment.
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -122,6 +132,21 @@ POD_KIND = "Pod"
 def card_resource(prefix: str, index: int) -> str:
     """The per-card resource name for card ``index``."""
     return f"{prefix}{index}"
+
+
+def card_memory_label(index: int) -> str:
+    """The node label that holds card ``index``'s memory in MiB."""
+    return f"{CARD_MEMORY_LABEL_PREFIX}{index}{CARD_MEMORY_LABEL_SUFFIX}"
+
+
+def card_memory_index(key: str) -> int | None:
+    """The card index a card-memory label key names, or None if it is not one."""
+    if not key.startswith(CARD_MEMORY_LABEL_PREFIX) or not key.endswith(CARD_MEMORY_LABEL_SUFFIX):
+        return None
+    middle = key[len(CARD_MEMORY_LABEL_PREFIX):-len(CARD_MEMORY_LABEL_SUFFIX)]
+    if not (middle.isascii() and middle.isdigit()) or len(middle) > 9 or (len(middle) > 1 and middle[0] == "0"):
+        return None
+    return int(middle)
 
 # Re-placement (`gpushard replace`): its Lease, and what its Events on evicted pods say.
 REPLACER_LEASE = "gpushard-replacer"

@@ -23,7 +23,7 @@ import functools
 import json
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from webhook.core import findings as f
@@ -645,6 +645,11 @@ def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
         result = View(nodes=tuple(nodes))
     moved = [i for i in new if i not in old or not same_scheduling(old[i], new[i])]
     result.__dict__["_topology"] = topology.derive(result.nodes, moved) if moved else topology
+    if "_sizes" in view.__dict__:  # only keep an index someone has paid for
+        if not moved and all([c.index for c in old[i].cards] == [c.index for c in new[i].cards] for i in new):
+            result.__dict__["_sizes"] = view.__dict__["_sizes"]  # the same labels and cards: the same sizes
+        else:
+            result.__dict__["_sizes"] = _sizes_with(view.__dict__["_sizes"], new)
     if "_usage" in view.__dict__:  # only keep an index someone has paid for
         result.__dict__["_usage"] = view._usage.derive(old, new)
     return result
@@ -662,6 +667,8 @@ def replace_card(view: View, node: Node, j: int) -> View:
     was, now = view.node(i).cards[j], node.cards[j]
     result = view.with_node(i, node)
     result.__dict__["_topology"] = topology  # the same scheduling: only shares moved
+    if "_sizes" in view.__dict__:
+        result.__dict__["_sizes"] = view.__dict__["_sizes"]
     if "_usage" in view.__dict__:
         result.__dict__["_usage"] = view._usage.moved(i, now.index, was.capacity - was.used,
                                                        now.capacity - now.used, node.cards)
@@ -709,16 +716,25 @@ def _warn(rule: str, message: str) -> f.Finding:
 # free shares are within CHOICE_SLACK of the best one's. Choosers whose views lag each other
 # (webhook replicas, a burst of pods) then rarely pick the same card, where all of them would
 # pick the one best card, and the slack keeps packing where the best card alone would (the
-# figures behind these values are in docs/placement.md).
-CHOICE_CANDIDATES = 16
+# figures behind these values are in docs/placement.md). 64 rather than 16: with the scheduler
+# behind a burst (every pod admitted before one binds), two replicas 20 changes apart put 12 % of
+# the pods on a card the other had just filled with 16 candidates, 8.5 % with 64, at the same
+# packing (bench/stranding.py --behind).
+CHOICE_CANDIDATES = 64
 CHOICE_SLACK = 5
 
 
-def _candidates(usage: _Usage, mask: int, pin: int | None, shares: int, strategy: str,
-                count: int, slack: int) -> list[tuple[int, int]]:
-    """Up to ``count`` (node position, card index) that fit, best first, in ``search``'s order,
-    whose free shares are within ``slack`` of the best one's."""
-    fs, by_f, out = usage.fs, usage.by_f, []
+def _fitting(usage: _Usage, mask: int, pin: int | None, shares: int, strategy: str, slack: int,
+             masks: Mapping[int, int] | None = None) -> Iterator[tuple[int, int]]:
+    """(card index, bitset of nodes) of the cards that fit, best first in ``search``'s order (free
+    shares, then card index; nodes by position within a bitset), whose free shares are within
+    ``slack`` of the best one's. ``masks``: per card index, the nodes to look at instead of ``mask``
+    (cards of one size)."""
+    fs, by_f = usage.fs, usage.by_f
+    if masks is not None:
+        mask = 0
+        for bits in masks.values():
+            mask |= bits
     if strategy == "spread":
         order = range(len(fs) - 1, bisect.bisect_left(fs, shares) - 1, -1)
     else:
@@ -727,21 +743,46 @@ def _candidates(usage: _Usage, mask: int, pin: int | None, shares: int, strategy
     for j in order:
         free = fs[j]
         if best is not None and abs(free - best) > slack:
-            break
+            return
         hit = by_f[free] & mask
         if not hit:
             continue
         for k in (pin,) if pin is not None else usage.ks:
             found = usage.by_kf.get(k, {}).get(free, 0) & hit
-            if found and best is None:
-                best = free
-            while found:
-                low = found & -found
-                out.append((low.bit_length() - 1, k))
-                if len(out) == count:
-                    return out
-                found ^= low
-    return out
+            if masks is not None:
+                found &= masks.get(k, 0)
+            if found:
+                if best is None:
+                    best = free
+                yield k, found
+
+
+def _draw(groups: Iterable[tuple[int, int]], count: int, rng: random.Random | None) -> tuple[int, int] | None:
+    """(node position, card index) drawn uniformly among the first ``count`` cards of ``groups`` (the
+    first of them without ``rng``); None when there is none.
+
+    The cards are counted a bitset at a time and only the drawn one is looked for, so a draw among
+    many candidates costs about what a draw among a few did.
+    """
+    taken, total = [], 0
+    for k, bits in groups:
+        n = bits.bit_count()
+        taken.append((k, bits, n))
+        total += n
+        if total >= count or rng is None:
+            total = min(total, count)
+            break
+    if not total:
+        return None
+    r = rng.randrange(total) if rng is not None and total > 1 else 0
+    for k, bits, n in taken:
+        if r < n:
+            while r:
+                bits &= bits - 1  # drop the lowest node: the r-th of the bitset is then the lowest
+                r -= 1
+            return _lowest_bit(bits), k
+        r -= n
+    return None  # unreachable: r < total
 
 
 def _waiting_index(usage: _Usage, mask: int, rng: random.Random) -> int:
@@ -776,8 +817,7 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
         return Choice(k, findings=(_warn(f.NO_MATCHING_NODE, f"{why}; card {k} chosen, the pod may stay Pending"),))
     if rng is not None:
         # The candidates start with search's answer, and there are none exactly when it has none.
-        found = _candidates(usage, mask, ask.pin, ask.shares, strategy, CHOICE_CANDIDATES, CHOICE_SLACK)
-        hit = (found[rng.randrange(len(found))] if len(found) > 1 else found[0]) if found else None
+        hit = _draw(_fitting(usage, mask, ask.pin, ask.shares, strategy, CHOICE_SLACK), CHOICE_CANDIDATES, rng)
     else:
         hit = usage.search(mask, ask.pin, ask.shares, strategy)
     if hit is None:
@@ -849,3 +889,157 @@ def preferred_node(spec: dict) -> str | None:
                 and isinstance(fields[0]["values"][0], str)):
             return fields[0]["values"][0]
     return None
+
+
+# --- memory asks: the card size first, then a card of that size ---------------------------------
+
+
+def card_memory_mib(node: Node, index: int) -> int | None:
+    """Card ``index``'s memory in MiB as the node's label says it (what a required affinity matches)."""
+    text = node.labels.get(names.card_memory_label(index))
+    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 9:
+        return None
+    value = int(text)
+    return value or None
+
+
+def _sizes(view: View) -> dict[int, dict[int, int]]:
+    """Card size in MiB -> card index -> the nodes whose card of that index has that size, per labels.
+
+    Labels only: a node without the agent's label cannot be matched by the affinity a memory ask gets.
+    Cached on the view; ``replace_nodes`` and ``replace_card`` carry it to the views they derive,
+    updated for the changed nodes only (building it over 2,000 nodes x 8 cards takes 15-25 ms).
+    """
+    cached = view.__dict__.get("_sizes")
+    if cached is not None:
+        return cached
+    sizes: dict[int, dict[int, int]] = {}
+    for i, node in enumerate(view.nodes):
+        for card in node.cards:
+            mib = card_memory_mib(node, card.index)
+            if mib is not None:
+                by_k = sizes.setdefault(mib, {})
+                by_k[card.index] = by_k.get(card.index, 0) | (1 << i)
+    view.__dict__["_sizes"] = sizes
+    return sizes
+
+
+def _sizes_with(sizes: dict[int, dict[int, int]], changed: Mapping[int, Node]) -> dict[int, dict[int, int]]:
+    """``_sizes`` after the nodes at ``changed``'s positions became its nodes (positions may be new):
+    their bits leave every table and come back where their labels now put them."""
+    out = {mib: dict(by_k) for mib, by_k in sizes.items()}
+    clear = 0
+    for i in changed:
+        clear |= 1 << i
+    for by_k in out.values():
+        for k in [k for k, bits in by_k.items() if bits & clear]:
+            by_k[k] &= ~clear
+            if not by_k[k]:
+                del by_k[k]
+    for i, node in changed.items():
+        for card in node.cards:
+            mib = card_memory_mib(node, card.index)
+            if mib is not None:
+                by_k = out.setdefault(mib, {})
+                by_k[card.index] = by_k.get(card.index, 0) | (1 << i)
+    return {mib: by_k for mib, by_k in out.items() if by_k}
+
+
+@dataclass(slots=True)
+class SizedChoice:
+    """A card for a memory ask: ``size_mib`` is the size the shares were computed for (0: denied)."""
+
+    card: int
+    size_mib: int
+    shares: int
+    node: str | None = None
+    fits: bool = False
+    findings: tuple[f.Finding, ...] = ()
+    denied: bool = False
+
+
+def largest_card(view: View) -> tuple[int, str]:
+    """(MiB, model) of the largest card any node's labels publish; (0, "") when none does."""
+    best, model = 0, ""
+    for node in view.nodes:
+        for card in node.cards:
+            mib = card_memory_mib(node, card.index) or 0
+            if mib > best:
+                best, model = mib, card.model
+    return best, model
+
+
+def choose_sized(view: View, ask: Ask, shares_for: Callable[[int], int], shares_per_card: int,
+                 size_policy: str = "smallest", strategy: str = "binpack",
+                 rng: random.Random | None = None, asked_mib: int = 0) -> SizedChoice:
+    """Pick a card size and a card of that size for a memory ask.
+
+    ``shares_for(size_mib)`` is the pod's shares on a card of that size. Sizes that hold the pod
+    (at most ``shares_per_card`` shares) are tried in ``size_policy`` order; the first with a card
+    that has room on a node the pod may run on wins, the card chosen among those of that size as
+    ``choose`` does (binpack or spread, drawn among the best few with ``rng``). When none has room,
+    the first size the pod's nodes offer, on an index drawn among them; the pod waits for it.
+    """
+    sizes = _sizes(view)
+    held = sorted((mib for mib in sizes if shares_for(mib) <= shares_per_card),
+                  reverse=size_policy == "largest")
+    if not held:
+        mib, model = largest_card(view)
+        return SizedChoice(0, 0, 0, denied=True, findings=(f.Finding(f.MEMORY_ABOVE_CARD, f.DENY, (
+            f"gpushard: the pod asks {asked_mib} MiB of GPU memory, more than the largest card holds "
+            f"({model or 'a card'}, {mib} MiB); ask at most {mib}Mi") if mib else (
+            "gpushard: the pod asks GPU memory, but no shared node publishes its cards' memory "
+            f"(label {names.card_memory_label(0)}); ask a fraction instead, or check the agents")),),)
+    usage = view._usage
+    mask = view._topology.mask(ask) & usage.has_any
+    waiting: tuple[int, dict[int, int]] | None = None
+    for mib in held:
+        masks = {k: bits & mask for k, bits in sizes[mib].items() if bits & mask}
+        if not masks:
+            continue
+        shares = shares_for(mib)
+        hit = _draw(_fitting(usage, 0, None, shares, strategy, CHOICE_SLACK if rng is not None else 0, masks),
+                    CHOICE_CANDIDATES, rng)
+        if hit is not None:
+            pos, k = hit
+            return SizedChoice(k, mib, shares, node=view.node(pos).name, fits=True)
+        if waiting is None:
+            waiting = (mib, masks)
+    if waiting is None:
+        mib = held[0]
+        k = min(sizes[mib])
+        return SizedChoice(k, mib, shares_for(mib), findings=(_warn(f.NO_MATCHING_NODE, (
+            f"no shared node this pod may run on has a card of {mib} MiB; card {k} of that size chosen, "
+            "the pod may stay Pending")),))
+    mib, masks = waiting
+    ks = sorted(masks)
+    k = ks[rng.randrange(len(ks))] if rng is not None else ks[0]
+    shares = shares_for(mib)
+    return SizedChoice(k, mib, shares, findings=(_warn(f.NO_ROOM, (
+        f"no card of {mib} MiB has {shares} free shares now; card {k} chosen, the pod stays Pending "
+        "until one frees up")),))
+
+
+def card_memory_expression(index: int, size_mib: int) -> dict:
+    """The required node-affinity expression that keeps a memory ask on card ``index`` of ``size_mib``."""
+    return {"key": names.card_memory_label(index), "operator": "In", "values": [str(size_mib)]}
+
+
+def without_card_memory(ask: Ask, index: int) -> Ask:
+    """``ask`` without the expressions on card ``index``'s memory label in its required terms, as a pod
+    made again from the same template would ask (a memory ask is sized afresh when it is created)."""
+    key = names.card_memory_label(index)
+    terms, changed = [], False
+    for term in ask.required_terms:
+        exprs = term.get("matchExpressions")
+        if isinstance(exprs, list) and any(isinstance(e, dict) and e.get("key") == key for e in exprs):
+            changed = True
+            kept = [e for e in exprs if not (isinstance(e, dict) and e.get("key") == key)]
+            term = {k: v for k, v in term.items() if k != "matchExpressions"} | (
+                {"matchExpressions": kept} if kept else {})
+            if not term.get("matchExpressions") and not term.get("matchFields"):
+                continue  # the term gpushard made: nothing of the author's is left in it
+        terms.append(term)
+    if not changed:
+        return ask
+    return Ask(ask.shares, ask.pin, ask.node_name, ask.node_selector, tuple(terms), ask.tolerations)

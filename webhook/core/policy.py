@@ -25,6 +25,9 @@ ISOLATIONS = ("none", "memory", "mps")
 DEVICEPLUGIN = "deviceplugin"
 DRA = "dra"
 BACKENDS = (DEVICEPLUGIN, DRA)
+# Which card size a memory ask tries first: the smallest that holds it (large cards stay free for
+# large asks) or the largest (the most room left beside it).
+MEMORY_SIZES = ("smallest", "largest")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class Resources:
     fraction: str = names.FRACTION_RESOURCE
     shares: str = names.SHARES_RESOURCE
     card_prefix: str = names.CARD_PREFIX
+    memory: str = names.MEMORY_RESOURCE
 
     def card(self, index: int) -> str:
         return names.card_resource(self.card_prefix, index)
@@ -79,3 +83,4 @@ class Policy:
     # handler is the NVIDIA container runtime, where it is not the node's default runtime.
     runtime_class_name: str | None = None
     backend: str = DEVICEPLUGIN  # deviceplugin | dra
+    memory_size: str = "smallest"  # MEMORY_SIZES: the card size a memory ask tries first

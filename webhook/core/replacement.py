@@ -62,6 +62,7 @@ class Waiting:
     owner_name: str = ""
     gated: bool = False  # spec.schedulingGates: the scheduler does not look at it yet
     version: str = ""  # resourceVersion when listed: the eviction is refused if the pod changed since
+    sized: bool = False  # placed by a memory ask: its card-size requirement is gpushard's, made afresh
 
     @property
     def key(self) -> tuple[str, str]:
@@ -192,6 +193,8 @@ def plan(view: placement.View, waiting: Iterable[Waiting], pending_seconds: floa
             continue  # a pod on its card is about to end: the scheduler will place it there
         # Where the pod made again could go: gpushard requires no node of it until it chooses anew.
         ask = placement.without_required_node(pod.ask, pod.preferred) if required_node else pod.ask
+        if pod.sized:  # the pod made again is sized afresh, for any card size that holds it
+            ask = placement.without_card_memory(ask, pod.card)
         choice = placement.choose(view, replace(ask, shares=pod.shares, pin=None))
         if not choice.fits:
             out.waiting_for_room += 1

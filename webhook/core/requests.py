@@ -9,6 +9,8 @@ from webhook.core import findings as f
 from webhook.core import quantities
 from webhook.core.policy import Policy
 
+MIB = 1 << 20
+
 INIT = "init"
 SIDECAR = "sidecar"
 APP = "app"
@@ -30,11 +32,15 @@ class ContainerAsk:
     passthrough: bool = False  # a whole-card ask gpushard leaves to another device plugin
     fraction: Fraction | None = None  # the nvidia.com/gpu value, when the container wrote one
     fraction_text: str = ""
+    # A memory ask (gpushard.io/memory), in whole MiB rounded up: its shares depend on the card
+    # size placement picks, so ``shares`` stays 0 until then (see ``size``).
+    memory_mib: int | None = None
+    memory_text: str = ""
     findings: list[f.Finding] = field(default_factory=list)
 
     @property
     def holds_share(self) -> bool:
-        return self.shares > 0 and not self.passthrough
+        return (self.shares > 0 or self.memory_mib is not None) and not self.passthrough
 
     @property
     def denied(self) -> bool:
@@ -81,11 +87,16 @@ def _where(name: str) -> str:
 
 def _names_gpu(resources: dict, res) -> bool:
     """Whether any resource name is one of gpushard's (a prefix alone counts: it may be a bad card name)."""
-    ours, prefix = (res.fraction, res.shares), res.card_prefix
+    ours, prefix = (res.fraction, res.shares, res.memory), res.card_prefix
     for key in resources:
         if key in ours or (isinstance(key, str) and key.startswith(prefix)):
             return True
     return False
+
+
+def _example(resource: str, res) -> str:
+    """An example of a good value, for a message about a bad one."""
+    return "12Gi or 20480Mi" if resource == res.memory else "0.25, 250m or 1"
 
 
 def read(list_key: str, position: int, container: dict, policy: Policy) -> ContainerAsk:
@@ -126,7 +137,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
                 value = quantities.parse(lim)
             except quantities.QuantityError:
                 deny(f.BAD_QUANTITY, f"asks {resource} {_text(lim)!r} in limits; that is not a quantity "
-                     f"(write e.g. 0.25, 250m or 1)")
+                     f"(write e.g. {_example(resource, res)})")
                 return None, ""
             text = _text(lim)
             if value.numerator < 0:  # a Fraction's sign is its numerator's
@@ -141,7 +152,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
                 values[label] = (quantities.parse(raw), _text(raw))
             except quantities.QuantityError:
                 deny(f.BAD_QUANTITY, f"asks {resource} {_text(raw)!r} in {label}; that is not a quantity "
-                     f"(write e.g. 0.25, 250m or 1)")
+                     f"(write e.g. {_example(resource, res)})")
                 return None, ""
         if len(values) == 2 and values["limits"][0] != values["requests"][0]:
             deny(f.REQUESTS_DIFFER, f"asks {resource} {values['requests'][1]} in requests but "
@@ -155,6 +166,7 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
 
     fraction, fraction_text = one_value(res.fraction)
     shares_q, shares_text = one_value(res.shares)
+    memory, memory_text = one_value(res.memory)
     prefix = res.card_prefix
     # Only names with the card prefix can be a card or a bad card; sorting just those keeps the
     # order of the findings, since every one of them is text. Most asks name no card at all.
@@ -181,6 +193,17 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
         return ask
     if fraction is not None and shares_q is not None:
         deny(f.BOTH_FORMS, f"asks both {res.fraction} {fraction_text} and {res.shares} {shares_text}; use one")
+        return ask
+    if memory is not None and memory.numerator != 0:
+        other = (f"{res.fraction} {fraction_text}" if fraction is not None else
+                 f"{res.shares} {shares_text}" if shares_q is not None else
+                 res.card(pins[0]) if pins else None)
+        if other is not None:
+            deny(f.MIXED_MEMORY, f"asks both {res.memory} {memory_text} and {other}; ask GPU memory or a "
+                 "share of a card, not both")
+            return ask
+        ask.memory_mib = -(-memory.numerator // (memory.denominator * MIB))  # whole MiB, rounded up
+        ask.memory_text = memory_text
         return ask
 
     spc = policy.shares_per_card
@@ -230,6 +253,24 @@ def read(list_key: str, position: int, container: dict, policy: Policy) -> Conta
                 return ask
             ask.pin = k
     return ask
+
+
+def size(asks: list[ContainerAsk], card_mib: int, shares_per_card: int) -> int:
+    """Give each memory ask its shares of a card of ``card_mib`` MiB; the pod's shares after that.
+
+    ceil(ask x sharesPerCard / card memory): those shares' memory (shares x card / sharesPerCard,
+    what isolation caps the container at) is never below the ask.
+    """
+    for a in asks:
+        if a.memory_mib is not None:
+            a.shares = -(-a.memory_mib * shares_per_card // card_mib)
+    return effective_shares(asks)
+
+
+def memory_mib(asks: list[ContainerAsk]) -> int:
+    """The pod's memory ask in MiB, counted as Kubernetes counts a pod's requests (as ``effective_shares``)."""
+    return effective_shares([ContainerAsk(a.name, a.group, a.list_key, a.position, shares=a.memory_mib)
+                             for a in asks if a.memory_mib is not None])
 
 
 def read_spec(spec: dict, policy: Policy) -> list[ContainerAsk]:

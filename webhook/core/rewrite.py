@@ -128,7 +128,7 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str], ops:
         was = resources.get(part)
         current = dict(was) if isinstance(was, dict) else {}
         for key in list(current):
-            if key in (res.fraction, res.shares) or (
+            if key in (res.fraction, res.shares, res.memory) or (
                     isinstance(key, str) and key.startswith(res.card_prefix) and res.card_index(key) is not None):
                 del current[key]
         current.update(wanted)
@@ -145,15 +145,20 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str], ops:
 
 
 def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: int, policy: Policy,
-        node: str | None = None, ops: Ops | None = None) -> dict:
+        node: str | None = None, ops: Ops | None = None, sized: tuple[int, int] | None = None) -> dict:
     """The pod as gpushard admits it: shares pinned to ``card``, env owned, metadata marked.
 
     ``node``, when placement found room there, becomes a soft preference: the scheduler may
     still pick any node whose card ``card`` has room, but packing follows the choice. With
     ``ops``, every change is also recorded there as a JSONPatch operation on ``obj``.
+    ``sized`` (card MiB, asked MiB), for a pod that asked GPU memory: its memory asks become the
+    shares the asks carry, a required node affinity keeps it on card ``card`` of that size, and
+    an annotation records what it asked.
     """
     new = dict(obj)
     spec = _own_spec(new)
+    if sized is not None and card is not None:
+        _require_card_memory(spec, card, sized[0], ops)
     if node is not None and not spec.get("nodeName") and placement.preferred_node(spec) is None:
         _prefer_node(spec, node, ops, required=policy.node_affinity == "required")
     res = policy.resources
@@ -184,6 +189,8 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
         annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
         labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
         ours = {names.CARD_ANNOTATION: str(card), names.SHARES_ANNOTATION: str(pod_shares)}
+        if sized is not None:
+            ours[names.MEMORY_ANNOTATION] = str(sized[1])
         meta["annotations"] = {**annotations, **ours}
         meta["labels"] = {**labels, names.SHARED_LABEL: names.SHARED_LABEL_VALUE}
         if ops is not None:
@@ -238,6 +245,34 @@ def _prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool =
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
+def _require_card_memory(spec: dict, card: int, size_mib: int, ops: Ops | None) -> None:
+    """AND ``card``'s memory label ``In [size_mib]`` into the pod's required node affinity.
+
+    The shares were computed for that card size; without this the scheduler could bind the pod to
+    a node whose card ``card`` is smaller (the same index, a different model), where the shares
+    hold less memory than the pod asked. Recorded as one operation on spec.affinity.
+    """
+    affinity = spec.get("affinity")
+    affinity = affinity if isinstance(affinity, dict) else {}
+    node_aff = affinity.get("nodeAffinity")
+    node_aff = node_aff if isinstance(node_aff, dict) else {}
+    expression = placement.card_memory_expression(card, size_mib)
+    required = node_aff.get(REQUIRED)
+    found = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(found, list) or not found or not all(isinstance(t, dict) for t in found):
+        kept = required if isinstance(required, dict) else {}
+        new_required = {**kept, "nodeSelectorTerms": [{"matchExpressions": [expression]}]}
+    else:
+        terms = []
+        for t in found:
+            exprs = t.get("matchExpressions")
+            terms.append({**t, "matchExpressions": [*(exprs if isinstance(exprs, list) else ()), expression]})
+        new_required = {**required, "nodeSelectorTerms": terms}
+    spec["affinity"] = {**affinity, "nodeAffinity": {**node_aff, REQUIRED: new_required}}
+    if ops is not None:
+        ops.add("/spec/affinity", spec["affinity"])
+
+
 def _with_required_node(required: object, node: str) -> dict:
     """The required node affinity with ``metadata.name In [node]`` ANDed into each of its terms.
 
@@ -265,12 +300,30 @@ def template(obj: dict, path: tuple[str, ...], asks: list[req.ContainerAsk], pol
         holder = _own(holder, key)
     spec = _own_spec(holder)
     for ask in asks:
+        if ask.memory_mib is not None:
+            _memory_in_limits(spec, ask, policy)
+            continue
         if ask.holds_share and ask.fraction is not None and ask.fraction < 1:
             wanted = {policy.resources.shares: str(ask.shares)}
             if ask.pin is not None:  # an explicit pin stays: every pod of the workload keeps it
                 wanted[policy.resources.card(ask.pin)] = str(ask.shares)
             _set_resources(_own_container(spec, ask), policy, wanted)
     return new
+
+
+def _memory_in_limits(spec: dict, ask: req.ContainerAsk, policy: Policy) -> None:
+    """A template's memory ask stays as written (an integer quantity the API server takes for an
+    extended resource); one written in requests alone is copied to limits, since the API server
+    requires a limit for an extended resource. Each pod's CREATE turns it into shares."""
+    name = policy.resources.memory
+    resources = spec[ask.list_key][ask.position].get("resources") or {}
+    limits, requests = resources.get("limits"), resources.get("requests")
+    if isinstance(limits, dict) and name in limits:
+        return
+    container = _own_container(spec, ask)
+    resources = _own(container, "resources")
+    _own(resources, "limits")[name] = requests[name]
+    resources["requests"] = dict(requests)
 
 
 def pod_template(obj: dict, path: tuple[str, ...]) -> dict:
