@@ -216,8 +216,8 @@ def _namespace(core, namespace: str, conn: connecting.Client, err: IO[str]) -> l
             except kubernetes.client.ApiException as exc:
                 if exc.status == 404:
                     raise UsageError(f"gpushard: namespace {namespace} not found") from None
-                if exc.status == 403:
-                    raise
+                if exc.status in (401, 403):
+                    raise  # reaching() words it, naming the server and the context
                 raise UsageError(f"gpushard: cannot get namespace {namespace}: {exc.status} {exc.reason}") from None
     except connecting.ApiError as exc:
         if exc.status != 403:
