@@ -95,7 +95,8 @@ def _api_error(what: str, exc: kubernetes.client.ApiException, reach: _Reach) ->
         return InstallError(f"gpushard: {reach.where} refused the credentials (401 Unauthorized) while trying to "
                             f"{what}; log in again, or pick other credentials with --kubeconfig or --context")
     if exc.status == 403:
-        reason += " (the account lacks the RBAC of deploy/base/certs-job.yaml)"
+        return InstallError(f"gpushard: {reach.where} forbids this account to {what} (403 Forbidden: {reason}); "
+                            "it needs the RBAC of deploy/base/certs-job.yaml")
     return InstallError(f"gpushard: {reach.where} refused to {what}: HTTP {exc.status} {reason}".rstrip())
 
 

@@ -192,7 +192,7 @@ def test_rbac_refusal_names_the_rbac_to_apply(kube):
     kube.fail_next.append(403)
     with pytest.raises(installing.InstallError) as err:
         _install(kube)
-    assert "HTTP 403" in str(err.value.code) and "certs-job.yaml" in str(err.value.code)
+    assert "(403 Forbidden" in str(err.value.code) and "certs-job.yaml" in str(err.value.code)
 
 
 def _closed_port() -> int:
