@@ -104,20 +104,47 @@ def _files(path: str) -> list[Path]:
     return [root]
 
 
-def read_manifests(paths: Iterable[str], stdin: IO[str]) -> list[audit.Located]:
-    """Every object in the files, folders (recursively) and standard input (``-``) named."""
+def _foreign(text: str, as_json: bool) -> bool:
+    """True for a file that parses but holds no Kubernetes object at all (a Grafana dashboard, a
+    cluster-view file): found in a folder, it is no manifest. A file that does not parse is not
+    foreign: parse_text says what is wrong with it."""
+    try:
+        docs = [json.loads(text)] if as_json else list(yaml.safe_load_all(text))
+    except (ValueError, yaml.YAMLError):
+        return False
+    docs = [d for d in docs if d is not None]
+    return bool(docs) and not any(isinstance(d, dict) and isinstance(d.get("kind"), str) and d["kind"]
+                                  for d in docs)
+
+
+def read_manifests(paths: Iterable[str], stdin: IO[str], err: IO[str] | None = None) -> list[audit.Located]:
+    """Every object in the files, folders (recursively) and standard input (``-``) named.
+
+    Files found in a folder that hold no Kubernetes object at all are skipped, with one note on
+    ``err`` naming them; a file named itself must hold objects.
+    """
     out: list[audit.Located] = []
+    skipped: list[str] = []
     for path in paths:
         if path == "-":
             out += parse_text(stdin.read(), "<stdin>")
             continue
+        in_folder = Path(path).is_dir()
         for file in _files(path):
             try:
-                text = file.read_text()
+                text = file.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
                 raise UsageError(f"gpushard: cannot read {file}: {reason}") from None
-            out += parse_text(text, str(file), as_json=file.suffix.lower() == ".json")
+            as_json = file.suffix.lower() == ".json"
+            if in_folder and _foreign(text, as_json):
+                skipped.append(str(file))
+                continue
+            out += parse_text(text, str(file), as_json=as_json)
+    if skipped and err is not None:
+        one = len(skipped) == 1
+        print(f"gpushard: skipped {len(skipped)} file{'' if one else 's'} that hold{'s' if one else ''} no "
+              f"Kubernetes objects: {', '.join(skipped)}", file=err)
     return out
 
 
@@ -402,7 +429,7 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
     output = getattr(args, "output", kubectl.TABLE)
     try:
         if args.files:
-            objects, target = read_manifests(args.files, stdin), "manifests"
+            objects, target = read_manifests(args.files, stdin, err), "manifests"
         else:
             namespace = kubectl.namespace_of(args)
             objects = read_cluster(kubectl.client_for(args), err, namespace, getattr(args, "selector", None))
