@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -288,13 +289,21 @@ def read_cluster(conn: connecting.Client, err: IO[str], namespace: str | None = 
     return objects
 
 
-def read_usage_inputs(conn: connecting.Client, selector: str | None = None) -> tuple[list[dict], list[dict]]:
-    """Nodes (``selector`` narrows them) and live pods, for `gpushard status`."""
+def read_usage_inputs(conn: connecting.Client, selector: str | None = None
+                      ) -> tuple[list[dict], list[dict], set[str] | None]:
+    """Every node and live pod, for `gpushard status`, and the names of the nodes ``selector`` picks
+    (None without one). The verdicts (pending, stranded) are made over the whole cluster whatever
+    the selector, which narrows only the rows shown: a pod waiting for a card of a node the
+    selector leaves out is not stranded for that."""
     import kubernetes
 
     core = kubernetes.client.CoreV1Api(conn.api)
-    return (_list(core.list_node, "nodes", conn, label_selector=selector),
-            _list(_live_pods(core), "pods", conn))
+    nodes = _list(core.list_node, "nodes", conn)
+    picked = None
+    if selector:  # the API server reads the selector, so that it means what it means to kubectl
+        picked = {str((n.get("metadata") or {}).get("name")) for n in
+                  _list(core.list_node, "nodes", conn, label_selector=selector)}
+    return nodes, _list(_live_pods(core), "pods", conn), picked
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -454,12 +463,13 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
     return EXIT_FOUND if items else EXIT_CLEAN
 
 
-def status_json(use: audit.Usage, shares_per_card: int) -> dict:
+def status_json(use: audit.Usage, shares_per_card: int, capped: bool = False) -> dict:
     """The `-o json` document of `gpushard status` (fields documented in docs/audit.md)."""
     def holders(hs, memory_mib):
-        # memoryMiB: the memory cap such a share gets under isolation memory or mps (null when unknown).
+        # memoryMiB: the memory cap such a share gets under isolation memory or mps (null when unknown,
+        # and with isolation none, where nothing is capped).
         return [{"namespace": h.namespace, "name": h.name, "shares": h.shares,
-                 "memoryMiB": _cap(h.shares, memory_mib, shares_per_card)} for h in hs]
+                 "memoryMiB": _cap(h.shares, memory_mib if capped else 0, shares_per_card)} for h in hs]
 
     return {
         "apiVersion": REPORT_API_VERSION,
@@ -493,13 +503,15 @@ def _percent(used: int, capacity: int) -> str:
     return f"{100 * used // capacity}%" if capacity else "-"
 
 
-def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False, shares_per_card: int = 100) -> str:
+def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False, shares_per_card: int = 100,
+                 capped: bool = False, selector: str | None = None, shared_nodes: int | None = None) -> str:
     """One row per card, a total row per node and for the cluster; every row on one line, as kubectl
     prints tables (a long PODS cell runs on instead of wrapping, so grep and awk see whole rows).
     ``wide`` adds the card's UUID and the model in full.
 
     Each holder shows its shares and, where the card's memory is known, the memory cap those shares
-    get under isolation (shares x the card's memory / sharesPerCard, floored).
+    get under isolation (shares x the card's memory / sharesPerCard, floored); ``capped`` is False
+    with isolation none, where nothing is capped.
     """
     model_w = 10_000 if wide else 24
     head = ["NODE", "CARD", "MODEL", *(["UUID"] if wide else []), "USED", "FREE", "TOTAL", "USE%", "PODS"]
@@ -511,7 +523,7 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
 
     for n in use.nodes:
         for c in n.cards:
-            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, c.memory_mib, shares_per_card)})"
+            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, c.memory_mib if capped else 0, shares_per_card)})"
                              for h in c.holders) or "-"
             row(n.name, str(c.index), c.model, c.uuid or "-", c.used, c.free, c.capacity, pods)
         if len(n.cards) > 1:
@@ -522,9 +534,17 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
         row("TOTAL", str(sum(len(n.cards) for n in use.nodes)), "", "", use.used, use.free, use.capacity,
             f"{count} pod{'s' if count != 1 else ''} on {len(use.nodes)} node{'s' if len(use.nodes) != 1 else ''}")
     text = _aligned(rows, None if no_headers else head, right={1, *range(len(head) - 5, len(head) - 1)})
-    lines = [] if no_headers else (["gpushard: no shared nodes (none offers a per-card resource)"]
-                                   if not use.nodes else [])
-    lines += [f"pending: {h.namespace}/{h.name} waits for card {k} ({h.shares} shares)" for h, k in use.pending]
+    lines = []
+    if not no_headers and not use.nodes:
+        if selector and shared_nodes:
+            lines.append(f"gpushard: no shared node matches -l {selector} ({shared_nodes} shared "
+                         f"node{'s' if shared_nodes != 1 else ''} in all)")
+        else:
+            lines.append("gpushard: no shared nodes (none offers a per-card resource)")
+    # One verdict per pod: a stranded pod is told as stranded, not also as pending.
+    stranded = {(h.namespace, h.name) for h, _k, _hint in use.stranded}
+    lines += [f"pending: {h.namespace}/{h.name} waits for card {k} ({h.shares} shares)" for h, k in use.pending
+              if (h.namespace, h.name) not in stranded]
     lines += [f"stranded: {h.namespace}/{h.name} waits on full card {k} while another card has room: {hint}"
               for h, k, hint in use.stranded]
     return text + "".join(line + "\n" for line in lines)
@@ -555,15 +575,21 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
     out, err = out or sys.stdout, err or sys.stderr
     output = getattr(args, "output", kubectl.TABLE)
     try:
-        nodes, pods = read_usage_inputs(kubectl.client_for(args), getattr(args, "selector", None))
+        selector = getattr(args, "selector", None)
+        nodes, pods, picked = read_usage_inputs(kubectl.client_for(args), selector)
         use = audit.usage(nodes, pods, settings.policy)
+        shared_nodes = len(use.nodes)
+        if picked is not None:
+            use = dataclasses.replace(use, nodes=tuple(n for n in use.nodes if n.name in picked))
+        capped = settings.policy.isolation != "none"
         if output in (kubectl.JSON, kubectl.YAML):
-            text = _document(status_json(use, settings.policy.shares_per_card), output)
+            text = _document(status_json(use, settings.policy.shares_per_card, capped), output)
         elif output == kubectl.NAME:
             text = status_names(use)
         else:
             text = status_table(use, wide=output == kubectl.WIDE, no_headers=getattr(args, "no_headers", False),
-                                shares_per_card=settings.policy.shares_per_card)
+                                shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
+                                shared_nodes=shared_nodes)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)
