@@ -7,7 +7,10 @@ through the pod proxy path (GET /api/v1/namespaces/<ns>/pods/<agent>:<port>/prox
 - an agent that does not answer is named on stderr and the others still show; none answering,
   or no agent at all, is exit status 3 (the cluster lacks what top reads) with a message; JSON and
   YAML output, --no-headers; filters by node and namespace;
-- the metrics text `gpushard top` reads is the agent's own exposition (webhook.agent.exporting).
+- the metrics text `gpushard top` reads is the agent's own exposition (webhook.agent.exporting);
+- an agent that cannot reach the kubelet's PodResources shows its cards' shares as unknown ("?",
+  "kubelet unreachable", null in JSON), with a note, never as 0; a proxy that times out is told in
+  plain words; -o json|yaml carries apiVersion, kind and camelCase keys like status and audit.
 """
 
 from __future__ import annotations
@@ -105,9 +108,12 @@ def test_top_reads_every_agent_through_the_proxy(kube, capsys):
 
     status, out, _ = top(kube, capsys, "pods", "-n", "lab", "--sort-by", "shares", "-o", "json")
     body = json.loads(out)
-    assert list(body) == ["pods"]
+    assert list(body) == ["apiVersion", "kind", "pods", "kubeletUnreachable"]
+    assert (body["apiVersion"], body["kind"], body["kubeletUnreachable"]) == ("gpushard.io/v1", "TopReport", [])
     assert [(p["pod"], p["shares"]) for p in body["pods"]] == [("batch", 40), ("notebook", 30)]
-    assert body["pods"][0]["memory_cap"] == 16384 * MIB * 40 // 100
+    assert body["pods"][0]["memoryCapBytes"] == 16384 * MIB * 40 // 100
+    assert set(body["pods"][0]) == {"node", "namespace", "pod", "container", "gpu", "shares", "memoryUsedBytes",
+                                    "memoryShareBytes", "memoryCapBytes", "utilization", "overShare"}
 
     status, out, _ = top(kube, capsys, "cards", "--node", "node-b")
     assert [line.split()[0] for line in out.splitlines()[1:]] == ["node-b"]
@@ -125,6 +131,42 @@ def test_an_agent_away_is_named_and_the_others_shown(kube, capsys):
     assert status == 0
     assert "node-a" in out and "node-b" not in out
     assert err.startswith("gpushard: cannot read the metrics of agent agent-b on node 'node-b': HTTP 503")
+
+
+def test_a_kubelet_the_agent_cannot_reach_shows_as_unknown_not_zero(kube, capsys):
+    kube.put("pods", agent_pod("agent-a", "node-a"))
+    kube.put("pods", agent_pod("agent-b", "node-b"))
+    away = exporting.Observation("node-a", 100, [card(0, 6548, 87)], pod_resources_up=False)
+    kube.proxies[(NS, "agent-a", 9401)] = lambda path: (200, exporting.text(exporting.new_registry(lambda: away))
+                                                         .encode())
+    kube.proxies[(NS, "agent-b", 9401)] = lambda path: (200, agent_text("node-b", [card(0, 10, 1)]))
+    status, out, err = top(kube, capsys)
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[1].split() == ["node-a", "0", "NVIDIA", "L4", "?/100", "6548Mi/16384Mi", "87%", "-", "Healthy,",
+                                "kubelet", "unreachable"]
+    assert lines[2].split()[:5] == ["node-b", "0", "NVIDIA", "L4", "0/100"]
+    assert "No containers hold shares" not in out
+    assert err == ("gpushard: the agent on node 'node-a' cannot reach the kubelet's PodResources API: who holds "
+                   "shares there is unknown (not 0); see its log, and the kubelet's pod-resources socket\n")
+    status, out, _ = top(kube, capsys, "cards", "-o", "json")
+    body = json.loads(out)
+    assert body["kubeletUnreachable"] == ["node-a"]
+    assert [(c["node"], c["shares"], c["kubeletReachable"]) for c in body["cards"]] == [
+        ("node-a", None, False), ("node-b", 0, True)]
+
+
+def test_a_proxy_that_times_out_is_told_plainly(kube, capsys):
+    import time
+
+    kube.put("pods", agent_pod("agent-a", "node-a"))
+    kube.put("pods", agent_pod("agent-b", "node-b"))
+    kube.proxies[(NS, "agent-a", 9401)] = lambda path: (time.sleep(3), (200, b""))[1]
+    kube.proxies[(NS, "agent-b", 9401)] = lambda path: (200, agent_text("node-b", [card(0, 10, 1)]))
+    status, out, err = top(kube, capsys, "cards", "--request-timeout", "1s")
+    assert status == 0 and "node-b" in out
+    assert err == ("gpushard: cannot read the metrics of agent agent-a on node 'node-a': no answer within 1s "
+                   "through the API server's pod proxy\n")
 
 
 def test_no_agent_or_none_answering(kube, capsys):

@@ -8,7 +8,9 @@ agree with the pods they scrape:
 - the ServiceMonitor selects the webhook Service, on a port that reaches the webhook's HTTPS port,
   verifying TLS with the CA of the Secret the certs Job writes, for the name the certificate is made for;
 - the dashboard ConfigMap carries the Grafana sidecar's label and the dashboard JSON; every metric
-  its panels query is one that the agent or the webhook exports, and every panel has a query.
+  its panels query is one that the agent or the webhook exports, and every panel has a query;
+- the alert rules (a PrometheusRule) query only exported metrics, among them the agent's
+  PodResources health.
 """
 
 from __future__ import annotations
@@ -130,3 +132,16 @@ def test_the_dashboard_queries_only_what_gpushard_exports(objects):
             assert used and used <= exported, f"{panel['title']}: {sorted(used - exported)}"
     titles = {p["title"] for p in panels}
     assert {"Card memory used", "GPU memory by container", "Containers above their share"} <= titles
+
+
+def test_the_alert_rules_query_only_what_gpushard_exports(objects):
+    rules = _find(objects, "PrometheusRule", "gpushard")
+    assert rules["metadata"]["namespace"] == NAMESPACE
+    alerts = {r["alert"]: r for g in rules["spec"]["groups"] for r in g["rules"]}
+    exported = _exported_metric_names()
+    for name, rule in alerts.items():
+        used = set(re.findall(r"\bgpushard_[a-z_]+", rule["expr"]))
+        assert used and used <= exported, f"{name}: {sorted(used - exported)}"
+        assert rule["annotations"]["summary"] and rule["labels"]["severity"]
+    # A kubelet the agent cannot reach is an alert of its own: its shares are unknown, not 0.
+    assert "gpushard_agent_podresources_up" in alerts["GpushardKubeletPodResourcesUnreachable"]["expr"]
