@@ -197,7 +197,7 @@ def _evaluate(node, samples, history):
         window_scrapes = [_evaluate(inner, history[j], history)
                           for j in range(max(0, last - window // STEP_S), last + 1)]
         out = {}
-        for key, value in window_scrapes[-1].items():
+        for key in window_scrapes[-1]:
             first = next(i for i, scrape in enumerate(window_scrapes) if key in scrape)
             steps = len(window_scrapes) - 1 - first
             if steps < 1:

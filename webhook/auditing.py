@@ -523,7 +523,8 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
 
     for n in use.nodes:
         for c in n.cards:
-            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, c.memory_mib if capped else 0, shares_per_card)})"
+            memory = c.memory_mib if capped else 0
+            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, memory, shares_per_card)})"
                              for h in c.holders) or "-"
             row(n.name, str(c.index), c.model, c.uuid or "-", c.used, c.free, c.capacity, pods)
         if len(n.cards) > 1:

@@ -147,7 +147,8 @@ def client(kubeconfig: str | None = None, context: str | None = None, request_ti
             yaml.YAMLError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError(f"gpushard: cannot use {source} to reach the Kubernetes API: {reason}") from None
-    return Client(kubernetes.client.ApiClient(_configured(configuration)), Target(configuration.host, str(chosen), source, request_timeout),
+    return Client(kubernetes.client.ApiClient(_configured(configuration)),
+                  Target(configuration.host, str(chosen), source, request_timeout),
                   request_timeout)
 
 

@@ -180,8 +180,8 @@ def _read_config(admission: kubernetes.client.AdmissionregistrationV1Api,
         config = admission.read_mutating_webhook_configuration(name, _request_timeout=reach.timeout)
     except kubernetes.client.ApiException as exc:
         if exc.status == 404:
-            raise InstallError(f"gpushard: MutatingWebhookConfiguration {name} not found at {reach.where}; apply deploy/ first "
-                               "(kubectl apply -k deploy/base), then run this again") from None
+            raise InstallError(f"gpushard: MutatingWebhookConfiguration {name} not found at {reach.where}; apply "
+                               "deploy/ first (kubectl apply -k deploy/base), then run this again") from None
         raise _api_error(f"read MutatingWebhookConfiguration {name}", exc, reach) from None
     if not config.webhooks:
         raise InstallError(f"gpushard: MutatingWebhookConfiguration {name} has no webhooks to give a CA to")
