@@ -169,6 +169,21 @@ def test_a_proxy_that_times_out_is_told_plainly(kube, capsys):
                    "through the API server's pod proxy\n")
 
 
+def test_pods_default_to_the_contexts_namespace(kube, capsys, tmp_path):
+    kube.put("pods", agent_pod("agent-a", "node-a"))
+    text = agent_text("node-a", [card(0, 10, 1, row("ml", "train", "trainer", 25, 100),
+                                      row("lab", "notebook", "jupyter", 30, 0))])
+    kube.proxies[(NS, "agent-a", 9401)] = lambda path: (200, text)
+    config = json.loads(open(kube.kubeconfig).read())
+    config["contexts"][0]["context"]["namespace"] = "lab"
+    path = tmp_path / "lab-kubeconfig"
+    path.write_text(json.dumps(config))
+    status = cli.main(["top", "pods", "-o", "json", "--kubeconfig", str(path)])
+    assert status == 0 and [p["pod"] for p in json.loads(capsys.readouterr().out)["pods"]] == ["notebook"]
+    cli.main(["top", "pods", "-A", "-o", "json", "--kubeconfig", str(path)])
+    assert sorted(p["pod"] for p in json.loads(capsys.readouterr().out)["pods"]) == ["notebook", "train"]
+
+
 def test_no_agent_or_none_answering(kube, capsys):
     status, out, err = top(kube, capsys)
     assert (status, out) == (3, "")

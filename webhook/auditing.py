@@ -440,8 +440,9 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
         if args.files:
             objects, target = read_manifests(args.files, stdin, err), "manifests"
         else:
-            namespace = kubectl.namespace_of(args)
-            objects = read_cluster(kubectl.client_for(args), err, namespace, getattr(args, "selector", None))
+            conn = kubectl.client_for(args)
+            namespace = kubectl.namespace_of(args, conn.target)
+            objects = read_cluster(conn, err, namespace, getattr(args, "selector", None))
             target = "cluster" if namespace is None else f"namespace {namespace}"
         items = audit.audit(objects, settings.policy)
         # The whole report is made before any of it is written: a failure leaves no half a report.

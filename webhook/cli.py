@@ -133,8 +133,9 @@ def _add_review(sub) -> None:
 def _add_audit(sub) -> None:
     p = sub.add_parser("audit", help="audit manifests, or the live cluster, against gpushard's rules",
                        parents=[kubectl.flags()],
-                       epilog="Without -n the whole cluster is audited (as with -A); -n NS reads only that "
-                              "namespace, with namespaced calls, so rights in it are enough.")
+                       epilog="-n NS reads only that namespace, with namespaced calls, so rights in it are enough. "
+                              "Without -n, the namespace of the kubeconfig's context (as kubectl); where the "
+                              "context names none, the whole cluster (as with -A).")
     p.add_argument("-f", "--filename", dest="files", action="append", default=[],
                    help="manifest file or folder, - for standard input (repeatable); none: the live cluster")
     p.add_argument("--config", help="gpushard config file")
@@ -157,7 +158,8 @@ def _add_top(sub) -> None:
     p.add_argument("what", nargs="?", choices=("all", "cards", "pods"), default="all",
                    help="cards, pods, or both (default)")
     p.add_argument("-n", "--namespace", help="only pods in this namespace")
-    p.add_argument("-A", "--all-namespaces", action="store_true", help="pods of every namespace (the default)")
+    p.add_argument("-A", "--all-namespaces", action="store_true",
+                   help="pods of every namespace (the default where the context names no namespace)")
     p.add_argument("--node", help="only this node")
     p.add_argument("--sort-by", choices=("memory", "shares"), help="order the pods by memory used or shares held")
     p.add_argument("--agent-namespace", default="gpushard-system",

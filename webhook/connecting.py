@@ -61,6 +61,7 @@ class Target:
     context: str
     source: str
     timeout: float | None = None  # the request timeout, for "no answer within ..."
+    namespace: str | None = None  # the context's namespace, kubectl's default for -n
 
 
 @dataclass
@@ -138,6 +139,8 @@ def client(kubeconfig: str | None = None, context: str | None = None, request_ti
         chosen = context or (current or {}).get("name")
         if context and context not in [c.get("name") for c in contexts or []]:
             raise ConfigError(f"gpushard: --context {context}: no such context in {source}")
+        entry = next((c for c in contexts or [] if isinstance(c, dict) and c.get("name") == chosen), None) or {}
+        namespace = (entry.get("context") or {}).get("namespace") if isinstance(entry.get("context"), dict) else None
         configuration = kubernetes.client.Configuration()
         kubernetes.config.load_kube_config(config_file=source, context=context, client_configuration=configuration,
                                            persist_config=False)
@@ -148,7 +151,8 @@ def client(kubeconfig: str | None = None, context: str | None = None, request_ti
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError(f"gpushard: cannot use {source} to reach the Kubernetes API: {reason}") from None
     return Client(kubernetes.client.ApiClient(_configured(configuration)),
-                  Target(configuration.host, str(chosen), source, request_timeout),
+                  Target(configuration.host, str(chosen), source, request_timeout,
+                         namespace if isinstance(namespace, str) and namespace else None),
                   request_timeout)
 
 

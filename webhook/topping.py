@@ -257,7 +257,7 @@ def run_top(args, conn: connecting.Client, out: IO[str] | None = None, err: IO[s
     except (TopError, connecting.ApiError) as exc:
         print(exc, file=err)
         return kubectl.UNREACHABLE
-    namespace = kubectl.namespace_of(args)
+    namespace = kubectl.namespace_of(args, conn.target)
     if namespace:
         pods = [p for p in pods if p.namespace == namespace]
     if args.sort_by == "memory":

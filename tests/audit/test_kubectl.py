@@ -8,7 +8,8 @@ We test:
 - `audit -n NS` uses only namespaced calls, so a token allowed only in NS audits it, while the
   cluster-wide audit with that token exits 3 naming the refused list; a namespace the token may not
   read is audited as if it enforced, with a note;
-- -l reaches the API as a labelSelector; -A overrides -n;
+- -l reaches the API as a labelSelector; -A overrides -n; without -n the context's namespace is
+  the one audited (as kubectl's default), and every namespace only where the context names none;
 - -o json|yaml|wide|name and --no-headers for audit and status; status rows never wrap;
 - `kubectl gpushard ...` (the kubectl-gpushard executable found on PATH by the real kubectl) runs
   the same commands, and setup.cfg installs it.
@@ -168,6 +169,23 @@ def test_a_namespace_whose_object_cannot_be_read_is_audited_as_enforced(fake, tm
     fake.objects["namespaces"].pop(("", "research"))
     code, out, err = run(["audit", "-n", "research", "--kubeconfig", path], capsys)
     assert (code, out, err) == (2, "", "gpushard: namespace research not found\n")
+
+
+def test_the_contexts_namespace_is_the_default_of_n_as_in_kubectl(fake, tmp_path, capsys):
+    # A user whose context names their namespace, with rights only there: audit reads that namespace.
+    fake.tokens = {"research-only": ("research",)}
+    text = world.kubeconfig(fake).replace("user: {}", "user: {token: research-only}").replace(
+        "context: {cluster: fake, user: nobody}", "context: {cluster: fake, user: nobody, namespace: research}")
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    code, out, err = run(["audit", "--kubeconfig", str(path), "-o", "json"], capsys)
+    assert code == 1 and err == "" and json.loads(out)["target"] == "namespace research"
+    # -A still means every namespace (and this token may not list them all), -n another one.
+    code, out, err = run(["audit", "-A", "--kubeconfig", str(path)], capsys)
+    assert code == 3 and "forbids this account to list namespaces" in err
+    fake.tokens = None
+    code, out, _ = run(["audit", "-n", "ml", "--kubeconfig", str(path), "-o", "json"], capsys)
+    assert json.loads(out)["target"] == "namespace ml"
 
 
 def test_all_namespaces_overrides_namespace_and_selector_reaches_the_api(kubeconfig, fake, capsys):
