@@ -181,14 +181,13 @@ def build_plugin_parser() -> argparse.ArgumentParser:
     _add_audit(sub)
     _add_top(sub)
     _add_review(sub)
-    _own_usage(sub)
+    _own_usage(parser, sub)
     return parser
 
 
-def _own_usage(sub) -> None:
+def _own_usage(parser: argparse.ArgumentParser, sub) -> None:
     """Each command's parser remembered, so that a flag it lacks is told with its own usage line."""
-    for command in sub.choices.values():
-        command.set_defaults(command_parser=command)
+    parser.command_parsers = dict(sub.choices)
 
 
 # --- top ---------------------------------------------------------------------------------------
@@ -302,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 300)")
     kubectl.add_cluster_flags(p)
     p.set_defaults(func=cmd_replace)
-    _own_usage(sub)
+    _own_usage(parser, sub)
     return parser
 
 
@@ -310,7 +309,8 @@ def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:
         # argparse would tell them with the top-level usage line, which names no flag of the command.
-        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        command = getattr(parser, "command_parsers", {}).get(args.command, parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except KeyboardInterrupt:
