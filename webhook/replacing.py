@@ -555,6 +555,10 @@ class Replacer:
             log.warning("gpushard: evicted %s/%s but could not record its Event (%s)", pod.namespace, pod.name,
                         exc.status)
 
+    def since_beat(self) -> float:
+        """Seconds since the loop last came round (on this replacer's clock)."""
+        return self._clock() - self.beat
+
     def _still_leads(self) -> None:
         """Renew the Lease between passes; a leader that cannot stops its watches at once."""
         try:
@@ -668,7 +672,7 @@ def serve_health(port: int, replacer: Replacer, stall_s: float = STALL_S) -> htt
     """
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the name http.server calls
-            since = time.monotonic() - replacer.beat
+            since = replacer.since_beat()
             ok = self.path.split("?")[0] in ("/healthz", "/livez") and since < stall_s
             body = (f"ok: the loop came round {since:.0f}s ago\n" if ok else
                     f"stalled: the loop last came round {since:.0f}s ago (limit {stall_s:.0f}s)\n").encode()
