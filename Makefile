@@ -31,6 +31,14 @@ fuzz: $(STAMP)
 certs: $(STAMP)
 	$(VENV)/bin/gpushard certs --out certs
 
+# A wheel for a workstation: `pip install dist/gpushard-*.whl` (add [agent] for a node agent) gives
+# both `gpushard` and the kubectl plugin `kubectl-gpushard` (`kubectl gpushard ...`).
+.PHONY: dist
+dist:
+	rm -rf dist build
+	$(PYTHON) -m pip wheel -q --no-deps --wheel-dir dist .
+	@ls dist/gpushard-*.whl
+
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I webhook/agent/proto --python_out=webhook/agent/proto \
 		--grpc_python_out=webhook/agent/proto webhook/agent/proto/deviceplugin.proto

@@ -36,10 +36,14 @@ OUT = ROOT / "docs/img"
 START = datetime.datetime.now().replace(second=0, microsecond=0)
 NODE = "gpu-node-1"
 
-# --- the PromQL the dashboard uses: selectors, sum/min/max/avg [by (...)], binary ops, comparisons ---------
+# --- the PromQL the dashboard uses: selectors, sum/min/max/avg [by (...)], binary ops, comparisons,
+# rate()/increase() over the scrapes before, histogram_quantile() ------------------------------------------
 
-_TOKEN = re.compile(r'\s*(?:(?P<num>\d+(?:\.\d+)?)|(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)|(?P<str>"(?:[^"\\]|\\.)*")'
-                    r'|(?P<op>=~|!~|!=|==|>=|<=|[(){}=,/*+\-<>]))')
+_TOKEN = re.compile(r'\s*(?:(?P<dur>\d+[smh](?![A-Za-z0-9_]))|(?P<num>\d+(?:\.\d+)?)'
+                    r'|(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)|(?P<str>"(?:[^"\\]|\\.)*")'
+                    r'|(?P<op>=~|!~|!=|==|>=|<=|[(){}\[\]=,/*+\-<>]))')
+SECONDS = {"s": 1, "m": 60, "h": 3600}
+STEP_S = 60  # the simulated run scrapes once a minute
 AGGREGATIONS = {"sum": sum, "min": min, "max": max, "avg": lambda v: sum(v) / len(v), "count": len}
 ARITHMETIC = {"/": lambda a, b: a / b if b else math.nan, "*": lambda a, b: a * b,
               "+": lambda a, b: a + b, "-": lambda a, b: a - b}
@@ -93,6 +97,29 @@ class Query:
             inner = self._expr()
             self._take(")")
             return inner
+        if kind == "name" and value in ("rate", "increase") and self.tokens[self.pos + 1][1] == "(":
+            self._take()
+            self._take("(")
+            inner = self._unary()
+            if inner[0] != "select":
+                raise ValueError(f"{value}() takes a selector in {self.text!r}")
+            self._take("[")
+            window = self._take()
+            if window[0] != "dur":
+                raise ValueError(f"expected a range such as [5m], got {window[1]!r} in {self.text!r}")
+            self._take("]")
+            self._take(")")
+            return (value, inner, int(window[1][:-1]) * SECONDS[window[1][-1]])
+        if kind == "name" and value == "histogram_quantile":
+            self._take()
+            self._take("(")
+            q = self._take()
+            if q[0] != "num":
+                raise ValueError(f"histogram_quantile takes a number first in {self.text!r}")
+            self._take(",")
+            inner = self._expr()
+            self._take(")")
+            return ("quantile", float(q[1]), inner)
         if kind == "name" and value in AGGREGATIONS:
             self._take()
             by = ()
@@ -126,9 +153,10 @@ class Query:
             return ("select", value, tuple(matchers))
         raise ValueError(f"unexpected {value!r} in {self.text!r}")
 
-    def evaluate(self, samples: dict[frozenset, float]):
-        """A vector ({labels: value}) or a number."""
-        return _evaluate(self.tree, samples)
+    def evaluate(self, samples: dict[frozenset, float], history: list[dict[frozenset, float]] | None = None):
+        """A vector ({labels: value}) or a number; ``history``: the scrapes up to this one, one a
+        minute apart, for rate() and increase() (without it they have no data)."""
+        return _evaluate(self.tree, samples, history or [samples])
 
 
 def _matches(labels: dict, matchers) -> bool:
@@ -141,10 +169,56 @@ def _matches(labels: dict, matchers) -> bool:
     return True
 
 
-def _evaluate(node, samples):
+def _quantile(q: float, buckets: list[tuple[float, float]]) -> float:
+    """histogram_quantile over one histogram's cumulative (le, count) buckets, as Prometheus interpolates."""
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0
+    if not total or buckets[-1][0] != math.inf:
+        return math.nan
+    rank, lower, below = q * total, 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == math.inf:
+                return lower
+            return lower + (le - lower) * ((rank - below) / (count - below) if count > below else 0)
+        lower, below = le, count
+    return lower
+
+
+def _evaluate(node, samples, history):
     kind = node[0]
     if kind == "number":
         return node[1]
+    if kind in ("rate", "increase"):
+        _, inner, window = node
+        # Over the window's scrapes, from the first that has the series (as Prometheus, less its
+        # extrapolation to the window's edges); one sample only: no data.
+        last = len(history) - 1
+        window_scrapes = [_evaluate(inner, history[j], history)
+                          for j in range(max(0, last - window // STEP_S), last + 1)]
+        out = {}
+        for key in window_scrapes[-1]:
+            first = next(i for i, scrape in enumerate(window_scrapes) if key in scrape)
+            steps = len(window_scrapes) - 1 - first
+            if steps < 1:
+                continue
+            grown, before = 0.0, window_scrapes[first][key]
+            for scrape in window_scrapes[first + 1:]:
+                now = scrape.get(key, before)
+                grown += now - before if now >= before else now  # a counter reset
+                before = now
+            label = frozenset((k, v) for k, v in key if k != "__name__")
+            out[label] = grown / (steps * STEP_S) if kind == "rate" else grown
+        return out
+    if kind == "quantile":
+        _, q, inner = node
+        histograms: dict[frozenset, list[tuple[float, float]]] = {}
+        for key, value in _evaluate(inner, samples, history).items():
+            labels = dict(key)
+            group = frozenset((k, v) for k, v in labels.items() if k not in ("le", "__name__"))
+            histograms.setdefault(group, []).append((float(labels["le"]), value))
+        result = {group: _quantile(q, buckets) for group, buckets in histograms.items()}
+        return {group: value for group, value in result.items() if not math.isnan(value)}
     if kind == "select":
         _, name, matchers = node
         return {key: value for key, value in samples.items()
@@ -152,12 +226,12 @@ def _evaluate(node, samples):
     if kind == "aggregate":
         _, op, by, inner = node
         groups: dict[frozenset, list[float]] = {}
-        for key, value in _evaluate(inner, samples).items():
+        for key, value in _evaluate(inner, samples, history).items():
             labels = dict(key)
             groups.setdefault(frozenset((k, labels.get(k, "")) for k in by), []).append(value)
         return {key: AGGREGATIONS[op](values) for key, values in groups.items()}
     _, op, left_node, right_node = node
-    left, right = _evaluate(left_node, samples), _evaluate(right_node, samples)
+    left, right = _evaluate(left_node, samples, history), _evaluate(right_node, samples, history)
 
     def strip(key):
         return frozenset((k, v) for k, v in key if k != "__name__")
@@ -190,6 +264,8 @@ def expand(expr: str) -> str:
 
 def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozenset, float]]:
     """One parsed scrape of the agent and the webhook per simulated minute."""
+    import grpc
+
     from tests.agent import fakenode, fakepodresources
     from tests.fakekube import FakeKube
     from webhook import certificates
@@ -238,6 +314,8 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
             names.card_resource(names.CARD_PREFIX, k): "100" for k in (0, 1)}, "conditions": [
                 {"type": "Ready", "status": "True"}]}})
     view = kube_view.KubeView.start(settings_mod.Settings(), api_client=kube.api_client(), watch_timeout=30)
+    # The webhook's own counters, as its replicas would have counted the hour's admissions.
+    webhook = metrics.Metrics()
     seen: set[str] = set()
     scrapes = []
     last_agent_text[0] = ""
@@ -262,6 +340,8 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
                                                   + (6 if k == 1 and node.loose else 0))) for k in (0, 1)}
             node.sync()
             kubelet.set(node.pod_resources())
+            # The kubelet's PodResources does not answer for three minutes: the shares are unknown.
+            kubelet.fail = grpc.StatusCode.UNAVAILABLE if 52 <= minute < 55 else None
             for pod in node.pods:
                 # The API shows the restarted container's ID a couple of minutes late.
                 if pod.name != "batch" or worker.restarts == 0 or minute >= 42:
@@ -287,13 +367,40 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
                                                    for k in ("requests", "limits")}} if c.card is not None
                     else {"name": c.name} for c in pod.containers]
                 kube.put("pods", obj)
+            if minute == 50:
+                # The API server drops the view's watches and fails its next requests: the view
+                # counts the failures, backs off, and lists or watches again.
+                errors = sum(view.watch_errors.values())
+                opened = sum(view.watches.values())
+                kube.fail_next = [500, 500]
+                kube.drop_watches()
+                deadline = time.monotonic() + 10
+                while sum(view.watch_errors.values()) == errors and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                kube.fail_next = []
+                while sum(view.watches.values()) < opened + 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)  # both watches open again
             wanted = {k: sum(c.shares for p in node.pods for c in p.containers if c.card == k) for k in (0, 1)}
             deadline = time.monotonic() + 10
             while [_used(view, k) for k in (0, 1)] != [wanted[0], wanted[1]]:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the webhook's view did not catch up")
                 time.sleep(0.01)
+            # Admissions: a steady flow of pods, a denied one now and then, a burst of denials at
+            # 33 minutes (a Deployment asking 1.5 GPUs), and two errors at 50 (the view's API server away).
+            for i in range(20 + int(8 * math.sin(minute / 6.0))):
+                outcome = "patched" if i % 3 else "allowed"
+                webhook.admissions.labels(outcome, "Pod", "enforce").inc()
+                webhook.latency.labels("enforce").observe(0.004 + 0.003 * ((i * 7 + minute) % 5))
+            denied = (6 if 33 <= minute < 36 else 0) + (1 if minute % 11 == 0 else 0)
+            for _ in range(denied):
+                webhook.admissions.labels("denied", "Deployment" if denied > 1 else "Pod", "enforce").inc()
+                webhook.latency.labels("enforce").observe(0.003)
+            if minute == 50:
+                webhook.admissions.labels("error", "Pod", "enforce").inc(2)
+                webhook.latency.labels("enforce").observe(0.8)
             now = t0 + 60 * minute
+            text += metrics.prometheus_client.generate_latest(webhook.registry).decode()
             certificate = metrics.StateCollector(None, cert, clock=lambda now=now: now)
             for collector in (metrics.StateCollector(view), certificate):
                 reg = metrics.prometheus_client.CollectorRegistry(auto_describe=False)
@@ -334,6 +441,19 @@ def _used(view, card: int) -> int | None:
 
 UNITS = {"bytes": (1 / 2**30, "GiB"), "percentunit": (100, "%"), "d": (1, "days"), "s": (1, "s"), "short": (1, "")}
 COLORS = ["#73bf69", "#f2cc0c", "#5794f2", "#ff780a", "#b877d9", "#f2495c", "#8ab8ff", "#fade2a"]
+
+
+_COLOR_OF: dict[tuple, str] = {}
+
+
+def _color(key: frozenset, target: dict, index: int) -> str:
+    """One colour per container (or pod, or node and card) across every panel, so that a line keeps
+    its colour from panel to panel; other series take the panel's own order."""
+    labels = dict(key)
+    who = tuple(labels.get(k, "") for k in ("namespace", "pod", "container"))
+    if not any(who):
+        return COLORS[index % len(COLORS)]
+    return _COLOR_OF.setdefault(who, COLORS[len(_COLOR_OF) % len(COLORS)])
 
 
 def _legend(fmt: str, key: frozenset) -> str:
@@ -380,7 +500,7 @@ def render(scrapes: list[dict], out: Path = OUT) -> list[Path]:
             scale, unit = UNITS.get(panel["fieldConfig"]["defaults"].get("unit", "short"), (1, ""))
             if panel["type"] == "table":
                 target = panel["targets"][0]
-                result = Query(expand(target["expr"])).evaluate(scrapes[-1])
+                result = Query(expand(target["expr"])).evaluate(scrapes[-1], scrapes)
                 rows = [[dict(k).get(c, "") for c in ("namespace", "pod", "container", "node", "gpu")] + [f"{v:g}"]
                         for k, v in sorted(result.items(), key=lambda kv: sorted(kv[0]))]
                 ax.axis("off")
@@ -402,7 +522,7 @@ def render(scrapes: list[dict], out: Path = OUT) -> list[Path]:
                 query = Query(expand(target["expr"]))
                 series: dict[frozenset, list[float]] = {}
                 for i, samples in enumerate(scrapes):
-                    result = query.evaluate(samples)
+                    result = query.evaluate(samples, scrapes[:i + 1])
                     if not isinstance(result, dict):
                         result = {frozenset(): result}
                     for key, value in result.items():
@@ -410,7 +530,7 @@ def render(scrapes: list[dict], out: Path = OUT) -> list[Path]:
                 for key in sorted(series, key=lambda k: sorted(k)):
                     dashed = "total" in target.get("legendFormat", "")
                     ax.plot(times, series[key], label=_legend(target.get("legendFormat", ""), key), linewidth=1.4,
-                            linestyle="--" if dashed else "-", color=COLORS[color % len(COLORS)])
+                            linestyle="--" if dashed else "-", color=_color(key, target, color))
                     color += 1
             if panel["title"] == "Memory used of its share":
                 ax.axhline(100, color="#f2495c", linewidth=0.8, linestyle=":")

@@ -19,7 +19,8 @@ resourceVersion check), and answers pod evictions as the API server does: precon
 PodDisruptionBudgets checked only for pods that are not Pending or ended (429 when one allows no
 disruption), the DisruptionTarget condition set, then the pod deleted. For the DRA backend it stores
 resource.k8s.io/v1 ResourceSlices, DeviceClasses and ResourceClaimTemplates (create, replace) and
-ResourceClaims (tests put them allocated, as the scheduler writes them).
+ResourceClaims (tests put them allocated, as the scheduler writes them). ``SilentServer`` accepts
+connections and never answers, as a hung API server or a dead proxy does.
 """
 
 from __future__ import annotations
@@ -684,3 +685,48 @@ def _merge(target: dict, patch: dict) -> dict:
         else:
             target[key] = copy.deepcopy(value)
     return target
+
+
+class SilentServer:
+    """A server that accepts connections and never answers: an API server behind a dead proxy, or hung.
+
+    Use as a context manager; ``url`` is where it listens. Every connection it accepted is held
+    open until it stops, so a client waits for its read timeout, never for a reset.
+    """
+
+    def __init__(self):
+        import socket
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._held: list = []
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self._held.append(conn)
+
+    @property
+    def connections(self) -> int:
+        """How many connections clients opened: one per try of a request."""
+        return len(self._held)
+
+    def __enter__(self) -> SilentServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._closed.set()
+        self._sock.close()
+        for conn in self._held:
+            conn.close()

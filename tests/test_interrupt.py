@@ -31,7 +31,7 @@ AGENT = {"metadata": {"name": "agent-a", "namespace": NS,
 COMMANDS = {
     "status": (["status"], "/api/v1/nodes"),
     "audit": (["audit"], "/api/v1/"),
-    "top": (["top"], "/proxy/metrics"),
+    "top": (["top"], "/portforward"),
     "certs --install": (["certs", "--install"], "/mutatingwebhookconfigurations/gpushard"),
 }
 

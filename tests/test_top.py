@@ -10,7 +10,10 @@ servers (webhook.agent.exporting.Server: TLS, tokens reviewed) answer on local p
 - an agent that does not answer is named on stderr and the others still show; none answering,
   or no agent at all, is exit status 3 (the cluster lacks what top reads) with a message; JSON and
   YAML output, --no-headers; filters by node and namespace;
-- the metrics text `gpushard top` reads is the agent's own exposition (webhook.agent.exporting).
+- the metrics text `gpushard top` reads is the agent's own exposition (webhook.agent.exporting);
+- an agent that cannot reach the kubelet's PodResources shows its cards' shares as unknown ("?",
+  "kubelet unreachable", null in JSON), with a note, never as 0; a proxy that times out is told in
+  plain words; -o json|yaml carries apiVersion, kind and camelCase keys like status and audit.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from urllib.parse import unquote
 import pytest
 import yaml
 
-from tests.fakekube import FakeKube
+from tests.fakekube import FakeKube, SilentServer
 from webhook import cli
 from webhook.agent import exporting, nvml
 
@@ -53,9 +56,10 @@ def agent_pod(name: str, node: str, port: int = 9401, phase: str = "Running") ->
 def kube(tmp_path):
     servers = []
 
-    def serve(name: str, node: str, rows: list[exporting.CardRow], port: int = 9401) -> None:
-        """A real agent metrics server on a local port, which the fake API server port-forwards to."""
-        observation = exporting.Observation(node, 100, rows, pod_resources_up=True)
+    def serve(name: str, node: str, rows: list[exporting.CardRow], port: int = 9401, up: bool = True) -> None:
+        """A real agent metrics server on a local port, which the fake API server port-forwards to;
+        ``up`` False: its kubelet's PodResources does not answer."""
+        observation = exporting.Observation(node, 100, rows, pod_resources_up=up)
         server = exporting.Server(exporting.new_registry(lambda: observation), 0, addr="127.0.0.1")
         servers.append(server)
         fake.forwards[(NS, name, port)] = ("127.0.0.1", server.port)
@@ -113,9 +117,12 @@ def test_top_reads_every_agent_through_a_port_forward(kube, capsys):
 
     status, out, _ = top(kube, capsys, "pods", "-n", "lab", "--sort-by", "shares", "-o", "json")
     body = json.loads(out)
-    assert list(body) == ["pods"]
+    assert list(body) == ["apiVersion", "kind", "pods", "kubeletUnreachable"]
+    assert (body["apiVersion"], body["kind"], body["kubeletUnreachable"]) == ("gpushard.io/v1", "TopReport", [])
     assert [(p["pod"], p["shares"]) for p in body["pods"]] == [("batch", 40), ("notebook", 30)]
-    assert body["pods"][0]["memory_cap"] == 16384 * MIB * 40 // 100
+    assert body["pods"][0]["memoryCapBytes"] == 16384 * MIB * 40 // 100
+    assert set(body["pods"][0]) == {"node", "namespace", "pod", "container", "gpu", "shares", "memoryUsedBytes",
+                                    "memoryShareBytes", "memoryCapBytes", "utilization", "overShare"}
 
     status, out, _ = top(kube, capsys, "cards", "--node", "node-b")
     assert [line.split()[0] for line in out.splitlines()[1:]] == ["node-b"]
@@ -134,6 +141,53 @@ def test_an_agent_away_is_named_and_the_others_shown(kube, capsys):
     assert "node-a" in out and "node-b" not in out
     assert err == ("gpushard: cannot read the metrics of agent agent-b on node 'node-b': port-forward failed: "
                    "error forwarding port 9401 to pod agent-b: connection refused\n")
+
+
+def test_a_kubelet_the_agent_cannot_reach_shows_as_unknown_not_zero(kube, capsys):
+    kube.put("pods", agent_pod("agent-a", "node-a"))
+    kube.put("pods", agent_pod("agent-b", "node-b"))
+    kube.serve_agent("agent-a", "node-a", [card(0, 6548, 87)], up=False)
+    kube.serve_agent("agent-b", "node-b", [card(0, 10, 1)])
+    status, out, err = top(kube, capsys)
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[1].split() == ["node-a", "0", "NVIDIA", "L4", "?/100", "6548Mi/16384Mi", "87%", "-", "Healthy,",
+                                "kubelet", "unreachable"]
+    assert lines[2].split()[:5] == ["node-b", "0", "NVIDIA", "L4", "0/100"]
+    assert "No containers hold shares" not in out
+    assert err == ("gpushard: the agent on node 'node-a' cannot reach the kubelet's PodResources API: who holds "
+                   "shares there is unknown (not 0); see its log, and the kubelet's pod-resources socket\n")
+    status, out, _ = top(kube, capsys, "cards", "-o", "json")
+    body = json.loads(out)
+    assert body["kubeletUnreachable"] == ["node-a"]
+    assert [(c["node"], c["shares"], c["kubeletReachable"]) for c in body["cards"]] == [
+        ("node-a", None, False), ("node-b", 0, True)]
+
+
+def test_an_agent_that_never_answers_is_told_plainly(kube, capsys):
+    kube.put("pods", agent_pod("agent-a", "node-a"))
+    kube.put("pods", agent_pod("agent-b", "node-b"))
+    with SilentServer() as silent:
+        kube.forwards[(NS, "agent-a", 9401)] = ("127.0.0.1", int(silent.url.rsplit(":", 1)[1]))
+        kube.serve_agent("agent-b", "node-b", [card(0, 10, 1)])
+        status, out, err = top(kube, capsys, "cards", "--request-timeout", "1s")
+    assert status == 0 and "node-b" in out
+    assert err == ("gpushard: cannot read the metrics of agent agent-a on node 'node-a': no answer within 1s "
+                   "through the port-forward\n")
+
+
+def test_pods_default_to_the_contexts_namespace(kube, capsys, tmp_path):
+    kube.put("pods", agent_pod("agent-a", "node-a"))
+    kube.serve_agent("agent-a", "node-a", [card(0, 10, 1, row("ml", "train", "trainer", 25, 100),
+                                                row("lab", "notebook", "jupyter", 30, 0))])
+    config = json.loads(open(kube.kubeconfig).read())
+    config["contexts"][0]["context"]["namespace"] = "lab"
+    path = tmp_path / "lab-kubeconfig"
+    path.write_text(json.dumps(config))
+    status = cli.main(["top", "pods", "-o", "json", "--kubeconfig", str(path)])
+    assert status == 0 and [p["pod"] for p in json.loads(capsys.readouterr().out)["pods"]] == ["notebook"]
+    cli.main(["top", "pods", "-A", "-o", "json", "--kubeconfig", str(path)])
+    assert sorted(p["pod"] for p in json.loads(capsys.readouterr().out)["pods"]) == ["notebook", "train"]
 
 
 def test_no_agent_or_none_answering(kube, capsys):

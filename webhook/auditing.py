@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
@@ -104,20 +105,47 @@ def _files(path: str) -> list[Path]:
     return [root]
 
 
-def read_manifests(paths: Iterable[str], stdin: IO[str]) -> list[audit.Located]:
-    """Every object in the files, folders (recursively) and standard input (``-``) named."""
+def _foreign(text: str, as_json: bool) -> bool:
+    """True for a file that parses but holds no Kubernetes object at all (a Grafana dashboard, a
+    cluster-view file): found in a folder, it is no manifest. A file that does not parse is not
+    foreign: parse_text says what is wrong with it."""
+    try:
+        docs = [json.loads(text)] if as_json else list(yaml.safe_load_all(text))
+    except (ValueError, yaml.YAMLError):
+        return False
+    docs = [d for d in docs if d is not None]
+    return bool(docs) and not any(isinstance(d, dict) and isinstance(d.get("kind"), str) and d["kind"]
+                                  for d in docs)
+
+
+def read_manifests(paths: Iterable[str], stdin: IO[str], err: IO[str] | None = None) -> list[audit.Located]:
+    """Every object in the files, folders (recursively) and standard input (``-``) named.
+
+    Files found in a folder that hold no Kubernetes object at all are skipped, with one note on
+    ``err`` naming them; a file named itself must hold objects.
+    """
     out: list[audit.Located] = []
+    skipped: list[str] = []
     for path in paths:
         if path == "-":
             out += parse_text(stdin.read(), "<stdin>")
             continue
+        in_folder = Path(path).is_dir()
         for file in _files(path):
             try:
-                text = file.read_text()
+                text = file.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
                 raise UsageError(f"gpushard: cannot read {file}: {reason}") from None
-            out += parse_text(text, str(file), as_json=file.suffix.lower() == ".json")
+            as_json = file.suffix.lower() == ".json"
+            if in_folder and _foreign(text, as_json):
+                skipped.append(str(file))
+                continue
+            out += parse_text(text, str(file), as_json=as_json)
+    if skipped and err is not None:
+        one = len(skipped) == 1
+        print(f"gpushard: skipped {len(skipped)} file{'' if one else 's'} that hold{'s' if one else ''} no "
+              f"Kubernetes objects: {', '.join(skipped)}", file=err)
     return out
 
 
@@ -216,8 +244,8 @@ def _namespace(core, namespace: str, conn: connecting.Client, err: IO[str]) -> l
             except kubernetes.client.ApiException as exc:
                 if exc.status == 404:
                     raise UsageError(f"gpushard: namespace {namespace} not found") from None
-                if exc.status == 403:
-                    raise
+                if exc.status in (401, 403):
+                    raise  # reaching() words it, naming the server and the context
                 raise UsageError(f"gpushard: cannot get namespace {namespace}: {exc.status} {exc.reason}") from None
     except connecting.ApiError as exc:
         if exc.status != 403:
@@ -261,24 +289,36 @@ def read_cluster(conn: connecting.Client, err: IO[str], namespace: str | None = 
     return objects
 
 
-def read_usage_inputs(conn: connecting.Client, selector: str | None = None) -> tuple[list[dict], list[dict]]:
-    """Nodes (``selector`` narrows them) and live pods, for `gpushard status`."""
+def read_usage_inputs(conn: connecting.Client, selector: str | None = None
+                      ) -> tuple[list[dict], list[dict], set[str] | None]:
+    """Every node and live pod, for `gpushard status`, and the names of the nodes ``selector`` picks
+    (None without one). The verdicts (pending, stranded) are made over the whole cluster whatever
+    the selector, which narrows only the rows shown: a pod waiting for a card of a node the
+    selector leaves out is not stranded for that."""
     import kubernetes
 
     core = kubernetes.client.CoreV1Api(conn.api)
-    return (_list(core.list_node, "nodes", conn, label_selector=selector),
-            _list(_live_pods(core), "pods", conn))
+    nodes = _list(core.list_node, "nodes", conn)
+    return nodes, _list(_live_pods(core), "pods", conn), picked_nodes(conn, selector)
+
+
+def picked_nodes(conn: connecting.Client, selector: str | None) -> set[str] | None:
+    """The names of the nodes ``selector`` picks, None without one. The API server reads the
+    selector, so that it means what it means to kubectl."""
+    if not selector:
+        return None
+    import kubernetes
+
+    core = kubernetes.client.CoreV1Api(conn.api)
+    return {str((n.get("metadata") or {}).get("name")) for n in
+            _list(core.list_node, "nodes", conn, label_selector=selector)}
 
 
 DRA_BACKEND = "dra"
 
 
-def read_dra_usage(conn: connecting.Client, selector: str | None, policy) -> audit.Usage:
-    """With backend dra: cards from gpushard's ResourceSlices, holders from the allocated claims.
-
-    ``selector`` narrows the nodes by their labels, as it does for the device plugin's report.
-    """
-    import dataclasses
+def read_dra_usage(conn: connecting.Client, policy) -> audit.Usage:
+    """With backend dra: cards from gpushard's ResourceSlices, holders from the allocated claims."""
     import functools
 
     import kubernetes
@@ -291,13 +331,7 @@ def read_dra_usage(conn: connecting.Client, selector: str | None, policy) -> aud
                    "resourceslices", conn, field_selector=f"spec.driver={names.DRA_DRIVER}")
     claims = _list(functools.partial(custom.list_cluster_custom_object, group, version, "resourceclaims"),
                    "resourceclaims", conn)
-    use = drausage.usage(slices, claims, policy.shares_per_card)
-    if selector:
-        core = kubernetes.client.CoreV1Api(conn.api)
-        wanted = {(n.get("metadata") or {}).get("name") for n in _list(core.list_node, "nodes", conn,
-                                                                          label_selector=selector)}
-        use = dataclasses.replace(use, nodes=tuple(n for n in use.nodes if n.name in wanted))
-    return use
+    return drausage.usage(slices, claims, policy.shares_per_card)
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -432,10 +466,11 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
     output = getattr(args, "output", kubectl.TABLE)
     try:
         if args.files:
-            objects, target = read_manifests(args.files, stdin), "manifests"
+            objects, target = read_manifests(args.files, stdin, err), "manifests"
         else:
-            namespace = kubectl.namespace_of(args)
-            objects = read_cluster(kubectl.client_for(args), err, namespace, getattr(args, "selector", None))
+            conn = kubectl.client_for(args)
+            namespace = kubectl.namespace_of(args, conn.target)
+            objects = read_cluster(conn, err, namespace, getattr(args, "selector", None))
             target = "cluster" if namespace is None else f"namespace {namespace}"
         items = audit.audit(objects, settings.policy)
         # The whole report is made before any of it is written: a failure leaves no half a report.
@@ -457,13 +492,14 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
     return EXIT_FOUND if items else EXIT_CLEAN
 
 
-def status_json(use: audit.Usage, shares_per_card: int) -> dict:
+def status_json(use: audit.Usage, shares_per_card: int, capped: bool = False) -> dict:
     """The `-o json` document of `gpushard status` (fields documented in docs/audit.md)."""
     def holders(hs, memory_mib):
-        # memoryMiB: the memory cap such a share gets under isolation memory or mps (null when unknown).
+        # memoryMiB: the memory cap such a share gets under isolation memory or mps (null when unknown,
+        # and with isolation none, where nothing is capped).
         # memoryAskedMiB, only for a pod placed by its memory ask (gpushard.io/memory): what it asked.
         return [{"namespace": h.namespace, "name": h.name, "shares": h.shares,
-                 "memoryMiB": _cap(h.shares, memory_mib, shares_per_card), **_asked(h)} for h in hs]
+                 "memoryMiB": _cap(h.shares, memory_mib if capped else 0, shares_per_card), **_asked(h)} for h in hs]
 
     return {
         "apiVersion": REPORT_API_VERSION,
@@ -501,13 +537,15 @@ def _percent(used: int, capacity: int) -> str:
     return f"{100 * used // capacity}%" if capacity else "-"
 
 
-def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False, shares_per_card: int = 100) -> str:
+def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False, shares_per_card: int = 100,
+                 capped: bool = False, selector: str | None = None, shared_nodes: int | None = None) -> str:
     """One row per card, a total row per node and for the cluster; every row on one line, as kubectl
     prints tables (a long PODS cell runs on instead of wrapping, so grep and awk see whole rows).
     ``wide`` adds the card's UUID and the model in full.
 
     Each holder shows its shares and, where the card's memory is known, the memory cap those shares
-    get under isolation (shares x the card's memory / sharesPerCard, floored).
+    get under isolation (shares x the card's memory / sharesPerCard, floored); ``capped`` is False
+    with isolation none, where nothing is capped.
     """
     model_w = 10_000 if wide else 24
     head = ["NODE", "CARD", "MODEL", *(["UUID"] if wide else []), "USED", "FREE", "TOTAL", "USE%", "PODS"]
@@ -519,7 +557,8 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
 
     for n in use.nodes:
         for c in n.cards:
-            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, c.memory_mib, shares_per_card)}"
+            memory = c.memory_mib if capped else 0
+            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, memory, shares_per_card)}"
                              f"{f', asked {h.memory_asked_mib} MiB' if h.memory_asked_mib else ''})"
                              for h in c.holders) or "-"
             row(n.name, str(c.index), c.model, c.uuid or "-", c.used, c.free, c.capacity, pods)
@@ -531,9 +570,17 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
         row("TOTAL", str(sum(len(n.cards) for n in use.nodes)), "", "", use.used, use.free, use.capacity,
             f"{count} pod{'s' if count != 1 else ''} on {len(use.nodes)} node{'s' if len(use.nodes) != 1 else ''}")
     text = _aligned(rows, None if no_headers else head, right={1, *range(len(head) - 5, len(head) - 1)})
-    lines = [] if no_headers else (["gpushard: no shared nodes (none offers a per-card resource)"]
-                                   if not use.nodes else [])
-    lines += [f"pending: {h.namespace}/{h.name} waits for card {k} ({h.shares} shares)" for h, k in use.pending]
+    lines = []
+    if not no_headers and not use.nodes:
+        if selector and shared_nodes:
+            lines.append(f"gpushard: no shared node matches -l {selector} ({shared_nodes} shared "
+                         f"node{'s' if shared_nodes != 1 else ''} in all)")
+        else:
+            lines.append("gpushard: no shared nodes (none offers a per-card resource)")
+    # One verdict per pod: a stranded pod is told as stranded, not also as pending.
+    stranded = {(h.namespace, h.name) for h, _k, _hint in use.stranded}
+    lines += [f"pending: {h.namespace}/{h.name} waits for card {k} ({h.shares} shares)" for h, k in use.pending
+              if (h.namespace, h.name) not in stranded]
     lines += [f"stranded: {h.namespace}/{h.name} waits on full card {k} while another card has room: {hint}"
               for h, k, hint in use.stranded]
     return text + "".join(line + "\n" for line in lines)
@@ -564,18 +611,25 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
     out, err = out or sys.stdout, err or sys.stderr
     output = getattr(args, "output", kubectl.TABLE)
     try:
+        selector = getattr(args, "selector", None)
+        conn = kubectl.client_for(args)
         if settings.policy.backend == DRA_BACKEND:
-            use = read_dra_usage(kubectl.client_for(args), getattr(args, "selector", None), settings.policy)
+            use, picked = read_dra_usage(conn, settings.policy), picked_nodes(conn, selector)
         else:
-            nodes, pods = read_usage_inputs(kubectl.client_for(args), getattr(args, "selector", None))
+            nodes, pods, picked = read_usage_inputs(conn, selector)
             use = audit.usage(nodes, pods, settings.policy)
+        shared_nodes = len(use.nodes)
+        if picked is not None:
+            use = dataclasses.replace(use, nodes=tuple(n for n in use.nodes if n.name in picked))
+        capped = settings.policy.isolation != "none"
         if output in (kubectl.JSON, kubectl.YAML):
-            text = _document(status_json(use, settings.policy.shares_per_card), output)
+            text = _document(status_json(use, settings.policy.shares_per_card, capped), output)
         elif output == kubectl.NAME:
             text = status_names(use)
         else:
             text = status_table(use, wide=output == kubectl.WIDE, no_headers=getattr(args, "no_headers", False),
-                                shares_per_card=settings.policy.shares_per_card)
+                                shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
+                                shared_nodes=shared_nodes)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)

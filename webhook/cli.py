@@ -28,20 +28,31 @@ def _static_view(path: str | None, shares_per_card: int):
     try:
         return static.StaticView(static.load(path, shares_per_card))
     except static.ViewFileError as exc:
-        raise SystemExit(f"gpushard: bad cluster file: {exc}") from None
+        print(f"gpushard: bad cluster file: {exc}", file=sys.stderr)
+        raise SystemExit(kubectl.USAGE) from None
 
 
 # --- certs -----------------------------------------------------------------------------------
 
 def cmd_certs(args: argparse.Namespace) -> int:
+    from webhook import certificates, connecting
+
     if args.install:
         from webhook import installing
 
         try:
+            timeout = connecting.parse_timeout(args.request_timeout, default=None)
+            conn = installing.client(args.kubeconfig, args.context, timeout)
             outcome = installing.install(
-                installing.api_client(args.kubeconfig, args.context), namespace=args.namespace,
-                service=args.service, secret=args.secret, webhook_config=args.webhook_config, days=args.days,
-                renew_before=args.renew_before, force=args.force, out=args.out)
+                conn.api, namespace=args.namespace, service=args.service, secret=args.secret,
+                webhook_config=args.webhook_config, days=args.days, renew_before=args.renew_before, force=args.force,
+                out=args.out, target=conn.target, timeout=timeout)
+        except connecting.ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return kubectl.USAGE
+        except certificates.CertificateError as exc:  # bad --days or --out: bad input
+            print(exc.code, file=sys.stderr)
+            return kubectl.USAGE
         except installing.InstallError as exc:
             print(exc.code, file=sys.stderr)
             return exc.status
@@ -51,9 +62,11 @@ def cmd_certs(args: argparse.Namespace) -> int:
     if args.out is None:
         print("gpushard: certs needs --out DIR, or --install to put the certificate in the cluster", file=sys.stderr)
         return kubectl.USAGE
-    from webhook import certificates
-
-    paths = certificates.write_bundle(args.out, service=args.service, namespace=args.namespace, days=args.days)
+    try:
+        paths = certificates.write_bundle(args.out, service=args.service, namespace=args.namespace, days=args.days)
+    except certificates.CertificateError as exc:  # bad --days, or an --out that cannot be a folder
+        print(exc.code, file=sys.stderr)
+        return kubectl.USAGE
     for path in paths:
         print(path)
     return 0
@@ -120,8 +133,9 @@ def _add_review(sub) -> None:
 def _add_audit(sub) -> None:
     p = sub.add_parser("audit", help="audit manifests, or the live cluster, against gpushard's rules",
                        parents=[kubectl.flags()],
-                       epilog="Without -n the whole cluster is audited (as with -A); -n NS reads only that "
-                              "namespace, with namespaced calls, so rights in it are enough.")
+                       epilog="-n NS reads only that namespace, with namespaced calls, so rights in it are enough. "
+                              "Without -n, the namespace of the kubeconfig's context (as kubectl); where the "
+                              "context names none, the whole cluster (as with -A).")
     p.add_argument("-f", "--filename", dest="files", action="append", default=[],
                    help="manifest file or folder, - for standard input (repeatable); none: the live cluster")
     p.add_argument("--config", help="gpushard config file")
@@ -144,7 +158,8 @@ def _add_top(sub) -> None:
     p.add_argument("what", nargs="?", choices=("all", "cards", "pods"), default="all",
                    help="cards, pods, or both (default)")
     p.add_argument("-n", "--namespace", help="only pods in this namespace")
-    p.add_argument("-A", "--all-namespaces", action="store_true", help="pods of every namespace (the default)")
+    p.add_argument("-A", "--all-namespaces", action="store_true",
+                   help="pods of every namespace (the default where the context names no namespace)")
     p.add_argument("--node", help="only this node")
     p.add_argument("--sort-by", choices=("memory", "shares"), help="order the pods by memory used or shares held")
     p.add_argument("--agent-namespace", default="gpushard-system",
@@ -166,7 +181,13 @@ def build_plugin_parser() -> argparse.ArgumentParser:
     _add_audit(sub)
     _add_top(sub)
     _add_review(sub)
+    _own_usage(parser, sub)
     return parser
+
+
+def _own_usage(parser: argparse.ArgumentParser, sub) -> None:
+    """Each command's parser remembered, so that a flag it lacks is told with its own usage line."""
+    parser.command_parsers = dict(sub.choices)
 
 
 # --- top ---------------------------------------------------------------------------------------
@@ -211,9 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--renew-before", type=int, default=30, metavar="DAYS",
                    help="with --install: keep a certificate valid for more than DAYS days (default: 30)")
     p.add_argument("--force", action="store_true", help="with --install: make a new CA and certificate anyway")
-    p.add_argument("--kubeconfig", help="with --install: kubeconfig file (default: in-cluster, else $KUBECONFIG "
-                                        "or ~/.kube/config)")
+    p.add_argument("--kubeconfig", help="with --install: kubeconfig file (default: $KUBECONFIG, a list separated "
+                                        "by ':', then ~/.kube/config, then the in-cluster service account)")
     p.add_argument("--context", help="with --install: kubeconfig context (default: the current context)")
+    p.add_argument("--request-timeout", default=kubectl.DEFAULT_REQUEST_TIMEOUT, metavar="DURATION",
+                   help="with --install: how long to wait for each API request: seconds, or 30s, 1m, ...; "
+                        f"0 waits for ever (default: {kubectl.DEFAULT_REQUEST_TIMEOUT})")
     p.set_defaults(func=cmd_certs)
 
     p = sub.add_parser("serve", help="run the admission webhook over TLS under gunicorn")
@@ -276,13 +300,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--identity", help="this replacer's name in the Lease (default: $POD_NAME, else host-pid)")
     p.add_argument("--once", action="store_true", help="one pass (if this process gets the Lease), then exit")
     p.add_argument("--dry-run", action="store_true", help="say what would be evicted; evict nothing")
+    p.add_argument("--health-port", type=int, default=0, metavar="PORT",
+                   help="serve GET /healthz on PORT: 200 while the loop comes round, 503 once it stalls "
+                        "(the liveness probe; default: 0, none)")
+    p.add_argument("--stall-seconds", type=float, default=300.0, metavar="SECONDS",
+                   help="with --health-port: how long the loop may not come round before /healthz fails "
+                        "(default: 300)")
     kubectl.add_cluster_flags(p)
     p.set_defaults(func=cmd_replace)
+    _own_usage(parser, sub)
     return parser
 
 
 def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse would tell them with the top-level usage line, which names no flag of the command.
+        command = getattr(parser, "command_parsers", {}).get(args.command, parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except KeyboardInterrupt:

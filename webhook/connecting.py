@@ -5,11 +5,17 @@ the node agent) gets its client here, so they all find their credentials the sam
 
 1. ``--kubeconfig FILE``, when given (the file must exist);
 2. else ``$KUBECONFIG``, a list of files separated by ``:``, merged as kubectl merges them
-   (files that do not exist are skipped);
+   (files that do not exist are skipped; a list where none exists is an error);
 3. else ``~/.kube/config``;
 4. else the in-cluster service account (a pod's token and the ``KUBERNETES_SERVICE_*`` env).
 
 ``--context`` picks a context of the kubeconfig (the current context by default).
+
+A request is tried once. The kubernetes client hands urllib3 its default of three retries,
+each with the whole timeout again, so "--request-timeout 2s" waited 8 s and the 30 s default
+two minutes against a server that accepts connections and never answers; here the timeout
+bounds the whole request, as kubectl's does. The long-running components retry in their own
+loops, with backoff; a command is run again by its operator.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class Target:
     host: str
     context: str
     source: str
+    timeout: float | None = None  # the request timeout, for "no answer within ..."
+    namespace: str | None = None  # the context's namespace, kubectl's default for -n
 
 
 @dataclass
@@ -93,9 +101,20 @@ def kubeconfig_files(kubeconfig: str | None = None, environ: dict | None = None)
         return [str(path)]
     listed = [p for p in (environ.get("KUBECONFIG") or "").split(os.pathsep) if p]
     if listed:
-        return [str(Path(p).expanduser()) for p in listed if Path(p).expanduser().is_file()]
+        found = [str(Path(p).expanduser()) for p in listed if Path(p).expanduser().is_file()]
+        if not found:
+            # Falling through to ~/.kube/config or the in-cluster account would talk to another cluster.
+            raise ConfigError(f"gpushard: $KUBECONFIG names no file that exists ({environ['KUBECONFIG']}); "
+                              "fix or unset it, or pass --kubeconfig")
+        return found
     default = Path(DEFAULT_KUBECONFIG).expanduser()
     return [str(default)] if default.is_file() else []
+
+
+def _configured(configuration: kubernetes.client.Configuration) -> kubernetes.client.Configuration:
+    """One attempt per request (see the module's docstring); redirects are an API server's error too."""
+    configuration.retries = urllib3.util.Retry(total=0, redirect=0, raise_on_redirect=True, raise_on_status=False)
+    return configuration
 
 
 def client(kubeconfig: str | None = None, context: str | None = None, request_timeout: float | None = None,
@@ -112,14 +131,16 @@ def client(kubeconfig: str | None = None, context: str | None = None, request_ti
         except kubernetes.config.ConfigException as exc:
             raise ConfigError(f"gpushard: cannot use {IN_CLUSTER} to reach the Kubernetes API: {exc}; outside a "
                               f"pod, pass --kubeconfig, set KUBECONFIG or write {DEFAULT_KUBECONFIG}") from None
-        return Client(kubernetes.client.ApiClient(configuration),
-                      Target(configuration.host, "in-cluster", IN_CLUSTER), request_timeout)
+        return Client(kubernetes.client.ApiClient(_configured(configuration)),
+                      Target(configuration.host, "in-cluster", IN_CLUSTER, request_timeout), request_timeout)
     source = os.pathsep.join(files)
     try:
         contexts, current = kubernetes.config.list_kube_config_contexts(config_file=source)
         chosen = context or (current or {}).get("name")
         if context and context not in [c.get("name") for c in contexts or []]:
             raise ConfigError(f"gpushard: --context {context}: no such context in {source}")
+        entry = next((c for c in contexts or [] if isinstance(c, dict) and c.get("name") == chosen), None) or {}
+        namespace = (entry.get("context") or {}).get("namespace") if isinstance(entry.get("context"), dict) else None
         configuration = kubernetes.client.Configuration()
         kubernetes.config.load_kube_config(config_file=source, context=context, client_configuration=configuration,
                                            persist_config=False)
@@ -129,7 +150,9 @@ def client(kubeconfig: str | None = None, context: str | None = None, request_ti
             yaml.YAMLError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError(f"gpushard: cannot use {source} to reach the Kubernetes API: {reason}") from None
-    return Client(kubernetes.client.ApiClient(configuration), Target(configuration.host, str(chosen), source),
+    return Client(kubernetes.client.ApiClient(_configured(configuration)),
+                  Target(configuration.host, str(chosen), source, request_timeout,
+                         namespace if isinstance(namespace, str) and namespace else None),
                   request_timeout)
 
 
@@ -167,11 +190,32 @@ def api_status_message(exc: kubernetes.client.ApiException) -> str:
     return exc.reason or ""
 
 
+def is_transport_failure(exc: BaseException) -> bool:
+    """The request never got an answer: refused, reset, timed out, no such host, TLS."""
+    return isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
+
+
+def failure_text(exc: BaseException) -> str:
+    """A failed API call in a few plain words, for a log line: what an operator can act on."""
+    if isinstance(exc, ApiError):
+        return str(exc).removeprefix("gpushard: ")
+    if isinstance(exc, kubernetes.client.ApiException):
+        said = api_status_message(exc)
+        return f"HTTP {exc.status}" + (f" ({said})" if said else "")
+    if is_transport_failure(exc):
+        return transport_reason(exc)
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def explain(exc: BaseException, target: Target, what: str) -> ApiError | None:
     """An ApiError in plain words for a transport failure, 401 or 403; None for anything else."""
     where = f"the Kubernetes API at {target.host} (context {target.context})"
-    if isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)):
-        return ApiError(f"gpushard: cannot reach {where}: {transport_reason(exc)}; check that the cluster is up "
+    if is_transport_failure(exc):
+        reason = transport_reason(exc)
+        if reason == "timed out" and target.timeout:
+            reason = f"no answer within {target.timeout:g}s (--request-timeout)"
+        return ApiError(f"gpushard: cannot reach {where}: {reason}; check that the cluster is up "
                         "and that the context is the right one (kubectl config current-context)")
     if isinstance(exc, kubernetes.client.ApiException):
         if exc.status == 401:

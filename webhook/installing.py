@@ -66,30 +66,50 @@ class Outcome:
         return out
 
 
-def api_client(kubeconfig: str | None = None, context: str | None = None) -> kubernetes.client.ApiClient:
+def client(kubeconfig: str | None = None, context: str | None = None,
+           timeout: float | None = TIMEOUT) -> connecting.Client:
     """A client from the one kubeconfig loader (webhook.connecting, kubectl's order): --kubeconfig,
     else $KUBECONFIG, else ~/.kube/config, else the in-cluster service account (the Job)."""
     try:
-        return connecting.client(kubeconfig, context, TIMEOUT).api
+        return connecting.client(kubeconfig, context, timeout)
     except connecting.ConfigError as exc:
         raise InstallError(str(exc), status=USAGE) from None
 
 
-def _api_error(what: str, exc: kubernetes.client.ApiException) -> InstallError:
-    reason = exc.reason or ""
+def api_client(kubeconfig: str | None = None, context: str | None = None) -> kubernetes.client.ApiClient:
+    """As ``client``, the ApiClient alone."""
+    return client(kubeconfig, context).api
+
+
+@dataclass(frozen=True)
+class _Reach:
+    """Where the calls go, for messages, and how long each may take."""
+
+    where: str
+    timeout: float | None = TIMEOUT
+
+
+def _api_error(what: str, exc: kubernetes.client.ApiException, reach: _Reach) -> InstallError:
+    reason = connecting.api_status_message(exc) or exc.reason or ""
+    if exc.status == 401:
+        return InstallError(f"gpushard: {reach.where} refused the credentials (401 Unauthorized) while trying to "
+                            f"{what}; log in again, or pick other credentials with --kubeconfig or --context")
     if exc.status == 403:
-        reason += " (the account lacks the RBAC of deploy/base/certs-job.yaml)"
-    return InstallError(f"gpushard: cannot {what}: HTTP {exc.status} {reason}".rstrip())
+        return InstallError(f"gpushard: {reach.where} forbids this account to {what} (403 Forbidden: {reason}); "
+                            "it needs the RBAC of deploy/base/certs-job.yaml")
+    return InstallError(f"gpushard: {reach.where} refused to {what}: HTTP {exc.status} {reason}".rstrip())
 
 
 @contextlib.contextmanager
-def _reaching(api: kubernetes.client.ApiClient):
-    """Transport failures of the API calls inside, as an InstallError naming the API server."""
+def _reaching(reach: _Reach):
+    """Transport failures of the API calls inside, as an InstallError naming the API server and context."""
     try:
         yield
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise InstallError(f"gpushard: cannot reach the Kubernetes API at {api.configuration.host}: "
-                           f"{connecting.transport_reason(exc)}", status=UNREACHABLE) from None
+        reason = connecting.transport_reason(exc)
+        if reason == "timed out" and reach.timeout:
+            reason = f"no answer within {reach.timeout:g}s (--request-timeout)"
+        raise InstallError(f"gpushard: cannot reach {reach.where}: {reason}", status=UNREACHABLE) from None
 
 
 def _pem_certificates(data: bytes) -> list[x509.Certificate]:
@@ -144,24 +164,25 @@ def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     return True
 
 
-def _read_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> kubernetes.client.V1Secret | None:
+def _read_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
+                 reach: _Reach) -> kubernetes.client.V1Secret | None:
     try:
-        return core.read_namespaced_secret(name, namespace, _request_timeout=TIMEOUT)
+        return core.read_namespaced_secret(name, namespace, _request_timeout=reach.timeout)
     except kubernetes.client.ApiException as exc:
         if exc.status == 404:
             return None
-        raise _api_error(f"read Secret {namespace}/{name}", exc) from None
+        raise _api_error(f"read Secret {namespace}/{name}", exc, reach) from None
 
 
 def _read_config(admission: kubernetes.client.AdmissionregistrationV1Api,
-                 name: str) -> kubernetes.client.V1MutatingWebhookConfiguration:
+                 name: str, reach: _Reach) -> kubernetes.client.V1MutatingWebhookConfiguration:
     try:
-        config = admission.read_mutating_webhook_configuration(name, _request_timeout=TIMEOUT)
+        config = admission.read_mutating_webhook_configuration(name, _request_timeout=reach.timeout)
     except kubernetes.client.ApiException as exc:
         if exc.status == 404:
-            raise InstallError(f"gpushard: MutatingWebhookConfiguration {name} not found; apply deploy/ first "
-                               "(kubectl apply -k deploy/base), then run this again") from None
-        raise _api_error(f"read MutatingWebhookConfiguration {name}", exc) from None
+            raise InstallError(f"gpushard: MutatingWebhookConfiguration {name} not found at {reach.where}; apply "
+                               "deploy/ first (kubectl apply -k deploy/base), then run this again") from None
+        raise _api_error(f"read MutatingWebhookConfiguration {name}", exc, reach) from None
     if not config.webhooks:
         raise InstallError(f"gpushard: MutatingWebhookConfiguration {name} has no webhooks to give a CA to")
     return config
@@ -178,7 +199,8 @@ def _make_bundle(out: str | Path | None, service: str, namespace: str, days: int
 
 
 def _patch_ca_bundle(admission: kubernetes.client.AdmissionregistrationV1Api,
-                     config: kubernetes.client.V1MutatingWebhookConfiguration, bundle: bytes) -> tuple[str, ...]:
+                     config: kubernetes.client.V1MutatingWebhookConfiguration, bundle: bytes,
+                     reach: _Reach) -> tuple[str, ...]:
     """Give every webhook the bundle; the names of the webhooks that changed."""
     encoded = base64.b64encode(bundle).decode()
     ops: list[dict] = []
@@ -194,16 +216,17 @@ def _patch_ca_bundle(admission: kubernetes.client.AdmissionregistrationV1Api,
     if ops:
         name = config.metadata.name
         try:
-            admission.patch_mutating_webhook_configuration(name, ops, _request_timeout=TIMEOUT)
+            admission.patch_mutating_webhook_configuration(name, ops, _request_timeout=reach.timeout)
         except kubernetes.client.ApiException as exc:
-            raise _api_error(f"patch the caBundle of MutatingWebhookConfiguration {name}", exc) from None
+            raise _api_error(f"patch the caBundle of MutatingWebhookConfiguration {name}", exc, reach) from None
     return tuple(changed)
 
 
 def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-system", service: str = "gpushard",
             secret: str = "gpushard-tls", webhook_config: str = "gpushard", days: int = 365,
             renew_before: int = 30, force: bool = False, out: str | Path | None = None,
-            now: datetime.datetime | None = None) -> Outcome:
+            now: datetime.datetime | None = None, target: connecting.Target | None = None,
+            timeout: float | None = TIMEOUT) -> Outcome:
     """Make sure the Secret holds a good serving certificate and every webhook trusts its CA.
 
     A certificate good for more than ``renew_before`` days is kept (running this again
@@ -217,12 +240,15 @@ def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-syst
         raise InstallError(f"gpushard: --days {days} must be more than --renew-before {renew_before}, or every "
                            "run would make a new certificate", status=USAGE)
     now = now or datetime.datetime.now(datetime.timezone.utc)
+    where = f"the Kubernetes API at {target.host if target else api.configuration.host}" + (
+        f" (context {target.context})" if target else "")
+    reach = _Reach(where, timeout)
     core = kubernetes.client.CoreV1Api(api)
     admission = kubernetes.client.AdmissionregistrationV1Api(api)
 
-    with _reaching(api):
-        config = _read_config(admission, webhook_config)
-        existing = _read_secret(core, namespace, secret)
+    with _reaching(reach):
+        config = _read_config(admission, webhook_config, reach)
+        existing = _read_secret(core, namespace, secret, reach)
     if existing is not None and existing.type != SECRET_TYPE:
         # Checked before the caBundle changes: a Secret's type cannot change, so the new
         # certificate could never be stored.
@@ -249,10 +275,10 @@ def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-syst
             bundle += b"".join(certificates.cert_pem(ca) for ca in old)
         action = "created" if existing is None else "replaced"
 
-    with _reaching(api):
-        updated = _patch_ca_bundle(admission, config, bundle)
+    with _reaching(reach):
+        updated = _patch_ca_bundle(admission, config, bundle, reach)
         if action != "kept":
-            _write_secret(core, namespace, secret, files, existing)
+            _write_secret(core, namespace, secret, files, existing, reach)
     not_after = x509.load_pem_x509_certificate(files[certificates.CERT_FILE]).not_valid_after_utc
     return Outcome(namespace=namespace, secret=secret, secret_action=action, why=why, not_after=not_after,
                    webhook_config=webhook_config, webhooks_updated=updated,
@@ -260,21 +286,21 @@ def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-syst
 
 
 def _write_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str, files: dict[str, bytes],
-                  existing: kubernetes.client.V1Secret | None) -> None:
+                  existing: kubernetes.client.V1Secret | None, reach: _Reach) -> None:
     metadata: dict = {"name": name, "namespace": namespace, "labels": dict(LABELS)}
     body = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": SECRET_TYPE,
             "data": {key: base64.b64encode(value).decode() for key, value in files.items()}}
     try:
         if existing is None:
-            core.create_namespaced_secret(namespace, body, _request_timeout=TIMEOUT)
+            core.create_namespaced_secret(namespace, body, _request_timeout=reach.timeout)
             return
         # The resourceVersion makes the replace fail if someone changed the Secret since we read it.
         metadata["resourceVersion"] = existing.metadata.resource_version
         metadata["labels"] = {**(existing.metadata.labels or {}), **LABELS}
         if existing.metadata.annotations:
             metadata["annotations"] = dict(existing.metadata.annotations)
-        core.replace_namespaced_secret(name, namespace, body, _request_timeout=TIMEOUT)
+        core.replace_namespaced_secret(name, namespace, body, _request_timeout=reach.timeout)
     except kubernetes.client.ApiException as exc:
         if exc.status == 409:
             raise InstallError(f"gpushard: Secret {namespace}/{name} changed while this ran; run it again") from None
-        raise _api_error(f"write Secret {namespace}/{name}", exc) from None
+        raise _api_error(f"write Secret {namespace}/{name}", exc, reach) from None

@@ -84,11 +84,12 @@ def client_for(args: argparse.Namespace) -> connecting.Client:
     return connecting.client(getattr(args, "kubeconfig", None), getattr(args, "context", None), timeout)
 
 
-def namespace_of(args: argparse.Namespace) -> str | None:
-    """The one namespace asked for, or None for every namespace (-A, or no -n)."""
+def namespace_of(args: argparse.Namespace, target: connecting.Target | None = None) -> str | None:
+    """The one namespace asked for, or None for every namespace: -A; else -n; else, as kubectl, the
+    namespace the kubeconfig's context names; else (no -n, a context without one) every namespace."""
     if getattr(args, "all_namespaces", False):
         return None
-    return getattr(args, "namespace", None) or None
+    return getattr(args, "namespace", None) or (target.namespace if target is not None else None) or None
 
 
 def resource_name(kind: str, name: str) -> str:

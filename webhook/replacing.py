@@ -14,8 +14,10 @@ A standby holds no watch; a new leader plans only once its cache is in sync.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime
+import http.server
 import json
 import logging
 import os
@@ -43,7 +45,10 @@ PAGE = 500  # items per list page: memory stays bounded however many pods the cl
 # connection that died silently is noticed 30 s after it (the read timeout above it).
 WATCH_TIMEOUT_S = 60
 DEFAULT_NAMESPACE = "gpushard-system"
-REQUEST_TIMEOUT = (10, 60)
+REQUEST_TIMEOUT_S = 30.0  # each API call, as --request-timeout's default (the cache's lists and watches keep theirs)
+# The liveness endpoint fails once the loop has not come round for this long: a pass stuck
+# on a call has timed out well before (every call is bounded by --request-timeout).
+STALL_S = 300.0
 
 
 def _now_text(wall: Callable[[], float]) -> str:
@@ -240,23 +245,35 @@ class Elector:
     """
 
     def __init__(self, api_client, namespace: str, name: str, identity: str, duration_s: int, *,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 timeout: float | None = REQUEST_TIMEOUT_S, target: connecting.Target | None = None):
         self._api = kubernetes.client.CoordinationV1Api(api_client)
         self.namespace, self.name, self.identity, self.duration = namespace, name, identity, duration_s
         self._clock, self._wall = clock, wall
+        self._timeout, self._target = timeout, target
         self._record: tuple | None = None
         self._observed = 0.0
 
+    def _reaching(self, what: str):
+        """A transport failure, 401 or 403 in the block becomes a connecting.ApiError in plain words."""
+        if self._target is None:
+            return contextlib.nullcontext()
+        return connecting.reaching(self._target, f"{what} Lease {self.namespace}/{self.name}")
+
     def lead(self) -> bool:
-        """Take or renew the lease; True while this process leads."""
+        """Take or renew the lease; True while this process leads, False while another does.
+
+        A Lease that cannot be read or written (unreachable, 401, 403, a 500) raises: that is not
+        "another replacer leads", and the caller says so (``--once``) or stands by and retries.
+        """
         now = self._clock()
         try:
-            lease = _json(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
-                                                          _request_timeout=REQUEST_TIMEOUT))
+            with self._reaching("get"):
+                lease = _json(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
+                                                              _request_timeout=self._timeout))
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:
-                log.warning("gpushard: cannot read Lease %s/%s (%s)", self.namespace, self.name, exc.status)
-                return False
+                raise
             return self._write(None, now)
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
@@ -270,9 +287,12 @@ class Elector:
 
     def release(self) -> None:
         """Give the lease up (on shutdown), so that another replacer need not wait for it to expire."""
+        if self._record is None or self._record[0] != self.identity:
+            return  # not the holder when last seen: nothing to give up
+        self._record = None
         try:
             lease = _json(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
-                                                          _request_timeout=REQUEST_TIMEOUT))
+                                                          _request_timeout=self._timeout))
             spec = dict(lease.get("spec") or {})
             if spec.get("holderIdentity") != self.identity:
                 return
@@ -282,9 +302,10 @@ class Elector:
                     "metadata": {"name": self.name, "namespace": self.namespace,
                                  "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")}}
             _json(self._api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
-                                                     _request_timeout=REQUEST_TIMEOUT))
-        except kubernetes.client.ApiException as exc:  # it expires anyway
-            log.warning("gpushard: could not release Lease %s/%s (%s)", self.namespace, self.name, exc.status)
+                                                     _request_timeout=self._timeout))
+        except Exception as exc:  # noqa: BLE001 - it expires anyway; stopping must not fail on it
+            log.warning("gpushard: could not release Lease %s/%s (%s); it expires in %ss", self.namespace, self.name,
+                        connecting.failure_text(exc), self.duration)
 
     def _write(self, lease: dict | None, now: float) -> bool:
         spec = dict((lease or {}).get("spec") or {})
@@ -298,17 +319,18 @@ class Elector:
         body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}
         try:
-            if lease is None:
-                written = self._api.create_namespaced_lease(self.namespace, body, _preload_content=False,
-                                                            _request_timeout=REQUEST_TIMEOUT)
-            else:
-                body["metadata"]["resourceVersion"] = (lease.get("metadata") or {}).get("resourceVersion")
-                written = self._api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
-                                                             _request_timeout=REQUEST_TIMEOUT)
+            with self._reaching("create" if lease is None else "update"):
+                if lease is None:
+                    written = self._api.create_namespaced_lease(self.namespace, body, _preload_content=False,
+                                                                _request_timeout=self._timeout)
+                else:
+                    body["metadata"]["resourceVersion"] = (lease.get("metadata") or {}).get("resourceVersion")
+                    written = self._api.replace_namespaced_lease(self.name, self.namespace, body,
+                                                                 _preload_content=False, _request_timeout=self._timeout)
         except kubernetes.client.ApiException as exc:
-            if exc.status not in (409,):  # 409: another candidate wrote first
-                log.warning("gpushard: cannot write Lease %s/%s (%s)", self.namespace, self.name, exc.status)
-            return False
+            if exc.status == 409:  # another candidate wrote first
+                return False
+            raise
         written = _json(written)
         self._record = ((written.get("spec") or {}).get("holderIdentity") or "",
                         (written.get("metadata") or {}).get("resourceVersion"))
@@ -333,8 +355,10 @@ class Replacer:
                  lease_name: str = names.REPLACER_LEASE, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, dry_run: bool = False, follow: bool = True,
                  page: int = PAGE, watch_timeout: int = WATCH_TIMEOUT_S,
-                 backoff: tuple[float, float] = kube.BACKOFF_S, sync_wait: float | None = None):
+                 backoff: tuple[float, float] = kube.BACKOFF_S, sync_wait: float | None = None,
+                 timeout: float | None = REQUEST_TIMEOUT_S, target: connecting.Target | None = None):
         self._api_client = api_client
+        self._timeout = timeout
         self._core = kubernetes.client.CoreV1Api(api_client)
         self._apps = kubernetes.client.AppsV1Api(api_client)
         self._batch = kubernetes.client.BatchV1Api(api_client)
@@ -345,7 +369,10 @@ class Replacer:
         self.identity = identity
         # Renewed every pass: it outlives a pass or two that run long before another takes over.
         duration = max(15, 3 * settings.replacement.interval)
-        self.elector = Elector(api_client, namespace, lease_name, identity, duration, clock=clock, wall=wall)
+        self.elector = Elector(api_client, namespace, lease_name, identity, duration, clock=clock, wall=wall,
+                               timeout=timeout, target=target)
+        self._target = target
+        self.beat = clock()  # the loop's last turn, for the liveness endpoint
         # follow: plan over a Cache fed by watches (the loop); else list nodes and pods every pass.
         self._follow = follow
         self._cache_options = {"page_size": page, "watch_timeout": watch_timeout, "backoff": backoff}
@@ -362,7 +389,7 @@ class Replacer:
         token = None
         while True:
             page = _json(call(limit=self._cache_options["page_size"], _continue=token, _preload_content=False,
-                              _request_timeout=REQUEST_TIMEOUT, **kwargs))
+                              _request_timeout=self._timeout, **kwargs))
             yield from page.get("items") or ()
             token = (page.get("metadata") or {}).get("continue")
             if not token:
@@ -377,13 +404,28 @@ class Replacer:
         """As ``read``, and the shares that terminating bound pods still hold, by (node, card)."""
         policy = self._settings.policy
         # Only nodes the agent published cards on, as the webhook's view lists them.
-        nodes = [n for n in (kube.read_node(obj, policy)
-                             for obj in self._pages(self._core.list_node, label_selector=names.CARDS_LABEL)) if n]
+        with self._reaching("list nodes"):
+            nodes = [n for n in (kube.read_node(obj, policy)
+                                 for obj in self._pages(self._core.list_node, label_selector=names.CARDS_LABEL)) if n]
         now = self._wall()
         selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
-        pinned = (read_pinned(obj, policy) for obj in
-                  self._pages(self._core.list_pod_for_all_namespaces, label_selector=selector))
-        return assemble(nodes, (p for p in pinned if p is not None), now)
+        with self._reaching("list pods"):
+            pinned = [p for p in (read_pinned(obj, policy) for obj in
+                                  self._pages(self._core.list_pod_for_all_namespaces, label_selector=selector))
+                      if p is not None]
+        return assemble(nodes, pinned, now)
+
+    def _reaching(self, what: str):
+        if self._target is None:
+            return contextlib.nullcontext()
+        return connecting.reaching(self._target, what)
+
+    def use(self, settings: settings_mod.Settings) -> None:
+        """Settings read again (the config changed): the next pass plans with them."""
+        if settings.policy != self._settings.policy:
+            self.stand_by()  # the cache read pods with the old policy: list them again
+        self._settings = settings
+        self.elector.duration = max(15, 3 * settings.replacement.interval)
 
     def owner(self, pod: replacement.Waiting) -> replacement.Owner:
         """The pod's controller as the API shows it now."""
@@ -392,7 +434,7 @@ class Replacer:
                  replacement.JOB: self._batch.read_namespaced_job}
         try:
             obj = _json(reads[pod.owner_kind](pod.owner_name, pod.namespace, _preload_content=False,
-                                              _request_timeout=REQUEST_TIMEOUT))
+                                              _request_timeout=self._timeout))
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return replacement.Owner(pod.owner_kind, pod.owner_name, found=False)
@@ -486,7 +528,7 @@ class Replacer:
                 "deleteOptions": {"preconditions": preconditions}}
         try:
             _json(self._core.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _preload_content=False,
-                                                            _request_timeout=REQUEST_TIMEOUT))
+                                                            _request_timeout=self._timeout))
         except kubernetes.client.ApiException as exc:
             reason = {429: "a disruption budget allows no eviction now", 404: "the pod is gone",
                       409: "the pod changed since it was listed"}.get(exc.status, f"HTTP {exc.status}")
@@ -509,29 +551,62 @@ class Replacer:
                 "reportingComponent": names.REPLACER_COMPONENT, "reportingInstance": self.identity}
         try:
             _json(self._core.create_namespaced_event(pod.namespace, body, _preload_content=False,
-                                                     _request_timeout=REQUEST_TIMEOUT))
+                                                     _request_timeout=self._timeout))
         except kubernetes.client.ApiException as exc:
             log.warning("gpushard: evicted %s/%s but could not record its Event (%s)", pod.namespace, pod.name,
                         exc.status)
 
-    def run(self, stop: threading.Event) -> None:
-        """Pass after pass until ``stop`` is set, ``interval`` apart or farther (see ``pause``)."""
+    def since_beat(self) -> float:
+        """Seconds since the loop last came round (on this replacer's clock)."""
+        return self._clock() - self.beat
+
+    def _still_leads(self) -> None:
+        """Renew the Lease between passes; a leader that cannot stops its watches at once."""
+        try:
+            leads = self.elector.lead()
+        except Exception as exc:  # noqa: BLE001 - the loop must go on; the next pass tries again
+            log.warning("gpushard: cannot renew Lease %s/%s: %s; standing by until it can", self.elector.namespace,
+                        self.elector.name, connecting.failure_text(exc))
+            leads = False
+        if not leads:
+            self.stand_by()
+
+    def run(self, stop: threading.Event, reload: Callable[[], settings_mod.Settings | None] | None = None) -> None:
+        """Pass after pass until ``stop`` is set, ``interval`` apart or farther (see ``pause``).
+
+        ``reload`` (before each pass) gives settings read again from a changed config, or None.
+        With ``replacement.enabled: false`` the loop keeps turning and evicts nothing.
+        """
         while not stop.is_set():
+            self.beat = self._clock()
+            fresh = reload() if reload is not None else None
+            if fresh is not None:
+                self.use(fresh)
             began = self._clock()
-            try:
-                self.pass_once()
-            except Exception:  # noqa: BLE001 - one failed pass must not end the loop
-                log.exception("gpushard: a re-placement pass failed; trying again next interval")
+            if not self._settings.replacement.enabled:
+                self.stand_by()
+                self.elector.release()
+            else:
+                try:
+                    self.pass_once()
+                except Exception as exc:  # noqa: BLE001 - one failed pass must not end the loop
+                    if isinstance(exc, (connecting.ApiError, kubernetes.client.ApiException)) or \
+                            connecting.is_transport_failure(exc):
+                        log.warning("gpushard: a re-placement pass failed: %s; trying again next interval",
+                                    connecting.failure_text(exc))
+                    else:
+                        log.exception("gpushard: a re-placement pass failed; trying again next interval")
             took = self._clock() - began - self._sync_waited  # waiting for a sync is no load
             wait = pause(self._settings.replacement.interval, took)
             # A long wait renews the Lease on the way, so that the leader stays the leader; one
             # that lost it stops its watches at once.
             until = self._clock() + wait
             while not stop.wait(max(0.0, min(until - self._clock(), self.elector.duration / 3))):
+                self.beat = self._clock()
                 if self._clock() >= until:
                     break
-                if not self.elector.lead():
-                    self.stand_by()
+                if self._settings.replacement.enabled:
+                    self._still_leads()
         self.stand_by()
         self.elector.release()
 
@@ -557,38 +632,127 @@ def api_client(kubeconfig: str | None = None, context: str | None = None, timeou
     return connecting.client(kubeconfig, context, timeout).api
 
 
+class Reloader:
+    """The config file read again when it changes (a ConfigMap update swaps its symlink), before each pass.
+
+    A changed file that does not validate is logged and the settings in use are kept.
+    """
+
+    def __init__(self, path: str | None):
+        self._path = path
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple | None:
+        if self._path is None:
+            return None
+        try:
+            found = os.stat(self._path)
+        except OSError:
+            return None
+        return found.st_ino, found.st_mtime_ns, found.st_size
+
+    def __call__(self) -> settings_mod.Settings | None:
+        stamp = self._stamp()
+        if stamp is None or stamp == self._seen:
+            return None
+        self._seen = stamp
+        try:
+            fresh = settings_mod.load(self._path)
+        except settings_mod.SettingsError as exc:
+            log.error("gpushard: the changed config is not used, the one read before is: %s", exc)
+            return None
+        log.info("gpushard: config %s read again (re-placement %s)", self._path,
+                 "on" if fresh.replacement.enabled else "off")
+        return fresh
+
+
+def serve_health(port: int, replacer: Replacer, stall_s: float = STALL_S) -> http.server.ThreadingHTTPServer:
+    """``GET /healthz`` on ``port``: 200 while the loop comes round, 503 once it has stalled for ``stall_s``.
+
+    The Deployment's liveness probe reads it, so a loop stuck for good is restarted.
+    """
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the name http.server calls
+            since = replacer.since_beat()
+            ok = self.path.split("?")[0] in ("/healthz", "/livez") and since < stall_s
+            body = (f"ok: the loop came round {since:.0f}s ago\n" if ok else
+                    f"stalled: the loop last came round {since:.0f}s ago (limit {stall_s:.0f}s)\n").encode()
+            self.send_response(200 if ok else (404 if self.path.split("?")[0] not in ("/healthz", "/livez")
+                                               else 503))
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # probes every few seconds: not worth a log line each
+            pass
+
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Health)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
+    return server
+
+
+def _once(replacer: Replacer, client: connecting.Client, namespace: str) -> int:
+    """One pass with --once: its outcome on stdout, or one gpushard: line and exit 3 (or 2)."""
+    where = f"the Kubernetes API at {client.target.host} (context {client.target.context})"
+    try:
+        outcome = replacer.pass_once()
+    except connecting.ApiError as exc:
+        print(exc, file=sys.stderr)
+        return kubectl.UNREACHABLE
+    except kubernetes.client.ApiException as exc:
+        print(f"gpushard: {where} answered {connecting.failure_text(exc)} during a re-placement pass; "
+              "nothing more was done", file=sys.stderr)
+        return kubectl.UNREACHABLE
+    except Exception as exc:  # noqa: BLE001 - an error nobody foresaw: one line, still not a traceback
+        print(f"gpushard: the re-placement pass stopped by an unexpected error: {connecting.failure_text(exc)}",
+              file=sys.stderr)
+        return kubectl.USAGE
+    if outcome is None:
+        print(f"gpushard: another replacer holds Lease {namespace}/{names.REPLACER_LEASE}; nothing done")
+        return 0
+    print(f"gpushard: evicted {len(outcome.evicted)}, refused {len(outcome.refused)}, "
+          f"not re-placed {len(outcome.plan.stuck)}, waiting for room {outcome.plan.waiting_for_room}")
+    return 0
+
+
 def run(args, settings: settings_mod.Settings) -> int:
     """`gpushard replace`: the loop, or one pass with --once."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     stop = threading.Event()
     if not settings.replacement.enabled:
-        # Off: never evict. The Deployment keeps running (idle) so that the switch needs no manifest change.
+        # Off: never evict. The loop keeps running (idle, reading the config when it changes), so
+        # that switching it on again needs no manifest change and no restart.
         print(f"gpushard: re-placement is off (replacement.enabled: false in {settings.source})")
         if args.once:
             return 0
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-        stop.wait()
-        return 0
     try:
         timeout = connecting.parse_timeout(getattr(args, "request_timeout", None), default=None)
-        client = api_client(args.kubeconfig, args.context, timeout)
+        client = connecting.client(args.kubeconfig, args.context, timeout)
     except connecting.ConfigError as exc:
         print(exc, file=sys.stderr)
         return kubectl.USAGE
     namespace = args.namespace or os.environ.get(names.POD_NAMESPACE_ENV) or DEFAULT_NAMESPACE
     identity = args.identity or os.environ.get(names.POD_NAME_ENV) or f"{socket.gethostname()}-{os.getpid()}"
     # One pass lists; the loop lists once and then follows by watch.
-    replacer = Replacer(client, settings, identity, namespace, dry_run=args.dry_run, follow=not args.once)
+    replacer = Replacer(client.api, settings, identity, namespace, dry_run=args.dry_run, follow=not args.once,
+                        timeout=timeout, target=client.target)
     if args.once:
-        outcome = replacer.pass_once()
-        if outcome is None:
-            print(f"gpushard: another replacer holds Lease {namespace}/{names.REPLACER_LEASE}; nothing done")
-            return 0
-        print(f"gpushard: evicted {len(outcome.evicted)}, refused {len(outcome.refused)}, "
-              f"not re-placed {len(outcome.plan.stuck)}, waiting for room {outcome.plan.waiting_for_room}")
-        return 0
+        return _once(replacer, client, namespace)
+    health = None
+    port = getattr(args, "health_port", 0) or 0
+    if port:
+        try:
+            health = serve_health(port, replacer, getattr(args, "stall_seconds", None) or STALL_S)
+        except OSError as exc:
+            print(f"gpushard: --health-port {port}: cannot listen: {exc.strerror}", file=sys.stderr)
+            return kubectl.USAGE
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    replacer.run(stop)
+    try:
+        replacer.run(stop, Reloader(args.config))
+    finally:
+        if health is not None:
+            health.shutdown()
     return 0

@@ -32,6 +32,8 @@ def documents(paths: list[str]) -> Iterator[tuple[str, int, object]]:
             text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
         except OSError as exc:
             raise ManifestError(f"gpushard: cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ManifestError(f"gpushard: cannot read {path}: not UTF-8 text") from None
         try:
             docs = list(yaml.safe_load_all(text))
         except yaml.YAMLError as exc:

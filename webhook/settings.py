@@ -194,9 +194,12 @@ def read_yaml(path: Path, what: str, error: type[Exception], formats: str = "YAM
     Shared by every file gpushard reads at start: config, cluster view, card inventory.
     """
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise error(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: the {what} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                    f"{exc.start})") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

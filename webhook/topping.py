@@ -31,6 +31,7 @@ METRICS_PORT_NAME = "metrics"
 DEFAULT_PORT = 9401
 TIMEOUT_S = 10.0
 MIB = 1024 * 1024
+API_VERSION = "gpushard.io/v1"  # as `status -o json` and `audit -o json`
 
 class TopError(Exception):
     """Nothing to show; the message says why."""
@@ -42,13 +43,14 @@ class CardTop:
     gpu: int
     uuid: str
     model: str
-    shares: int = 0
+    shares: int | None = None  # None: unknown (the agent cannot reach the kubelet's PodResources)
     capacity: int = 0
     memory_used: int | None = None
     memory_total: int | None = None
     utilization: float | None = None  # 0..1
     healthy: bool = True
-    unattributed_memory: int = 0
+    unattributed_memory: int | None = None  # None: unknown, as the shares
+    kubelet_reachable: bool = True  # the agent's PodResources answered its last scrape
 
 
 @dataclass
@@ -85,9 +87,14 @@ def parse(text: str) -> tuple[list[CardTop], list[PodTop]]:
                   "gpushard_container_memory_share_bytes": "memory_share",
                   "gpushard_container_memory_cap_bytes": "memory_cap", "gpushard_container_over_share": "over_share",
                   "gpushard_container_utilization_ratio": "utilization"}
+    unreachable: set[str] = set()  # nodes whose agent cannot reach the kubelet's PodResources
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = sample.labels
+            if sample.name == "gpushard_agent_podresources_up":
+                if sample.value < 1:
+                    unreachable.add(labels.get("node", ""))
+                continue
             try:
                 gpu = int(labels.get("gpu", ""))
             except ValueError:
@@ -103,6 +110,10 @@ def parse(text: str) -> tuple[list[CardTop], list[PodTop]]:
                 pod = pods.setdefault(key, PodTop(*key))
                 field = pod_fields[sample.name]
                 setattr(pod, field, _typed(field, sample.value))
+    for card in cards.values():
+        if card.node in unreachable:
+            # An older agent exported 0 for what it did not know: unknown all the same.
+            card.kubelet_reachable, card.shares, card.unattributed_memory = False, None, None
     return list(cards.values()), list(pods.values())
 
 
@@ -153,6 +164,9 @@ def _forward(core, namespace: str, agent: Agent, timeout: float | None):
         return stream.portforward(core.connect_get_namespaced_pod_portforward, agent.pod, namespace,
                                   ports=str(agent.port))
     except kubernetes.client.ApiException as exc:
+        if isinstance(exc.__context__, (KeyboardInterrupt, SystemExit)):
+            # The client's port-forward turns even Ctrl-C into an ApiException (status 0): give it back.
+            raise exc.__context__ from None
         found = re.search(r"Handshake status (\d+) ?([A-Za-z ]*)", str(exc.reason))
         if found:
             # The API server's refusal: its Status message follows the headers.
@@ -185,6 +199,9 @@ def scrape(core, namespace: str, agent: Agent, timeout: float | None = TIMEOUT_S
                 response = http.client.HTTPResponse(tls)
                 response.begin()
                 body = response.read()
+        except TimeoutError:  # socket.timeout, the TLS handshake's too: an agent that accepts and never answers
+            raise ScrapeError(f"no answer within {timeout:g}s through the port-forward" if timeout
+                              else "no answer through the port-forward") from None
         except (OSError, http.client.HTTPException) as exc:
             error = forward.error(agent.port)
             raise ScrapeError(f"port-forward failed: {(error or str(exc) or type(exc).__name__).strip()}") from None
@@ -214,8 +231,12 @@ def gather(core, namespace: str, node: str | None = None, err: IO[str] | None = 
             text = scrape(core, namespace, agent, timeout)
         except Exception as exc:  # one node away must not hide the others
             status = getattr(exc, "status", None)
-            why = str(exc) if isinstance(exc, ScrapeError) or not status else \
-                f"HTTP {status} {getattr(exc, 'reason', '')}".strip()
+            if isinstance(exc, ScrapeError) or not status:
+                why = str(exc) if isinstance(exc, ScrapeError) else connecting.failure_text(exc)
+            else:
+                why = f"HTTP {status} {getattr(exc, 'reason', '')}".strip()
+            if why == "timed out" and timeout:
+                why = f"no answer within {timeout:g}s through the port-forward"
             print(f"gpushard: cannot read the metrics of agent {agent.pod} on node {agent.node!r}: {why}", file=err)
             continue
         answered += 1
@@ -243,10 +264,43 @@ def _table(header: list[str], rows: Iterable[list[str]], no_headers: bool = Fals
 
 def cards_table(cards: list[CardTop], no_headers: bool = False) -> str:
     return _table(["NODE", "GPU", "MODEL", "SHARES", "MEMORY", "UTIL", "UNATTRIBUTED", "HEALTH"], [
-        [c.node, str(c.gpu), c.model, f"{c.shares}/{c.capacity}",
+        [c.node, str(c.gpu), c.model, f"{'?' if c.shares is None else c.shares}/{c.capacity}",
          f"{_mib(c.memory_used)}/{_mib(c.memory_total)}",
          _percent(c.utilization),
-         _mib(c.unattributed_memory), "Healthy" if c.healthy else "Unhealthy"] for c in cards], no_headers)
+         _mib(c.unattributed_memory),
+         ("Healthy" if c.healthy else "Unhealthy") + ("" if c.kubelet_reachable else ", kubelet unreachable")]
+        for c in cards], no_headers)
+
+
+def unreachable_nodes(cards: list[CardTop]) -> list[str]:
+    """Nodes whose agent cannot reach the kubelet's PodResources: there, who holds shares is unknown."""
+    return sorted({c.node for c in cards if not c.kubelet_reachable})
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+# Byte counts say so in their JSON names, as the metrics do.
+_JSON_NAMES = {"memory_used": "memoryUsedBytes", "memory_total": "memoryTotalBytes",
+               "memory_share": "memoryShareBytes", "memory_cap": "memoryCapBytes",
+               "unattributed_memory": "unattributedMemoryBytes", "uuid": "UUID"}
+
+
+def _document(row) -> dict:
+    return {_JSON_NAMES.get(k, _camel(k)): v for k, v in asdict(row).items()}
+
+
+def top_json(cards: list[CardTop], pods: list[PodTop], what: str = "all") -> dict:
+    """The `-o json|yaml` document: a versioned kind, camelCase keys, as `status` and `audit` write."""
+    body: dict = {"apiVersion": API_VERSION, "kind": "TopReport"}
+    if what in ("all", "cards"):
+        body["cards"] = [_document(c) for c in cards]
+    if what in ("all", "pods"):
+        body["pods"] = [_document(p) for p in pods]
+    body["kubeletUnreachable"] = unreachable_nodes(cards)
+    return body
 
 
 def _percent(value: float | None) -> str:
@@ -278,7 +332,7 @@ def run_top(args, conn: connecting.Client, out: IO[str] | None = None, err: IO[s
     except (TopError, connecting.ApiError) as exc:
         print(exc, file=err)
         return kubectl.UNREACHABLE
-    namespace = kubectl.namespace_of(args)
+    namespace = kubectl.namespace_of(args, conn.target)
     if namespace:
         pods = [p for p in pods if p.namespace == namespace]
     if args.sort_by == "memory":
@@ -286,11 +340,7 @@ def run_top(args, conn: connecting.Client, out: IO[str] | None = None, err: IO[s
     elif args.sort_by == "shares":
         pods.sort(key=lambda p: -p.shares)
     if args.output in (kubectl.JSON, kubectl.YAML):
-        body = {}
-        if args.what in ("all", "cards"):
-            body["cards"] = [asdict(c) for c in cards]
-        if args.what in ("all", "pods"):
-            body["pods"] = [asdict(p) for p in pods]
+        body = top_json(cards, pods, args.what)
         if args.output == kubectl.JSON:
             out.write(json.dumps(body, indent=2) + "\n")
         else:
@@ -299,9 +349,16 @@ def run_top(args, conn: connecting.Client, out: IO[str] | None = None, err: IO[s
             out.write(yaml.safe_dump(body, sort_keys=False))
         return kubectl.OK
     parts = []
+    away = unreachable_nodes(cards)
     if args.what in ("all", "cards"):
         parts.append(cards_table(cards, args.no_headers))
     if args.what in ("all", "pods"):
-        parts.append(pods_table(pods, args.no_headers) if pods else "No containers hold shares.\n")
+        if pods:
+            parts.append(pods_table(pods, args.no_headers))
+        elif not away:
+            parts.append("No containers hold shares.\n")
     out.write("\n".join(parts))
+    for node in away:
+        print(f"gpushard: the agent on node {node!r} cannot reach the kubelet's PodResources API: who holds "
+              "shares there is unknown (not 0); see its log, and the kubelet's pod-resources socket", file=err)
     return kubectl.OK

@@ -11,7 +11,8 @@ a fake /proc tree with cgroup files in three runtime layouts, and NVML process l
 - a container restart (new container ID) is attributed at once through the pod's UID, and by name once
   the API shows the new ID;
 - the memory cap appears only when isolation gives one;
-- PodResources down: card series stay, container series go, and podresources_up says 0;
+- PodResources down: card series stay but the shares held (unknown, not 0) and the unattributed
+  figures go, container series go, and podresources_up says 0;
 - the metrics served over TLS on the agent's own port, and `gpushard agent --metrics-port` end to end
   (fake inventory, stand-in PodResources, fake /proc, pods named through a kubeconfig to the local API).
 """
@@ -226,8 +227,12 @@ def test_pod_resources_down_keeps_cards_and_drops_containers(node):
     assert value(s, "gpushard_agent_podresources_up", node=NODE) == 0
     assert pods_in(s) == set()
     assert value(s, "gpushard_card_memory_used_bytes", gpu="0") == (3000 + 1500 + 2048) << 20
-    # Without the kubelet's holdings, every process is nobody's.
-    assert value(s, "gpushard_card_unattributed_processes", gpu="0") == 3
+    # Without the kubelet's holdings, who holds shares is unknown, not 0: no series for the shares
+    # held, nor for what no container holds (nothing could be attributed).
+    assert value(s, "gpushard_card_shares_capacity", gpu="0") == 100
+    for name in ("gpushard_card_shares_allocated", "gpushard_card_unattributed_processes",
+                 "gpushard_card_unattributed_memory_bytes"):
+        assert value(s, name, gpu="0") is None, name
 
 
 def test_served_on_its_own_port(node):

@@ -8,7 +8,8 @@ We test:
 - `audit -n NS` uses only namespaced calls, so a token allowed only in NS audits it, while the
   cluster-wide audit with that token exits 3 naming the refused list; a namespace the token may not
   read is audited as if it enforced, with a note;
-- -l reaches the API as a labelSelector; -A overrides -n;
+- -l reaches the API as a labelSelector; -A overrides -n; without -n the context's namespace is
+  the one audited (as kubectl's default), and every namespace only where the context names none;
 - -o json|yaml|wide|name and --no-headers for audit and status; status rows never wrap;
 - `kubectl gpushard ...` (the kubectl-gpushard executable found on PATH by the real kubectl) runs
   the same commands, and setup.cfg installs it.
@@ -170,6 +171,23 @@ def test_a_namespace_whose_object_cannot_be_read_is_audited_as_enforced(fake, tm
     assert (code, out, err) == (2, "", "gpushard: namespace research not found\n")
 
 
+def test_the_contexts_namespace_is_the_default_of_n_as_in_kubectl(fake, tmp_path, capsys):
+    # A user whose context names their namespace, with rights only there: audit reads that namespace.
+    fake.tokens = {"research-only": ("research",)}
+    text = world.kubeconfig(fake).replace("user: {}", "user: {token: research-only}").replace(
+        "context: {cluster: fake, user: nobody}", "context: {cluster: fake, user: nobody, namespace: research}")
+    path = tmp_path / "kubeconfig"
+    path.write_text(text)
+    code, out, err = run(["audit", "--kubeconfig", str(path), "-o", "json"], capsys)
+    assert code == 1 and err == "" and json.loads(out)["target"] == "namespace research"
+    # -A still means every namespace (and this token may not list them all), -n another one.
+    code, out, err = run(["audit", "-A", "--kubeconfig", str(path)], capsys)
+    assert code == 3 and "forbids this account to list namespaces" in err
+    fake.tokens = None
+    code, out, _ = run(["audit", "-n", "ml", "--kubeconfig", str(path), "-o", "json"], capsys)
+    assert json.loads(out)["target"] == "namespace ml"
+
+
 def test_all_namespaces_overrides_namespace_and_selector_reaches_the_api(kubeconfig, fake, capsys):
     fake.requests.clear()
     code, out, _ = run(["audit", "-n", "research", "-A", "--kubeconfig", kubeconfig, "-o", "json"], capsys)
@@ -215,7 +233,7 @@ def test_status_outputs_never_wrap(kubeconfig, capsys, monkeypatch):
     # 2 + 8 cards, a total line for each node, one for the cluster: each on one line of its own.
     assert len(rows) == 10 + 2 + 1
     card0 = next(r for r in rows if r.startswith("gpu-8x     0"))
-    assert "ml/train-a (50, 40779 MiB), ml/train-b (25, 20389 MiB)" in card0
+    assert "ml/train-a (50), ml/train-b (25)" in card0  # isolation none: no memory cap
     _, wide, _ = run(["status", "--kubeconfig", kubeconfig, "-o", "wide"], capsys)
     assert wide.splitlines()[0].split()[:4] == ["NODE", "CARD", "MODEL", "UUID"]
     assert "GPU-gpu-8x-3" in wide

@@ -33,6 +33,8 @@ from __future__ import annotations
 import json
 import socket
 
+import pytest
+
 from tests import fakekube
 from tests.audit import world
 from webhook import cli
@@ -319,13 +321,20 @@ def test_an_unexpected_error_exits_2_in_one_line(kubeconfig, monkeypatch, capsys
 
 # --- status ----------------------------------------------------------------------------------------
 
-def status_json(kubeconfig: str, capsys) -> dict:
-    assert cli.main(["status", "--kubeconfig", kubeconfig, "-o", "json"]) == 0
+def status_json(kubeconfig: str, capsys, *extra: str) -> dict:
+    assert cli.main(["status", "--kubeconfig", kubeconfig, "-o", "json", *extra]) == 0
     return json.loads(capsys.readouterr().out)
 
 
-def test_status_counts_shares_per_card(kubeconfig, capsys):
-    report = status_json(kubeconfig, capsys)
+@pytest.fixture
+def memory_isolation(tmp_path) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text("isolation: memory\n")
+    return str(path)
+
+
+def test_status_counts_shares_per_card(kubeconfig, capsys, memory_isolation):
+    report = status_json(kubeconfig, capsys, "--config", memory_isolation)
     nodes = {n["name"]: n for n in report["nodes"]}
     assert list(nodes) == ["gpu-2x", "gpu-8x"]  # the plain node is not shared
     big = {c["index"]: c for c in nodes["gpu-8x"]["cards"]}
@@ -344,8 +353,8 @@ def test_status_counts_shares_per_card(kubeconfig, capsys):
     assert report["sharesPerCard"] == 100
 
 
-def test_status_table(kubeconfig, capsys):
-    assert cli.main(["status", "--kubeconfig", kubeconfig]) == 0
+def test_status_table(kubeconfig, capsys, memory_isolation):
+    assert cli.main(["status", "--kubeconfig", kubeconfig, "--config", memory_isolation]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["NODE", "CARD", "MODEL", "USED", "FREE", "TOTAL", "USE%", "PODS"]
     at = next(i for i, line in enumerate(lines) if line.startswith("gpu-8x") and line.split()[1] == "0")
@@ -357,12 +366,56 @@ def test_status_table(kubeconfig, capsys):
     assert lines[-1] == "pending: ml/waiting waits for card 5 (20 shares)"
 
 
+def test_with_isolation_none_status_shows_no_memory_cap(kubeconfig, capsys):
+    report = status_json(kubeconfig, capsys)
+    holders = [p for n in report["nodes"] for c in n["cards"] for p in c["pods"]]
+    assert holders and all(p["memoryMiB"] is None for p in holders)
+    assert cli.main(["status", "--kubeconfig", kubeconfig]) == 0
+    out = capsys.readouterr().out
+    assert "ml/train-a (50)," in out and "MiB" not in out
+
+
+def test_a_selector_narrows_the_rows_not_the_verdicts(kubeconfig, fake, capsys):
+    # ml/waiting waits for card 5, which only gpu-8x has (75 of its 100 shares free): pending, not
+    # stranded, whether or not the selector shows gpu-8x.
+    whole = status_json(kubeconfig, capsys)
+    narrow = status_json(kubeconfig, capsys, "-l", "gpushard.io/cards=2")
+    assert [n["name"] for n in narrow["nodes"]] == ["gpu-2x"]
+    assert narrow["pending"] == whole["pending"] == [{"namespace": "ml", "name": "waiting", "card": 5, "shares": 20}]
+    assert narrow["stranded"] == whole["stranded"] == []
+    assert cli.main(["status", "--kubeconfig", kubeconfig, "-l", "gpushard.io/cards=2"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == "pending: ml/waiting waits for card 5 (20 shares)" and "stranded" not in out
+    # A selector that matches nothing says so; the cluster still has its shared nodes.
+    assert cli.main(["status", "--kubeconfig", kubeconfig, "-l", "pool=none"]) == 0
+    out = capsys.readouterr().out
+    assert "gpushard: no shared node matches -l pool=none (2 shared nodes in all)" in out
+    assert "no shared nodes (none offers" not in out
+
+
+def test_a_stranded_pod_is_told_once(kubeconfig, fake, capsys):
+    # Fill card 5 of gpu-8x: ml/waiting now waits on a full card while others have room.
+    filler = fake.get("pods", "waiting", "ml")
+    filler["metadata"]["name"] = "filler"
+    filler["spec"]["nodeName"] = "gpu-8x"
+    filler["status"] = {"phase": "Running"}
+    for c in filler["spec"]["containers"]:
+        for section in ("requests", "limits"):
+            for key in list(c.get("resources", {}).get(section, {})):
+                c["resources"][section][key] = "100"
+    fake.put("pods", filler)
+    assert cli.main(["status", "--kubeconfig", kubeconfig]) == 0
+    out = capsys.readouterr().out
+    told = [line for line in out.splitlines() if "ml/waiting" in line]
+    assert len(told) == 1 and told[0].startswith("stranded: ml/waiting waits on full card 5"), told
+
+
 def test_a_card_the_node_no_longer_offers_keeps_its_holders(kubeconfig, fake, capsys):
     node = fake.get("nodes", "gpu-8x")
     node["status"]["allocatable"]["gpushard.io/card-3"] = "0"  # the agent marked card 3 unhealthy
     fake.put("nodes", node)
     card = status_json(kubeconfig, capsys)["nodes"][1]["cards"][3]
     assert (card["capacity"], card["used"], card["free"]) == (0, 100, 0)
-    assert card["pods"] == [{"namespace": "ml", "name": "infer-c", "shares": 100, "memoryMiB": 81559}]
+    assert card["pods"] == [{"namespace": "ml", "name": "infer-c", "shares": 100, "memoryMiB": None}]
     _code, report, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
     assert ("Node", "gpu-8x", "card-oversubscribed") in found(report)

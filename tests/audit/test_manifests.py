@@ -14,6 +14,9 @@ We test:
 - odd shapes are audited, not a crash: an env that is no list, entries that are no mappings,
   mapping keys that are not text (read as kubectl sends them); an env entry without a value shows
   as '';
+- files found in a folder that hold no Kubernetes object (a dashboard, a cluster-view file) are
+  skipped with one note, so `audit -f deploy/` and `-f examples/` work; named alone they are still
+  an error;
 - exit 0 when clean, 1 when anything is found, 2 with a gpushard: message naming the file (and the
   document) for a missing file, bad YAML, bad JSON, a document that is no object, an empty folder,
   and a bad config file.
@@ -233,6 +236,32 @@ def test_unreadable_documents_exit_2(tmp_path, capsys, name, text, message):
     code, report, err = run(["-f", str(path)], capsys)
     assert (code, report) == (2, None)
     assert err.startswith(f"gpushard: {tmp_path}/{message}")
+
+
+def test_files_in_a_folder_that_hold_no_objects_are_skipped_with_one_note(tmp_path, capsys):
+    (tmp_path / "dashboard.json").write_text(json.dumps({"title": "GPU shares", "panels": []}))
+    (tmp_path / "cluster.yaml").write_text("nodes:\n- name: gpu-1\n  cards: [100]\n")
+    (tmp_path / "pod.yaml").write_text(pod("one", "1.5"))
+    code, report, err = run(["-f", str(tmp_path)], capsys)
+    assert code == 1 and [r[:2] for r in rules(report)] == [("one", "fraction-above-one")]
+    assert err == (f"gpushard: skipped 2 files that hold no Kubernetes objects: {tmp_path}/cluster.yaml, "
+                   f"{tmp_path}/dashboard.json\n")
+    # Named itself, such a file is still no manifest; nor is a folder file that mixes in a non-object.
+    code, _report, err = run(["-f", str(tmp_path / "cluster.yaml")], capsys)
+    assert code == 2 and "cluster.yaml#1: not a Kubernetes object" in err
+    (tmp_path / "pod.yaml").write_text(pod("one", "1.5") + "---\njust text\n")
+    code, _report, err = run(["-f", str(tmp_path)], capsys)
+    assert code == 2 and "pod.yaml#2: not a Kubernetes object" in err
+
+
+@pytest.mark.parametrize("folder", ["deploy", "examples"])
+def test_the_projects_own_folders_audit(folder, capsys, monkeypatch):
+    import pathlib
+
+    monkeypatch.chdir(pathlib.Path(__file__).resolve().parents[2])
+    code, report, err = run(["-f", f"{folder}/"], capsys)
+    assert code in (0, 1) and report["summary"]["objects"] > 0
+    assert err.startswith("gpushard: skipped 1 file that holds no Kubernetes objects: ")
 
 
 def test_missing_file_and_empty_folder_exit_2(tmp_path, capsys):

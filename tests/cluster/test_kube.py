@@ -171,6 +171,21 @@ def test_api_errors_are_retried_and_synced_waits_for_both_lists(fake, start_view
     assert view.synced()  # the last view stays while the watches reconnect
 
 
+def test_a_failed_list_or_watch_is_logged_in_words_an_operator_can_act_on(fake, start_view, caplog):
+    fake.put("nodes", o.node("gpu-a", {0: 100}))
+    fake.tokens = {}  # the view's token refused: 401 with the API server's message
+    with caplog.at_level("WARNING"):
+        view = start_view(backoff=(0.2, 0.4))
+        o.wait_for(lambda: any("failed: HTTP 401 (Unauthorized)" in r.getMessage() for r in caplog.records),
+                   what="the failure's log line")
+        fake.tokens = None
+        o.wait_for(view.synced, what="a sync once the token is taken")
+    line = next(r for r in caplog.records if "HTTP 401" in r.getMessage())
+    assert line.getMessage().startswith(("gpushard: listing or watching nodes failed: HTTP 401 (Unauthorized); "
+                                         "retrying in", "gpushard: listing or watching pods failed: HTTP 401"))
+    assert not line.exc_info  # the API's refusal needs no traceback
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -23,13 +23,18 @@ We test:
   or in the loop's wait), hold no watch;
 - lists are read page by page; objects of odd shapes are skipped, never a crash;
 - a slow pass (a large cluster's lists) stretches the wait so that listing takes at most a fifth
-  of the time, and a leader renews its Lease while it waits.
+  of the time, and a leader renews its Lease while it waits;
+- a Lease read the API refuses (401, a 500) raises rather than passing for another leader; the
+  loop outlives such passes with one plain log line each and leads once the API answers;
+- a changed config file is read before the next pass (the off switch, then on again), and one
+  that does not validate leaves the settings in use; /healthz answers 503 once the loop stalls.
 """
 
 from __future__ import annotations
 
 import datetime
 import threading
+import time
 
 import pytest
 
@@ -560,3 +565,87 @@ def test_a_standby_holds_no_watch_and_a_leader_that_loses_the_lease_stops_its_wa
     fake.put("pods", o.pod("late", 0, 1, "gpu-a"))
     threading.Event().wait(1.0)
     assert watches(fake) == seen
+
+
+# --- failures, liveness and a changed config -------------------------------------------------------
+
+def test_a_lease_the_api_refuses_is_an_error_not_another_leader(fake):
+    seed_cluster(fake)
+    fake.tokens = {}  # every request: 401
+    target = replacing.connecting.Target(fake.url, "ctx", "kubeconfig")
+    replacer = make(fake, target=target)
+    with pytest.raises(replacing.connecting.ApiError, match=r"\(context ctx\) refused the credentials \(401 "
+                                                             r"Unauthorized\) while trying to get Lease "):
+        replacer.pass_once()
+    fake.tokens = None
+    fake.fail_next = [500]
+    with pytest.raises(replacing.kubernetes.client.ApiException):
+        replacer.pass_once()
+    assert replacer.pass_once() is not None  # and once it answers, this one leads
+
+
+def test_the_loop_outlives_a_refusing_api_and_stands_by_then_leads_again(fake, caplog):
+    seed_cluster(fake)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    fake.tokens = {}  # 401 for everything, for a while
+    replacer = make(fake, clock=time.monotonic, interval=1,
+                    target=replacing.connecting.Target(fake.url, "ctx", "kubeconfig"))
+    stop = threading.Event()
+    thread = threading.Thread(target=replacer.run, args=(stop,))
+    with caplog.at_level("WARNING"):
+        thread.start()
+        o.wait_for(lambda: any("401 Unauthorized" in r.getMessage() for r in caplog.records), what="a failed pass")
+        assert "web-x1" in pods(fake)
+        fake.tokens = None
+        o.wait_for(lambda: "web-x1" not in pods(fake), what="a pass once the API answers")
+    stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    # One plain line per failed pass, naming the server and the context; no traceback.
+    failed = [r for r in caplog.records if "re-placement pass failed" in r.getMessage()]
+    assert failed and all(r.exc_info is None and "(context ctx)" in r.getMessage() for r in failed)
+
+
+def test_a_changed_config_is_read_before_the_next_pass(fake, tmp_path):
+    seed_cluster(fake)
+    fake.put("replicasets", workload("ReplicaSet", "web"))
+    config = tmp_path / "config.yaml"
+    config.write_text("replacement: {enabled: false, interval: 1}\n")
+    reload = replacing.Reloader(str(config))
+    assert reload() is None  # unchanged since it was made
+    replacer = make(fake, clock=time.monotonic, interval=1, enabled=False, pending_seconds=0)
+    stop = threading.Event()
+    thread = threading.Thread(target=replacer.run, args=(stop, reload))
+    thread.start()
+    fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
+    began = replacer.beat
+    o.wait_for(lambda: replacer.beat >= began + 2, what="two turns with re-placement off")
+    config.write_text("replacement: {enabled: nope}\n")  # does not validate: the settings in use stay
+    began = replacer.beat
+    o.wait_for(lambda: replacer.beat >= began + 2, what="two turns with a bad config")
+    assert "web-x1" in pods(fake) and not fake.objects["leases"]
+    config.write_text("replacement: {enabled: true, interval: 1, pendingSeconds: 0}\n")
+    o.wait_for(lambda: "web-x1" not in pods(fake), what="the pass after the switch")
+    stop.set()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_the_health_endpoint_fails_once_the_loop_stalls(fake):
+    import urllib.error
+    import urllib.request
+
+    replacer = make(fake, clock=time.monotonic)
+    server = replacing.serve_health(0, replacer, stall_s=30)
+    url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            assert response.status == 200 and response.read().startswith(b"ok")
+        replacer.beat -= 31  # the loop last came round 31 s ago
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(url, timeout=5)
+        assert failed.value.code == 503 and failed.value.read().startswith(b"stalled")
+    finally:
+        server.shutdown()
+        server.server_close()

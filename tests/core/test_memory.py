@@ -362,9 +362,11 @@ def test_status_shows_the_memory_asked_beside_the_shares():
     fraction = decide(fraction, fleet()).obj
     fraction["spec"]["nodeName"] = "elsewhere"
     use = audit.usage([cluster_node], [placed, fraction], Policy())
-    table = auditing.status_table(use)
+    # The cap is shown where isolation gives one (memory or mps); the ask always.
+    table = auditing.status_table(use, capped=True)
     assert "team-a/infer (54, 12438 MiB, asked 12288 MiB)" in table  # 54 x 23034 / 100 = 12438 >= 12288
-    report = auditing.status_json(use, 100)
+    assert "team-a/infer (54, asked 12288 MiB)" in auditing.status_table(use)
+    report = auditing.status_json(use, 100, capped=True)
     card = next(c for c in report["nodes"][0]["cards"] if c["index"] == k)
     assert card["pods"] == [{"namespace": "team-a", "name": "infer", "shares": 54, "memoryMiB": 12438,
                              "memoryAskedMiB": 12288}]

@@ -192,7 +192,7 @@ def test_rbac_refusal_names_the_rbac_to_apply(kube):
     kube.fail_next.append(403)
     with pytest.raises(installing.InstallError) as err:
         _install(kube)
-    assert "HTTP 403" in str(err.value.code) and "certs-job.yaml" in str(err.value.code)
+    assert "(403 Forbidden" in str(err.value.code) and "certs-job.yaml" in str(err.value.code)
 
 
 def _closed_port() -> int:
@@ -226,7 +226,7 @@ def test_command_line_unreachable_api_server_exits_3(tmp_path):
     server = f"http://127.0.0.1:{_closed_port()}"
     result = _gpushard("certs", "--install", "--kubeconfig", str(_kubeconfig_to(tmp_path, server)))
     assert result.returncode == 3
-    assert result.stderr.startswith(f"gpushard: cannot reach the Kubernetes API at {server}: ")
+    assert result.stderr.startswith(f"gpushard: cannot reach the Kubernetes API at {server} (context c): ")
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
     assert result.stdout == ""
 

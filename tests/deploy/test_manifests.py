@@ -55,7 +55,8 @@ SHARED_NODE_LABEL = "gpushard.io/shared-node"
 # Required fields of the cert-manager objects (no schema for them ships with kubernetes-validate).
 CERT_MANAGER_REQUIRED = {"Issuer": (), "Certificate": ("secretName", "issuerRef")}
 # The same for the Prometheus operator's monitors (tests/deploy/test_monitoring.py checks them closely).
-MONITOR_REQUIRED = {"PodMonitor": ("selector", "podMetricsEndpoints"), "ServiceMonitor": ("selector", "endpoints")}
+MONITOR_REQUIRED = {"PodMonitor": ("selector", "podMetricsEndpoints"), "ServiceMonitor": ("selector", "endpoints"),
+                    "PrometheusRule": ("groups",)}
 
 
 def _find(objects: list[dict], kind: str, name: str | None = None) -> dict:
@@ -441,3 +442,20 @@ def test_every_gpushard_name_is_known_to_the_code():
             if found.startswith(names.CARD_PREFIX):
                 continue
             assert found in known, f"{path.relative_to(ROOT)}: {found} is not in webhook/core/names.py"
+
+
+def test_the_replacer_runs_a_standby_and_a_liveness_probe_on_its_loop(base):
+    deployment = _find(base, "Deployment", "gpushard-replacer")
+    assert deployment["spec"]["replicas"] == 2  # one leads by the Lease, the other stands by
+    pod = deployment["spec"]["template"]["spec"]
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    (container,) = pod["containers"]
+    args = _args(container)
+    assert args.command == "replace" and not args.once
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz" and ports[probe["port"]] == args.health_port
+    # The probe fails only after the loop has stalled for longer than any call may take.
+    assert args.stall_seconds > 3 * 30 and args.request_timeout == "30s"

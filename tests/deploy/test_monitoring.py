@@ -9,7 +9,12 @@ agree with the pods they scrape:
 - the ServiceMonitor selects the webhook Service, on a port that reaches the webhook's HTTPS port,
   verifying TLS with the CA of the Secret the certs Job writes, for the name the certificate is made for;
 - the dashboard ConfigMap carries the Grafana sidecar's label and the dashboard JSON; every metric
-  its panels query is one that the agent or the webhook exports, and every panel has a query.
+  its panels query is one that the agent or the webhook exports, and every panel has a query; it
+  has panels for admissions, denials and errors, latency, view sync and the agents' health; the
+  webhook's per-replica gauges are taken once per card (max by), never summed over replicas, and
+  per-node queries follow the node variable;
+- the alert rules (a PrometheusRule) query only exported metrics, among them the agent's
+  PodResources health.
 """
 
 from __future__ import annotations
@@ -130,7 +135,7 @@ def _exported_metric_names() -> set[str]:
     names = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
     source = (ROOT / "webhook/admission/metrics.py").read_text()
     names |= set(re.findall(r'"(gpushard_[a-z_]+)"', source))
-    names |= {n + "_total" for n in names}
+    names |= {n + suffix for n in names for suffix in ("_total", "_bucket", "_count", "_sum")}
     assert "gpushard_view_free_shares" in names and hasattr(metrics, "StateCollector")
     return names
 
@@ -150,4 +155,32 @@ def test_the_dashboard_queries_only_what_gpushard_exports(objects):
             used = set(re.findall(r"\bgpushard_[a-z_]+", target["expr"]))
             assert used and used <= exported, f"{panel['title']}: {sorted(used - exported)}"
     titles = {p["title"] for p in panels}
-    assert {"Card memory used", "GPU memory by container", "Containers above their share"} <= titles
+    assert {"Card memory used", "GPU memory by container", "Containers above their share", "Admissions by outcome",
+            "Denials and errors", "Admission latency", "View sync", "Agent: kubelet PodResources reachable"} <= titles
+
+
+def test_the_webhook_row_counts_each_card_once_and_follows_the_node_variable(objects):
+    dashboard = json.loads(_find(objects, "ConfigMap", "gpushard-dashboard")["data"]["gpushard.json"])
+    exprs = [t["expr"] for p in dashboard["panels"] if p["type"] != "row" for t in p["targets"]]
+    # Each webhook replica exports its own view: a plain sum would count every card once per replica.
+    for expr in (e for e in exprs if "gpushard_view_" in e):
+        assert re.search(r"(max|min|avg) by \([^)]*\) \(gpushard_view_", expr) or expr.startswith(
+            "sum by (resource) (rate("), expr
+    free = next(e for e in exprs if "gpushard_view_free_shares" in e)
+    assert free == 'sum by (node) (max by (node, gpu) (gpushard_view_free_shares{node=~"$node"}))'
+    # Per-node series of the agents and the view take the node variable.
+    for expr in (e for e in exprs if re.search(r"gpushard_(card|container|agent|view_free)_", e)):
+        assert 'node=~"$node"' in expr, expr
+
+
+def test_the_alert_rules_query_only_what_gpushard_exports(objects):
+    rules = _find(objects, "PrometheusRule", "gpushard")
+    assert rules["metadata"]["namespace"] == NAMESPACE
+    alerts = {r["alert"]: r for g in rules["spec"]["groups"] for r in g["rules"]}
+    exported = _exported_metric_names()
+    for name, rule in alerts.items():
+        used = set(re.findall(r"\bgpushard_[a-z_]+", rule["expr"]))
+        assert used and used <= exported, f"{name}: {sorted(used - exported)}"
+        assert rule["annotations"]["summary"] and rule["labels"]["severity"]
+    # A kubelet the agent cannot reach is an alert of its own: its shares are unknown, not 0.
+    assert "gpushard_agent_podresources_up" in alerts["GpushardKubeletPodResourcesUnreachable"]["expr"]

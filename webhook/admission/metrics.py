@@ -131,9 +131,13 @@ class StateCollector(registry.Collector):
             counts = getattr(view, attr, None)
             if counts is None:
                 continue
+            counts = dict(counts)
             c = prom.CounterMetricFamily(name, doc, labels=["resource"])
-            for resource, count in sorted(dict(counts).items()):
-                c.add_metric([resource], max(0, count - extra))
+            # A series from the first list on, 0 until something happens: rate() and increase() of a
+            # series that appears only with its first failure have nothing to compare it with.
+            listed = dict(getattr(view, "lists", None) or {})
+            for resource in sorted(set(counts) | set(listed)):
+                c.add_metric([resource], max(0, counts.get(resource, extra) - extra))
             yield c
         snapshot = view.snapshot() if synced else None
         if snapshot is None:

@@ -212,7 +212,10 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
     for row in obs.cards:
         labels = [obs.node, str(row.card.index), row.card.uuid, row.card.model]
         g_cap.add_metric(labels, obs.shares_per_card)
-        g_alloc.add_metric(labels, row.shares_allocated)
+        # Without the kubelet's PodResources the shares held are unknown, not 0: no series (and
+        # no unattributed figures, since nothing could be attributed); podresources_up says why.
+        if obs.pod_resources_up:
+            g_alloc.add_metric(labels, row.shares_allocated)
         g_health.add_metric(labels, 1 if row.healthy and row.present else 0)
         if row.usage is not None:
             g_total.add_metric(labels, row.usage.memory_total_bytes)
@@ -220,8 +223,9 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
             if row.usage.utilization_percent is not None:
                 g_util.add_metric(labels, row.usage.utilization_percent / 100)
             c_xid.add_metric(labels, row.usage.xid_errors)
-            g_unattr.add_metric(labels, row.unattributed_bytes)
-            g_unproc.add_metric(labels, row.unattributed_processes)
+            if obs.pod_resources_up:
+                g_unattr.add_metric(labels, row.unattributed_bytes)
+                g_unproc.add_metric(labels, row.unattributed_processes)
         for c in row.containers:
             clabels = [obs.node, c.namespace, c.pod, c.container, *labels[1:]]
             k_shares.add_metric(clabels, c.shares)
@@ -234,8 +238,8 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
                 if row.usage.process_utilization:
                     k_util.add_metric(clabels, min(1.0, c.sm_percent / 100))
                 k_over.add_metric(clabels, 1 if c.over_share else 0)
-    up = gauge("gpushard_agent_podresources_up", "1 when the kubelet's PodResources API answered this scrape",
-               ["node"])
+    up = gauge("gpushard_agent_podresources_up", "1 when the kubelet's PodResources API answered this scrape; "
+               "at 0 the shares held are unknown and have no series", ["node"])
     up.add_metric([obs.node], 1 if obs.pod_resources_up else 0)
     took = gauge("gpushard_agent_scrape_duration_seconds", "Time to gather this scrape", ["node"])
     took.add_metric([obs.node], obs.seconds)

@@ -662,8 +662,12 @@ class KubeView:
                 if status == 410:
                     version = None
                     continue
-                log.warning("gpushard: %s watch failed (%s); retrying in %.1fs", resource,
-                            status or type(exc).__name__, delay)
+                # What failed, in words an operator can act on (the API server's own message, or
+                # what went wrong on the wire); a failure that is no API's is a bug: its traceback.
+                api_side = status is not None or connecting.is_transport_failure(exc)
+                log.warning("gpushard: listing or watching %s failed: %s; retrying in %.1fs (until then card "
+                            "choice uses what the view last saw)", resource, connecting.failure_text(exc), delay,
+                            exc_info=not api_side)
                 self._stop.wait(delay)
                 delay = min(delay * 2, self._backoff[1])
 
