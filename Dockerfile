@@ -1,12 +1,14 @@
-# syntax=docker/dockerfile:1
 # One image for the webhook (`gpushard serve`), the node agent (`gpushard agent`) and the
 # command line. Build: docker build -t gpushard:dev .   (or: make image)
 #
 # Offline, for air-gapped machines: a folder of wheels made where there is network
 # (make wheelhouse), handed over as the build context named `wheels`:
-#   docker build --build-context wheels=dist/wheelhouse -t gpushard:dev .
+#   docker build --build-context wheels=build/wheelhouse -t gpushard:dev .
 # (podman build takes the same flag). A named build context takes the place of the stage of
-# the same name, so the build stage below, with its apt-get and pip, is never run.
+# the same name, so the build stage below, with its apt-get and pip, is never run. There is no
+# `# syntax=` line on purpose: BuildKit would fetch that frontend from Docker Hub, which an
+# offline build cannot; the frontend built into Docker 23 and later has RUN --mount and named
+# build contexts.
 #
 # The base is pinned by tag. For builds that never change under you, pin it by digest as
 # well: look the digest up with

@@ -1,17 +1,18 @@
 """The container image, checked without a container engine: the Dockerfile's rules, and its install steps run for real.
 
 We test:
-- the Dockerfile: a pinned base image, two stages, a wheel built with `pip wheel --no-deps`
-  in the first, only that wheel (with the same extras) installed into a venv in the last,
-  no compilers there, a numeric non-root USER, ENTRYPOINT ["gpushard"] and a default CMD;
+- the Dockerfile: a pinned base image, no `# syntax=` directive (it would need a registry), a
+  wheel built with `pip wheel --no-deps` in the build stage, only that wheel (with the same
+  extras) installed into a venv in the final stage, no compilers there, no bytecode written at
+  run time, a numeric non-root USER, ENTRYPOINT ["gpushard"] and a default CMD;
 - .dockerignore keeps out .venv, .git, certificates and caches, and nothing the build copies;
 - the offline build: the final stage installs from the `wheels` stage, which a `wheels` build
   context replaces (make wheelhouse), and needs nothing of its base but python3;
 - the image and the manifests agree, for every container of deploy/base and its overlays that
   runs the image: no `command` (the image's ENTRYPOINT runs), arguments that `gpushard` itself
   parses, every path they name (and the agent's kubelet folders) inside a volume the container
-  mounts, the non-root user the Dockerfile's USER, and a writable WORKDIR where the command
-  writes temporary files under a read-only root; each way of disagreeing fails
+  mounts, the non-root user and group the Dockerfile's USER, and a writable TMPDIR where the
+  command writes temporary files under a read-only root; each way of disagreeing fails
   (make image-check then starts the image itself with those manifests);
 - the install steps themselves: the files the Dockerfile copies, built into a wheel, installed
   with its extras into a fresh venv, start `gpushard`, `gpushard serve --help` and
@@ -80,6 +81,8 @@ def _extras(text: str) -> set[str]:
 
 
 def test_dockerfile_rules():
+    # A `# syntax=` directive makes BuildKit fetch its frontend from a registry: no offline build.
+    assert not re.search(r"^#\s*syntax\s*=", DOCKERFILE.read_text(), flags=re.M | re.I)
     instructions = _instructions()
     args = {a.split("=", 1)[0]: a.split("=", 1)[1] for w, a in instructions if w == "ARG" and "=" in a}
     base = args["PYTHON_IMAGE"]

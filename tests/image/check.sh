@@ -35,10 +35,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   say "installing podman buildah mmdebstrap with apt-get"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get -q -o DPkg::Lock::Timeout=300 update >/dev/null
-  apt-get -q -y -o DPkg::Lock::Timeout=300 install --no-install-recommends \
-    podman buildah mmdebstrap uidmap crun ca-certificates >/dev/null \
-    || die "apt-get could not install podman buildah mmdebstrap"
+  mkdir -p build
+  if ! { apt-get -q -o DPkg::Lock::Timeout=300 update \
+         && apt-get -q -y -o DPkg::Lock::Timeout=300 install --no-install-recommends \
+              podman buildah mmdebstrap uidmap crun ca-certificates; } >build/image-check-apt.log 2>&1; then
+    tail -20 build/image-check-apt.log >&2
+    die "apt-get could not install podman buildah mmdebstrap (above; all of it in build/image-check-apt.log)"
+  fi
 fi
 [ "$(id -u)" = 0 ] || die "run as root: buildah runs the image's users (65532, 0) as they are on the host"
 
