@@ -34,6 +34,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     die "${missing[*]} missing; install them (Debian: apt-get install podman buildah mmdebstrap uidmap) and run as root"
   fi
   say "installing podman buildah mmdebstrap with apt-get"
+  step=$SECONDS
   export DEBIAN_FRONTEND=noninteractive
   mkdir -p build
   if ! { apt-get -q -o DPkg::Lock::Timeout=300 update \
@@ -42,6 +43,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     tail -20 build/image-check-apt.log >&2
     die "apt-get could not install podman buildah mmdebstrap (above; all of it in build/image-check-apt.log)"
   fi
+  say "installed in $((SECONDS - step)) s"
 fi
 [ "$(id -u)" = 0 ] || die "run as root: buildah runs the image's users (65532, 0) as they are on the host"
 
@@ -65,6 +67,7 @@ if podman image exists "$CHECK_BASE"; then
   say "base $CHECK_BASE exists; reused (podman rmi $CHECK_BASE to make it again)"
 else
   say "making the base $CHECK_BASE: Debian $BASE_SUITE minbase with $BASE_PACKAGES"
+  step=$SECONDS
   work=$(mktemp -d /tmp/gpushard-base.XXXXXX)
   trap 'rm -rf "$work"' EXIT
   mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" "$BASE_SUITE" "$work/base.tar" \
@@ -77,10 +80,12 @@ else
     --change "LABEL org.opencontainers.image.description=\"gpushard image-check base: Debian $BASE_SUITE minbase, $BASE_PACKAGES\"" \
     "$work/base.tar" "$CHECK_BASE" >/dev/null
   rm -rf "$work"
+  say "base made in $((SECONDS - step)) s"
 fi
 
 say "building $CHECK_IMAGE from the Dockerfile, offline from $WHEELHOUSE"
 build_started=$SECONDS
+previous=$(podman image inspect --format '{{.Id}}' "$CHECK_IMAGE" 2>/dev/null || true)
 mkdir -p build
 if ! make --no-print-directory image ENGINE=podman IMAGE="$CHECK_IMAGE" PYTHON_IMAGE="$CHECK_BASE" \
     WHEELHOUSE="$WHEELHOUSE" IMAGE_BUILD_FLAGS="--isolation chroot --no-cache --pull=never" \
@@ -89,6 +94,10 @@ if ! make --no-print-directory image ENGINE=podman IMAGE="$CHECK_IMAGE" PYTHON_I
   die "podman build failed (above; all of it in build/image-check-build.log)"
 fi
 say "built in $((SECONDS - build_started)) s"
+# The image of the previous run, untagged now: removed, so that runs do not pile up images.
+if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$CHECK_IMAGE")" ]; then
+  podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 
 GPUSHARD_IMAGE="$CHECK_IMAGE" GPUSHARD_IMAGE_BASE="$CHECK_BASE" \
   "$PY" -m pytest -q -rA -s -p no:cacheprovider --timeout 300 tests/image \
