@@ -131,7 +131,7 @@ def test_dockerignore_keeps_secrets_and_caches_out_and_lets_the_sources_in():
     patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")]
     for path in (".venv", ".git", "certs", "certs/tls.key", "x.pem", ".pytest_cache", ".ruff_cache",
-                 "webhook/__pycache__", "tests"):
+                 "webhook/__pycache__", "tests", "build/wheelhouse"):
         assert _ignored(path, patterns), path
     for source in _copied_sources():
         assert not _ignored(source, patterns), source
