@@ -47,9 +47,12 @@ proto: $(STAMP)
 # Dockerfile's base image (empty: the Dockerfile's own). WHEELHOUSE=build/wheelhouse builds
 # offline from the wheels of `make wheelhouse` (empty, the default: pip fetches them online).
 IMAGE ?= gpushard:dev
-ENGINE ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
+# Found once, when a recipe first needs it (never for other targets): `docker info` can be slow.
+ifeq ($(origin ENGINE),undefined)
+ENGINE = $(eval ENGINE := $(shell if docker info >/dev/null 2>&1; then echo docker; \
 	elif command -v podman >/dev/null 2>&1; then echo podman; \
-	elif command -v docker >/dev/null 2>&1; then echo docker; fi)
+	elif command -v docker >/dev/null 2>&1; then echo docker; fi))$(ENGINE)
+endif
 PYTHON_IMAGE ?=
 WHEELHOUSE ?=
 # make wheelhouse: wheels of gpushard and of everything it needs with the [agent] extra, for the
