@@ -14,6 +14,9 @@ We test:
   mounts, the non-root user and group the Dockerfile's USER, and a writable TMPDIR where the
   command writes temporary files under a read-only root; each way of disagreeing fails
   (make image-check then starts the image itself with those manifests);
+- `make image` says in one `gpushard:` line what is missing (no engine, a docker client whose
+  daemon does not answer, a wheelhouse without gpushard's wheel), prefers podman to a docker
+  without a daemon, and hands the base image and the wheelhouse to the engine;
 - the install steps themselves: the files the Dockerfile copies, built into a wheel, installed
   with its extras into a fresh venv, start `gpushard`, `gpushard serve --help` and
   `gpushard agent --help` and the kubectl plugin `kubectl-gpushard` from that venv alone, with
@@ -347,3 +350,61 @@ def test_each_way_the_image_and_the_manifests_can_disagree_is_found(what, instru
     problems = _disagreements(instructions(_instructions()), rendered)
     assert problems, what
     assert any(named in p for p in problems), problems
+
+
+# --- make image says what is missing ------------------------------------------------------------
+
+def _make_image(tmp_path: Path, tools: dict[str, str], *variables: str) -> subprocess.CompletedProcess:
+    """`make image` with a PATH of only ``tools`` (name: shell script) and the few commands the recipe uses."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for name in ("basename", "ls"):
+        (bin_dir / name).symlink_to(shutil.which(name))
+    for name, script in tools.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + script)
+        (bin_dir / name).chmod(0o755)
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
+    return subprocess.run([shutil.which("make"), "-s", "--no-print-directory", "-C", str(ROOT), "image", *variables],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+DOCKER_WITHOUT_DAEMON = """echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock." >&2
+exit 1
+"""
+
+
+def test_make_image_says_when_there_is_no_engine(tmp_path):
+    result = _make_image(tmp_path, {})
+    assert result.returncode != 0
+    assert result.stderr.startswith("gpushard: make image needs docker or podman, and neither is on PATH"), \
+        result.stderr
+
+
+def test_make_image_says_when_docker_has_no_daemon_in_one_line(tmp_path):
+    result = _make_image(tmp_path, {"docker": DOCKER_WITHOUT_DAEMON})
+    assert result.returncode != 0
+    gpushard_lines = [line for line in result.stderr.splitlines() if line.startswith("gpushard:")]
+    assert gpushard_lines == ["gpushard: docker is on PATH but its daemon does not answer (not running, or this user "
+                              "cannot reach its socket); start it, or build with ENGINE=podman"], result.stderr
+    assert "Cannot connect" not in result.stderr + result.stdout
+
+
+def test_make_image_prefers_podman_to_a_docker_without_daemon(tmp_path):
+    result = _make_image(tmp_path, {"docker": DOCKER_WITHOUT_DAEMON, "podman": 'echo "podman $*"\n'},
+                         "IMAGE=x:1", "WHEELHOUSE=", "PYTHON_IMAGE=")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["podman", "build", "-t", "x:1", "."]
+
+
+def test_make_image_offline_needs_a_wheelhouse_with_gpushard(tmp_path):
+    empty = tmp_path / "wheelhouse"
+    empty.mkdir()
+    result = _make_image(tmp_path, {"podman": 'echo "podman $*"\n'}, f"WHEELHOUSE={empty}")
+    assert result.returncode != 0
+    assert result.stderr.startswith(f"gpushard: WHEELHOUSE={empty} holds no gpushard wheel"), result.stderr
+    (empty / "gpushard-0.1.0-py3-none-any.whl").write_bytes(b"")
+    result = _make_image(tmp_path / "again", {"podman": 'echo "podman $*"\n'}, f"WHEELHOUSE={empty}",
+                         "PYTHON_IMAGE=base:1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["podman", "build", "--build-arg", "PYTHON_IMAGE=base:1", "--build-context",
+                                     f"wheels={empty}", "-t", "gpushard:dev", "."]
