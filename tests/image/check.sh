@@ -63,6 +63,14 @@ for c in $(buildah containers --format '{{.ContainerName}}' 2>/dev/null | grep '
   buildah rm "$c" >/dev/null
 done
 
+# The base is reused while it was made from the same suite and packages (its label says which).
+BASE_LABEL="gpushard image-check base: Debian $BASE_SUITE minbase, $BASE_PACKAGES"
+if podman image exists "$CHECK_BASE" \
+   && [ "$(podman image inspect --format '{{index .Labels "org.opencontainers.image.description"}}' "$CHECK_BASE")" \
+        != "$BASE_LABEL" ]; then
+  say "base $CHECK_BASE was made from other packages; making it again"
+  podman rmi "$CHECK_BASE" >/dev/null
+fi
 if podman image exists "$CHECK_BASE"; then
   say "base $CHECK_BASE exists; reused (podman rmi $CHECK_BASE to make it again)"
 else
@@ -77,7 +85,7 @@ else
   podman import --quiet \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' \
-    --change "LABEL org.opencontainers.image.description=\"gpushard image-check base: Debian $BASE_SUITE minbase, $BASE_PACKAGES\"" \
+    --change "LABEL org.opencontainers.image.description=\"$BASE_LABEL\"" \
     "$work/base.tar" "$CHECK_BASE" >/dev/null
   rm -rf "$work"
   say "base made in $((SECONDS - step)) s"
