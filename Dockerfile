@@ -1,6 +1,14 @@
-# syntax=docker/dockerfile:1
 # One image for the webhook (`gpushard serve`), the node agent (`gpushard agent`) and the
-# command line. Build: docker build -t gpushard:dev .
+# command line. Build: docker build -t gpushard:dev .   (or: make image)
+#
+# Offline, for air-gapped machines: a folder of wheels made where there is network
+# (make wheelhouse), handed over as the build context named `wheels`:
+#   docker build --build-context wheels=build/wheelhouse -t gpushard:dev .
+# (podman build takes the same flag). A named build context takes the place of the stage of
+# the same name, so the build stage below, with its apt-get and pip, is never run. There is no
+# `# syntax=` line on purpose: BuildKit would fetch that frontend from Docker Hub, which an
+# offline build cannot; the frontend built into Docker 23 and later has RUN --mount and named
+# build contexts.
 #
 # The base is pinned by tag. For builds that never change under you, pin it by digest as
 # well: look the digest up with
@@ -23,6 +31,10 @@ COPY webhook ./webhook
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && pip wheel --wheel-dir /wheels "$(ls /wheels/gpushard-*.whl)[agent]"
 
+# --- wheels: what the final stage installs: the build stage's, or the `wheels` build context --
+FROM scratch AS wheels
+COPY --from=build /wheels /
+
 # --- final: a virtual environment with the wheels, nothing else ----------------------------
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="gpushard" \
@@ -33,11 +45,12 @@ ENV VIRTUAL_ENV=/opt/gpushard \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-# The wheels are bind-mounted from the build stage, not copied: they never become a layer.
-# --no-index: the final stage installs exactly what the build stage resolved. pip compiles
-# the bytecode now, because the pods run with a read-only root filesystem.
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    python -m venv "$VIRTUAL_ENV" \
+# The wheels are bind-mounted, not copied: they never become a layer. --no-index: the final
+# stage installs exactly the wheels it is given, never from the network. pip compiles the
+# bytecode now, because the pods run with a read-only root filesystem. python3, not python:
+# every Python base image has python3, not every one has `python` (Debian's own has not).
+RUN --mount=type=bind,from=wheels,target=/wheels \
+    python3 -m venv "$VIRTUAL_ENV" \
  && "$VIRTUAL_ENV/bin/pip" install --no-cache-dir --no-index --find-links /wheels "gpushard[agent]" \
  && "$VIRTUAL_ENV/bin/pip" uninstall -y pip \
  && gpushard --version

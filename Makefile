@@ -55,16 +55,77 @@ proto: $(STAMP)
 			webhook/agent/proto/$${p}_pb2_grpc.py || exit 1; \
 	done
 
-# The container engine: docker, else podman; IMAGE=registry.example.com/gpushard:0.1.0 to name it.
+# --- The container image: make wheelhouse, make image, make image-check ----------------------
+# IMAGE names the image; ENGINE is the container engine: docker when its daemon answers, else
+# podman, else docker (which then says its daemon is missing). PYTHON_IMAGE replaces the
+# Dockerfile's base image (empty: the Dockerfile's own). WHEELHOUSE=build/wheelhouse builds
+# offline from the wheels of `make wheelhouse` (empty, the default: pip fetches them online).
 IMAGE ?= gpushard:dev
-ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+# Found once, when a recipe first needs it (never for other targets): `docker info` can be slow.
+ifeq ($(origin ENGINE),undefined)
+ENGINE = $(eval ENGINE := $(shell if docker info >/dev/null 2>&1; then echo docker; \
+	elif command -v podman >/dev/null 2>&1; then echo podman; \
+	elif command -v docker >/dev/null 2>&1; then echo docker; fi))$(ENGINE)
+endif
+PYTHON_IMAGE ?=
+WHEELHOUSE ?=
+# make wheelhouse: wheels of gpushard and of everything it needs with the [agent] extra, for the
+# image's Python (WHEELHOUSE_PYTHON) and machine (WHEELHOUSE_ARCH), made with this host's pip.
+WHEELHOUSE_DIR ?= build/wheelhouse
+WHEELHOUSE_PYTHON ?= 3.11
+WHEELHOUSE_ARCH ?= $(shell uname -m)
+
+.PHONY: wheelhouse image image-check
+
+wheelhouse: $(STAMP)
+	rm -rf $(WHEELHOUSE_DIR) && mkdir -p $(WHEELHOUSE_DIR)
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation --wheel-dir $(WHEELHOUSE_DIR) .
+	@# Binary wheels only, for the image's platform rather than this host's; pip's output is
+	@# shown only when it fails.
+	@if ! $(PY) -m pip download -q --dest $(WHEELHOUSE_DIR) --only-binary=:all: \
+		--python-version $(WHEELHOUSE_PYTHON) --implementation cp \
+		--platform manylinux2014_$(WHEELHOUSE_ARCH) --platform manylinux_2_17_$(WHEELHOUSE_ARCH) \
+		--platform manylinux_2_28_$(WHEELHOUSE_ARCH) \
+		--find-links $(WHEELHOUSE_DIR) "$$(ls $(WHEELHOUSE_DIR)/gpushard-*.whl)[agent]" \
+		>$(WHEELHOUSE_DIR).log 2>&1; then \
+		cat $(WHEELHOUSE_DIR).log >&2; \
+		echo "gpushard: pip could not download the wheels gpushard needs (above); make wheelhouse needs the package index" >&2; \
+		exit 1; \
+	fi
+	@ls $(WHEELHOUSE_DIR)/gpushard-*.whl >/dev/null && \
+		echo "gpushard: $$(ls $(WHEELHOUSE_DIR) | wc -l) wheels in $(WHEELHOUSE_DIR) for CPython $(WHEELHOUSE_PYTHON) on $(WHEELHOUSE_ARCH)"
 
 image:
 	@if [ -z "$(ENGINE)" ]; then \
-		echo "gpushard: make image needs docker or podman (neither is on PATH); or set ENGINE=/path/to/engine" >&2; \
+		echo "gpushard: make image needs docker or podman, and neither is on PATH; install one, or set ENGINE=/path/to/engine" >&2; \
 		exit 1; \
 	fi
-	$(ENGINE) build -t $(IMAGE) .
+	@if ! command -v $(ENGINE) >/dev/null 2>&1; then \
+		echo "gpushard: ENGINE=$(ENGINE) is not a command on PATH" >&2; exit 1; \
+	fi
+	@if [ "$$(basename $(ENGINE))" = docker ] && ! $(ENGINE) info >/dev/null 2>&1; then \
+		echo "gpushard: docker is on PATH but its daemon does not answer (not running, or this user cannot reach its socket); start it, or build with ENGINE=podman" >&2; \
+		exit 1; \
+	fi
+	@if [ -n "$(WHEELHOUSE)" ] && ! ls $(WHEELHOUSE)/gpushard-*.whl >/dev/null 2>&1; then \
+		echo "gpushard: WHEELHOUSE=$(WHEELHOUSE) holds no gpushard wheel; make it with: make wheelhouse WHEELHOUSE_DIR=$(WHEELHOUSE)" >&2; \
+		exit 1; \
+	fi
+	$(ENGINE) build $(IMAGE_BUILD_FLAGS) $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
+		$(if $(WHEELHOUSE),--build-context wheels=$(WHEELHOUSE)) -t $(IMAGE) .
+
+# The image built and started for real, on a Debian machine as root (CI): installs podman,
+# buildah and mmdebstrap, makes a local Debian base (no registry needed), builds the image
+# offline from the wheelhouse, and runs tests/image inside it (README, "The image check").
+# CHECK_IMAGE and CHECK_BASE name the image it builds and its base; the base is made once and
+# reused (podman rmi it to make it again).
+CHECK_IMAGE ?= localhost/gpushard:check
+CHECK_BASE ?= localhost/gpushard-base:bookworm
+
+image-check: wheelhouse
+	CHECK_IMAGE=$(CHECK_IMAGE) CHECK_BASE=$(CHECK_BASE) WHEELHOUSE=$(WHEELHOUSE_DIR) PY=$(PY) \
+		bash tests/image/check.sh
+# --- end of the container image -------------------------------------------------------------
 
 # Every gpu-marked test, as one command on a machine with a GPU. With wheels in .whl/ (make gpu-wheels,
 # carried along) it installs offline into /tmp/gpushard-site; otherwise it uses the venv.
