@@ -37,6 +37,24 @@ class Metrics:
         self.latency = prometheus_client.Histogram(
             "gpushard_admission_seconds", "Time to read, decide and answer one AdmissionReview",
             ["mode"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        # Labelled children looked up once: labels() takes a lock and checks its arguments on every call.
+        self._admitted: dict[tuple[str, str, str], prometheus_client.Counter] = {}
+        self._latency: dict[str, prometheus_client.Histogram] = {}
+
+    def admitted(self, outcome: str, kind: str, mode: str) -> None:
+        """Count one answered review."""
+        key = (outcome, kind, mode)
+        child = self._admitted.get(key)
+        if child is None:
+            child = self._admitted[key] = self.admissions.labels(outcome, kind, mode)
+        child.inc()
+
+    def observe(self, mode: str, seconds: float) -> None:
+        """Record how long one review took to answer."""
+        child = self._latency.get(mode)
+        if child is None:
+            child = self._latency[mode] = self.latency.labels(mode)
+        child.observe(seconds)
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics text: this process's, or every worker's when gunicorn runs several."""
