@@ -135,22 +135,28 @@ def _read(environ: dict, length: int) -> bytes | None:
     """The body of ``length`` bytes; None when the client stops sending it before the end.
 
     A server that ends the body itself (gunicorn sets wsgi.input_terminated) hands over what
-    came, as werkzeug reads it there; otherwise a short body is unreadable, as werkzeug says.
+    came, as werkzeug reads it there; otherwise a short body is unreadable, as werkzeug says. A read
+    that fails is unreadable too.
     """
     stream = environ["wsgi.input"]
-    body = stream.read(length) if length else b""
-    if len(body) < length:
-        chunks = [body]
-        got = len(body)
-        while got < length:
-            chunk = stream.read(length - got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        body = b"".join(chunks)
-        if got < length and "wsgi.input_terminated" not in environ:
-            return None
+    try:
+        body = stream.read(length) if length else b""
+        if len(body) < length:
+            chunks = [body]
+            got = len(body)
+            while got < length:
+                chunk = stream.read(length - got)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+            body = b"".join(chunks)
+            if got < length and "wsgi.input_terminated" not in environ:
+                return None
+    except (OSError, ValueError):
+        # A read that timed out or failed (serving.py bounds each request's reads): werkzeug's
+        # stream says the client disconnected, and the blueprint answers 400.
+        return None
     return body
 
 
