@@ -433,8 +433,10 @@ def cpu_compare(args, tmp: Path, ca: str, serve: list[str]) -> int:
               f"{statistics.median(x[1] for x in rows):11.0f} {sum(x[2] for x in rows):9d} "
               f"{sum(x[3] for x in rows):7d}")
     for name in names[:-1]:
+        paired = sorted(t[0] / x[0] for x, t in zip(samples[name], samples["trivial"], strict=True))
         print(f"{name} / trivial: {medians['trivial'] / medians[name]:.2f} of the trivial endpoint's requests per "
-              f"CPU second")
+              f"CPU second (medians); round by round {statistics.median(paired):.2f} "
+              f"(from {paired[0]:.2f} to {paired[-1]:.2f})")
     for name, r in rated.items():
         print(f"{name:10} at {args.rate:g}/s: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, p999 {r['p999']:.2f} ms, "
               f"{r['n']} reviews, {r['errors']} errors")
