@@ -7,6 +7,8 @@ does (``reviews.review`` on the request body): parse, decide, choose over ``snap
 and ``remember`` the choice, which updates the view. Rows:
 
 - review: back to back, each review's remembered choice updating the view for the next;
+- review through the app: the same, as gunicorn calls the app (the WSGI call with its body, the
+  metrics, the response);
 - review after a watch event: a pod event reaches the view (as the watch thread applies it, not
   timed) before each review, so each choice is the first on a view derived from that event;
 - remember, choice after event: those two parts alone;
@@ -24,6 +26,7 @@ Prints p50 and p99 microseconds per row.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import statistics
 import sys
@@ -35,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from webhook import settings as settings_mod  # noqa: E402
+from webhook.admission import app as app_mod  # noqa: E402
 from webhook.admission import patches, reviews  # noqa: E402
 from webhook.cluster import kube  # noqa: E402
 from webhook.core import decisions, names, placement  # noqa: E402
@@ -166,6 +170,32 @@ def main(argv: list[str] | None = None) -> int:
         if i % 500 == 499:
             reset()
     rows.append(("review", timed))
+
+    # The same review as gunicorn hands it to the app: the WSGI call, metrics and the response included.
+    app = app_mod.create_app(settings, view)
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/mutate", "SCRIPT_NAME": "", "QUERY_STRING": "",
+               "SERVER_NAME": "gpushard", "SERVER_PORT": "8443", "SERVER_PROTOCOL": "HTTP/1.1",
+               "HTTP_HOST": "gpushard", "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
+               "wsgi.version": (1, 0), "wsgi.url_scheme": "https", "wsgi.errors": sys.stderr,
+               "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
+               "wsgi.input_terminated": True}
+
+    def one_request() -> float:
+        answered = []
+        started = time.perf_counter()
+        data = b"".join(app(dict(environ, **{"wsgi.input": io.BytesIO(body)}),
+                            lambda status, headers, exc_info=None: answered.append(status)))
+        took = time.perf_counter() - started
+        assert answered == ["200 OK"] and b'"patch"' in data, data
+        return took
+
+    reset()
+    timed = []
+    for i in range(args.rounds):
+        timed.append(one_request())
+        if i % 500 == 499:
+            reset()
+    rows.append(("review through the app (WSGI call, metrics, response)", timed))
 
     reset()
     timed, remembers, choices = [], [], []
