@@ -137,6 +137,10 @@ def requests() -> list[dict]:
     fine = json.dumps(_review(_pod(_container("train", "0.25")), "Pod", "query")).encode()
     out.append({"name": "query string", "method": "POST", "path": "/mutate?timeout=5s", "body": fine})
     out.append({"name": "over the limit", "method": "POST", "path": "/mutate", "body": b" " * (MAX_BODY + 1)})
+    out.append({"name": "length of 5,000 digits", "method": "POST", "path": "/mutate", "body": fine,
+                "length": "1" * 5000})
+    out.append({"name": "length with leading zeros", "method": "POST", "path": "/audit", "body": fine,
+                "length": "0000000000" + str(len(fine))})
     out.append({"name": "cut short", "method": "POST", "path": "/mutate", "body": fine[:100],
                 "length": len(fine)})
     out.append({"name": "chunked", "method": "POST", "path": "/mutate", "body": fine, "chunked": True})
@@ -257,9 +261,10 @@ def test_reviews_with_a_length_skip_flask_and_the_rest_reach_it():
     for item in requests():
         _send(client, item)
     # Flask sees: two empty bodies sent without a length, GET /mutate, POST /nope and /mutate/,
-    # /healthz, /readyz, PUT /audit, a length over the limit and two chunked bodies.
+    # /healthz, /readyz, PUT /audit, a length over the limit, lengths of 5,000 and 13 digits and two
+    # chunked bodies.
     assert reached == ["/mutate", "/audit", "/mutate", "/nope", "/mutate/", "/healthz", "/readyz", "/audit",
-                       "/mutate", "/mutate", "/audit"]
+                       "/mutate", "/mutate", "/audit", "/mutate", "/audit"]
 
 
 if __name__ == "__main__":

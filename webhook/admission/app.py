@@ -109,7 +109,9 @@ class ReviewFastPath:
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         mode = _MODES.get(environ.get("PATH_INFO")) if environ.get("REQUEST_METHOD") == "POST" else None
         length = environ.get("CONTENT_LENGTH") if mode is not None else None
-        if (not length or not length.isascii() or not length.isdigit() or int(length) > MAX_BODY
+        # Nine digits at most: int() refuses a string of thousands, and every length past the limit
+        # that Flask must answer has eight or more.
+        if (not length or len(length) > 9 or not length.isascii() or not length.isdigit() or int(length) > MAX_BODY
                 or "HTTP_TRANSFER_ENCODING" in environ):
             return self.wsgi_app(environ, start_response)
         metrics = self.state["metrics"]
