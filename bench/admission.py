@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -380,6 +381,8 @@ def _check_answer(port: int, ca: str, body: bytes, patched: bool) -> None:
 
 def cpu_compare(args, tmp: Path, ca: str, serve: list[str]) -> int:
     """Requests per CPU second of gpushard (and a baseline checkout) and the trivial endpoint, alternating."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("gpushard: --cpu needs wrk on the PATH (e.g. apt-get install wrk)")
     body = realistic_review()
     script = tmp / "review.lua"
     script.write_text(_lua("/mutate", body))
