@@ -6,6 +6,14 @@ request's scheduled time, so queueing counts), and saturation (every connection 
 Prints reviews/s and p50/p99/p999 latency per server and load, and gpushard's share of the ceiling.
 
     python bench/admission.py [--seconds 6] [--rate 200] [--connections 24] [--workers 2] [--threads 4]
+
+With --cpu: the realistic review (a fractional GPU container and a sidecar, not a dry run) against
+gpushard, optionally a --baseline checkout, and a trivial endpoint that parses the same review with
+the standard library and allows it, in alternating rounds under wrk; prints each server's own CPU
+(user + system time of the gunicorn master and its workers, from /proc) per answered request,
+medians, and p50/p99 at --rate.
+
+    python bench/admission.py --cpu [--baseline DIR] [--rounds 3] [--seconds 4] [--rate 200]
 """
 
 from __future__ import annotations
@@ -16,9 +24,12 @@ import json
 import multiprocessing
 import os
 import random
+import re
+import shutil
 import signal
 import socket
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,6 +151,15 @@ def review_mix(count: int = 200, seed: int = 7) -> list[tuple[str, bytes, str]]:
     return out
 
 
+def realistic_review() -> bytes:
+    """The review the CPU comparison sends: a fractional GPU container and a sidecar, not a dry run.
+
+    A twentieth of a card (5 shares): rounds of a few seconds at ~1,500/s each never fill the
+    200 x 8 cards within the 30 s a remembered choice counts, so every review is placed.
+    """
+    return json.dumps(_review(_pod(_container("train", "0.05"), _container("sidecar")), "Pod")).encode()
+
+
 def cluster_yaml(nodes: int = 200, cards: int = 8) -> str:
     lines = ["nodes:"]
     for n in range(nodes):
@@ -161,10 +181,11 @@ def _connect(port: int, context: ssl.SSLContext) -> http.client.HTTPSConnection:
     return conn
 
 
-def _client_process(port: int, ca: str, conns: int, rate: float | None, seconds: float, seed: int, out) -> None:
+def _client_process(port: int, ca: str, conns: int, rate: float | None, seconds: float, seed: int, out,
+                    mix: list[tuple[str, bytes, str]] | None = None) -> None:
     """``conns`` threads, one kept-alive connection each; sends its latencies and errors to ``out``."""
     context = ssl.create_default_context(cafile=ca)
-    mix = review_mix(seed=seed)
+    mix = mix or review_mix(seed=seed)
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
@@ -221,15 +242,17 @@ def _client_process(port: int, ca: str, conns: int, rate: float | None, seconds:
     out.close()
 
 
-def drive(port: int, ca: str, connections: int, processes: int, rate: float | None, seconds: float) -> dict:
-    """Run one load against a server; reviews/s and latency percentiles in ms."""
+def drive(port: int, ca: str, connections: int, processes: int, rate: float | None, seconds: float,
+          mix: list[tuple[str, bytes, str]] | None = None) -> dict:
+    """Run one load against a server (``mix``: the bodies, else review_mix()); reviews/s and latency
+    percentiles in ms."""
     ctx = multiprocessing.get_context("fork")
     pipes, procs = [], []
     per = [connections // processes + (1 if i < connections % processes else 0) for i in range(processes)]
     for i, conns in enumerate(per):
         receiver, sender = ctx.Pipe(duplex=False)
         share = rate * conns / connections if rate else None
-        proc = ctx.Process(target=_client_process, args=(port, ca, conns, share, seconds, 100 + i, sender))
+        proc = ctx.Process(target=_client_process, args=(port, ca, conns, share, seconds, 100 + i, sender, mix))
         proc.start()
         sender.close()
         pipes.append(receiver)
@@ -258,11 +281,11 @@ def drive(port: int, ca: str, connections: int, processes: int, rate: float | No
 
 
 class Server:
-    def __init__(self, argv: list[str], port: int, ca: str, log: Path):
+    def __init__(self, argv: list[str], port: int, ca: str, log: Path, cwd: Path = ROOT):
         self.port, self.ca, self.log = port, ca, log
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True,
-                                     cwd=ROOT)
+                                     cwd=cwd)
 
     def wait_ready(self, within: float = 60) -> None:
         context = ssl.create_default_context(cafile=self.ca)
@@ -295,6 +318,135 @@ class Server:
         self._out.close()
 
 
+# --- CPU per answered request: the servers' own user + system time, not the client's ---------------
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except OSError:
+        return []
+
+
+def server_cpu(pid: int) -> float:
+    """User + system seconds of a gunicorn master and its workers (every thread), from /proc."""
+    total = 0
+    for p in (pid, *_children(pid)):
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a worker that just exited
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat(5))
+    return total / TICK
+
+
+def _lua(path: str, body: bytes) -> str:
+    text = body.decode()
+    assert "]==]" not in text
+    return (f'wrk.method = "POST"\nwrk.path = "{path}"\nwrk.headers["Content-Type"] = "application/json"\n'
+            f'wrk.body = [==[{text}]==]\n')
+
+
+def wrk_load(port: int, script: Path, seconds: float, connections: int) -> tuple[int, int, float]:
+    """(responses, errors, seconds) of one wrk run against a server: keep-alive, back to back."""
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "5s", "-s", str(script),
+                          f"https://127.0.0.1:{port}"], capture_output=True, text=True, timeout=seconds + 30)
+    text = out.stdout + out.stderr
+    match = re.search(r"(\d+) requests in ([\d.]+)(m?s)", text)
+    if out.returncode != 0 or match is None:
+        raise SystemExit(f"gpushard: wrk failed:\n{text}")
+    took = float(match.group(2)) / (1000 if match.group(3) == "ms" else 1)
+    errors = 0
+    for pattern in (r"Non-2xx or 3xx responses: (\d+)", r"Socket errors: connect (\d+), read (\d+), "
+                    r"write (\d+), timeout (\d+)"):
+        found = re.search(pattern, text)
+        if found:
+            errors += sum(int(x) for x in found.groups())
+    return int(match.group(1)), errors, took
+
+
+def _check_answer(port: int, ca: str, body: bytes, patched: bool) -> None:
+    conn = _connect(port, ssl.create_default_context(cafile=ca))
+    conn.request("POST", "/mutate", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    answer = json.loads(resp.read())["response"]
+    conn.close()
+    if resp.status != 200 or not answer["allowed"] or patched != ("patch" in answer):
+        raise SystemExit(f"gpushard: unexpected answer to the realistic review: {answer}")
+
+
+def cpu_compare(args, tmp: Path, ca: str, serve: list[str]) -> int:
+    """Requests per CPU second of gpushard (and a baseline checkout) and the trivial endpoint, alternating."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("gpushard: --cpu needs wrk on the PATH (e.g. apt-get install wrk)")
+    body = realistic_review()
+    script = tmp / "review.lua"
+    script.write_text(_lua("/mutate", body))
+    names = ["gpushard", *(["baseline"] if args.baseline else []), "trivial"]
+    servers: dict[str, Server] = {}
+    try:
+        for name in names:
+            port = _free_port()
+            bind = ["--bind", f"127.0.0.1:{port}"]
+            if name == "trivial":
+                cmd, cwd = [sys.executable, str(Path(__file__).resolve()), "--ceiling-server", *serve, *bind], ROOT
+            else:
+                cmd = [sys.executable, "-m", "webhook.cli", "serve", *serve, *bind,
+                       "--cluster", str(tmp / "cluster.yaml")]
+                cwd = Path(args.baseline).resolve() if name == "baseline" else ROOT
+            servers[name] = Server(cmd, port, ca, tmp / f"{name}.log", cwd=cwd)
+        for name, server in servers.items():
+            server.wait_ready()
+            _check_answer(server.port, ca, body, patched=name != "trivial")
+            wrk_load(server.port, script, 1, args.wrk_connections)  # warm up
+        samples: dict[str, list[tuple[float, float, int, int]]] = {name: [] for name in names}
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]  # alternate who goes first
+            for name in order:
+                server = servers[name]
+                before = server_cpu(server.proc.pid)
+                done, errors, took = wrk_load(server.port, script, args.seconds, args.wrk_connections)
+                cpu = server_cpu(server.proc.pid) - before
+                samples[name].append((cpu / max(done, 1) * 1e6, done / took, done, errors))
+        rated = {}
+        if args.rate:
+            for name, server in servers.items():
+                rated[name] = drive(server.port, ca, args.connections, args.clients, args.rate, args.seconds,
+                                    mix=[("/mutate", body, json.loads(body)["request"]["uid"])])
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    print(f"CPU per answered request, realistic review (fractional GPU container + sidecar, not a dry run, "
+          f"200 nodes x 8 cards), {args.rounds} alternating rounds of {args.seconds:g} s, "
+          f"wrk -c{args.wrk_connections}, "
+          f"gunicorn gthread {args.workers_used} worker x {args.threads_used} threads, {os.cpu_count()} CPUs")
+    print(f"{'server':10} {'us CPU/req (median)':>20} {'all rounds':>24} {'req/CPU s':>10} {'wall req/s':>11} "
+          f"{'requests':>9} {'errors':>7}")
+    medians = {}
+    for name in names:
+        rows = samples[name]
+        cpu = statistics.median(x[0] for x in rows)
+        medians[name] = cpu
+        print(f"{name:10} {cpu:20.0f} {' '.join(f'{x[0]:.0f}' for x in rows):>24} {1e6 / cpu:10.0f} "
+              f"{statistics.median(x[1] for x in rows):11.0f} {sum(x[2] for x in rows):9d} "
+              f"{sum(x[3] for x in rows):7d}")
+    for name in names[:-1]:
+        paired = sorted(t[0] / x[0] for x, t in zip(samples[name], samples["trivial"], strict=True))
+        print(f"{name} / trivial: {medians['trivial'] / medians[name]:.2f} of the trivial endpoint's requests per "
+              f"CPU second (medians); round by round {statistics.median(paired):.2f} "
+              f"(from {paired[0]:.2f} to {paired[-1]:.2f})")
+    for name, r in rated.items():
+        print(f"{name:10} at {args.rate:g}/s: p50 {r['p50']:.2f} ms, p99 {r['p99']:.2f} ms, p999 {r['p999']:.2f} ms, "
+              f"{r['n']} reviews, {r['errors']} errors")
+    errors = sum(x[3] for rows in samples.values() for x in rows) + sum(r["errors"] for r in rated.values())
+    return 1 if errors else 0
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -310,6 +462,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=None, help="gunicorn workers (default: serve's default)")
     parser.add_argument("--threads", type=int, default=None, help="threads per worker (default: serve's default)")
     parser.add_argument("--only", choices=("gpushard", "ceiling"), help="run one server only")
+    parser.add_argument("--cpu", action="store_true",
+                        help="compare the servers' own CPU per request on the realistic review (needs wrk)")
+    parser.add_argument("--baseline", metavar="DIR", help="with --cpu: also serve another checkout, e.g. a git "
+                        "worktree of an older commit")
+    parser.add_argument("--rounds", type=int, default=3, help="with --cpu: alternating rounds (default: 3)")
+    parser.add_argument("--wrk-connections", type=int, default=8, help="with --cpu: wrk connections (default: 8)")
     parser.add_argument("--ceiling-server", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.ceiling_server is not None:
@@ -328,6 +486,11 @@ def main(argv: list[str] | None = None) -> int:
                        capture_output=True, cwd=ROOT)
         (tmp / "cluster.yaml").write_text(cluster_yaml())
         ca = str(tmp / "certs" / "ca.crt")
+        if args.cpu:
+            args.workers_used, args.threads_used = workers, threads
+            return cpu_compare(args, tmp, ca, ["--cert", str(tmp / "certs" / "tls.crt"), "--key",
+                                               str(tmp / "certs" / "tls.key"), "--workers", str(workers),
+                                               "--threads", str(threads)])
         for name in ("gpushard", "ceiling"):
             if args.only and name != args.only:
                 continue

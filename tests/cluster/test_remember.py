@@ -12,7 +12,8 @@ We test:
   seconds while the pods watch streams, and a real pod whose watch event lags a few seconds still
   takes its choice over and counts from then on; while the pods watch is down choices are held
   (no pod could show), up to the longer time to live;
-- the static view: the same burst, and expiry.
+- the static view: the same burst, and expiry; a remembered choice changes its card alone (cards
+  listed out of order), and the view's indexes then choose as indexes built afresh do.
 """
 
 from __future__ import annotations
@@ -236,3 +237,27 @@ def test_a_burst_on_the_static_view_fits_and_expires():
     assert _used(view.snapshot()) == INITIAL
     view.remember("nowhere", 0, 10)  # a node the file does not know: nothing to count
     assert _used(view.snapshot()) == INITIAL
+
+
+def test_a_remembered_choice_on_the_static_view_changes_its_card_alone_and_the_indexes_agree():
+    # Cards listed out of order, so a card's position is not its index.
+    nodes = tuple(placement.Node(name, cards=(placement.Card(1, CAPACITY, INITIAL[(name, 1)]),
+                                              placement.Card(0, CAPACITY, INITIAL[(name, 0)])))
+                  for name in ("gpu-a", "gpu-b", "gpu-c"))
+    view = static.StaticView(placement.View(nodes=nodes), remember_ttl=30, clock=Clock())
+    ledger = collections.Counter(INITIAL)
+    ask = placement.Ask(shares=5)
+    for node, card, shares in (("gpu-c", 0, 5), ("gpu-a", 1, 20), ("gpu-c", 0, 5), ("gpu-b", 1, 100)):
+        before = view.snapshot()
+        view.remember(node, card, shares)
+        ledger[(node, card)] += shares
+        after = view.snapshot()
+        assert _used(after) == ledger
+        assert [n for n in after.nodes if n.name != node] == [n for n in before.nodes if n.name != node]
+        # The indexes carried over choose exactly as indexes built afresh over the same nodes.
+        for shares_asked in (5, 10, 40, 70):
+            ask = placement.Ask(shares=shares_asked)
+            fresh = placement.choose(placement.View(nodes=after.nodes), ask)
+            carried = placement.choose(after, ask)
+            assert (carried.node, carried.card) == (fresh.node, fresh.card)
+    assert (placement.choose(view.snapshot(), ask).node, placement.choose(view.snapshot(), ask).card) != (None, None)

@@ -44,6 +44,29 @@ class Metrics:
         self.latency = prometheus_client.Histogram(
             "gpushard_admission_seconds", "Time to read, decide and answer one AdmissionReview",
             ["mode"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        # Labelled children looked up once: labels() takes a lock and checks its arguments on every call.
+        self._admitted: dict[tuple[str, str, str], prometheus_client.Counter] = {}
+        self._latency: dict[str, prometheus_client.Histogram] = {}
+
+    def admitted(self, outcome: str, kind: str, mode: str) -> None:
+        """Count one answered review."""
+        key = (outcome, kind, mode)
+        child = self._admitted.get(key)
+        if child is None:
+            child = self._admitted[key] = self.admissions.labels(outcome, kind, mode)
+        child.inc()
+
+    def memory_ask(self, card_mib: int, asked_mib: int) -> None:
+        """Count one pod admitted by its GPU memory ask, by the card size it was sized for."""
+        self.memory_pods.labels(str(card_mib)).inc()
+        self.memory_asked.labels(str(card_mib)).inc(asked_mib)
+
+    def observe(self, mode: str, seconds: float) -> None:
+        """Record how long one review took to answer."""
+        child = self._latency.get(mode)
+        if child is None:
+            child = self._latency[mode] = self.latency.labels(mode)
+        child.observe(seconds)
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics text: this process's, or every worker's when gunicorn runs several."""

@@ -111,6 +111,7 @@ class StaticView:
         self._entries: collections.deque = collections.deque()  # (deadline, node, card, shares), oldest first
         self._placed: collections.Counter = collections.Counter()  # (node, card) -> shares
         self._view = view
+        self._positions = {n.name: i for i, n in enumerate(view.nodes)}  # where each node sits in _view
 
     def synced(self) -> bool:
         return True
@@ -135,7 +136,31 @@ class StaticView:
         with self._lock:
             self._entries.append((self._clock() + self._ttl, node, card, shares))
             self._placed[(node, card)] += shares
-            self._update({node})
+            self._update_card(node, card)
+
+    def _update_card(self, name: str, index: int) -> None:
+        """``_update({name})`` when only card ``index`` of the node can have changed: that card alone
+        is rebuilt, and the view's indexes move it (placement.replace_card) instead of redoing the node."""
+        position = self._positions.get(name)
+        current = self._view.node(position) if position is not None else None
+        if current is None or current.name != name:
+            self._positions = {n.name: i for i, n in enumerate(self._view.nodes)}
+            self._update({name})
+            return
+        at = [j for j, c in enumerate(current.cards) if c.index == index]
+        if len(at) != 1:  # no such card, or the index twice: the general path decides
+            self._update({name})
+            return
+        j = at[0]
+        base = self._base[name].cards[j]
+        c = current.cards[j]
+        used = base.used + self._placed[(name, index)]
+        if used == c.used:
+            return
+        card = placement.Card(c.index, c.capacity, used, c.uuid, c.model, c.memory_mib)
+        node = placement.Node(current.name, current.labels, current.taints, current.ready, current.unschedulable,
+                              (*current.cards[:j], card, *current.cards[j + 1:]))
+        self._view = placement.replace_card(self._view, node, j)
 
     def _update(self, touched: set[str]) -> None:
         changes = {}
