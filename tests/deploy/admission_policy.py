@@ -2,7 +2,7 @@
 
 The CEL is evaluated by a CEL library (cel-python), not read: what the API server would run.
 Matching restates the API server's rules for what the policies in deploy/ use: resourceRules
-(group, version, resource, operation), a namespaceSelector of matchExpressions on the
+(group, version, resource or resource/subresource, operation), a namespaceSelector of matchExpressions on the
 namespace's labels (which always hold kubernetes.io/metadata.name), and a binding with
 validationActions [Deny]; a policy with paramKind gets `params` from the binding's paramRef
 (the object the test passes, or parameterNotFoundAction when it passes none). Variables are
@@ -67,7 +67,9 @@ def matches(policy: dict, request: dict, namespace: dict) -> bool:
     if not _selector_matches(constraints.get("namespaceSelector"), namespace["metadata"]["labels"]):
         return False
     resource = request["resource"]
-    return any(_rule_matches(rule, resource["group"], resource["version"], resource["resource"], request["operation"])
+    # A subresource is matched as "resource/subresource" (resourceclaims/status).
+    name = resource["resource"] + (f"/{request['subResource']}" if request.get("subResource") else "")
+    return any(_rule_matches(rule, resource["group"], resource["version"], name, request["operation"])
                for rule in constraints["resourceRules"])
 
 
