@@ -15,8 +15,8 @@ import kubernetes
 
 from webhook.agent import cdi, draplugin, draslices, health, isolation, nvml
 from webhook.core import draobjects, names
-from webhook.core import requests as req
 from webhook.core import policy as policy_mod
+from webhook.core import requests as req
 
 
 @dataclass(frozen=True)
