@@ -191,6 +191,7 @@ def test_a_tenant_never_asks_gpushards_class(objects, namespace, kind):
 
 
 def test_templates_named_like_gpushards_are_the_webhooks_only(objects):
+    assert admit(objects, template(25), ENFORCED, WEBHOOK).allowed
     # Another class under gpushard's name would answer the webhook's "it exists" (409) and hold the pods.
     nic = tenant_claim({"name": "gpu", "exactly": {"deviceClassName": "nic.example.com"}},
                        kind="ResourceClaimTemplate", name="gpushard-shares-25")
@@ -226,7 +227,8 @@ def test_the_controller_makes_gpushards_claims_only_for_gpushards_pod_claim_wher
     # A tenant's pod naming gpushard's template under its own claim name (the webhook denies that pod in
     # enforce namespaces; elsewhere no webhook runs).
     assert not admit(objects, claim_for_pod(made, pod_claim="mine"), ENFORCED, CLAIM_CONTROLLER).allowed
-    for namespace in [*NOT_OPTED_IN, SYSTEM]:
+    own = admission_policy.namespace_object("gpushard-system", {names.MODE_LABEL: names.MODE_ENFORCE})
+    for namespace in [*NOT_OPTED_IN, SYSTEM, own]:  # gpushard-system: the webhook never sees its pods
         left = namespaced(made, namespace)  # a template left from when the namespace enforced gpushard
         outcome = admit(objects, claim_for_pod(left), namespace, CLAIM_CONTROLLER)
         assert outcome.matched and not outcome.allowed, namespace
