@@ -14,7 +14,8 @@ included), its CEL evaluated with a CEL library as the API server would:
   implicit extended resource deviceclass.resource.kubernetes.io/gpu.gpushard.io, a claim the
   controller makes for another pod claim name or in a namespace that does not enforce gpushard;
 - a claim of gpushard's class is reserved only for the pod it was made for: a second pod naming it
-  (resourceClaimName) is refused when the scheduler reserves it;
+  (resourceClaimName) is refused when the scheduler reserves it, and nobody may make that pod the
+  claim's owner first (the garbage collector may still orphan it, and finalizers change);
 - pods may carry gpushard's own entry (gpushard-gpu from gpushard-shares-<n>), and nothing else
   while no class is allowed; other classes' claims are judged as before.
 """
@@ -247,6 +248,20 @@ def test_a_gpushard_claim_is_reserved_only_for_its_own_pod(objects):
                         sub_resource="status")
         assert outcome.matched and not outcome.allowed, uids
         assert "reserved only for the pod it was made for" in outcome.message
+    # Nor may anyone make the second pod the claim's owner first; the garbage collector may orphan it.
+    for owners in ([{"apiVersion": "v1", "kind": "Pod", "name": "other", "uid": OTHER_UID, "controller": True}],
+                   claim["metadata"]["ownerReferences"] + [{"apiVersion": "v1", "kind": "Pod", "name": "other",
+                                                            "uid": OTHER_UID}]):
+        moved = copy.deepcopy(claim)
+        moved["metadata"]["ownerReferences"] = owners
+        outcome = admit(objects, moved, ENFORCED, TENANT, "UPDATE", claim)
+        assert outcome.matched and not outcome.allowed and "cannot change" in outcome.message
+    orphaned, finalized = copy.deepcopy(claim), copy.deepcopy(claim)
+    del orphaned["metadata"]["ownerReferences"]
+    finalized["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+    for changed in (orphaned, finalized):
+        assert admit(objects, changed, ENFORCED, "system:serviceaccount:kube-system:generic-garbage-collector",
+                     "UPDATE", claim).allowed
     # Claims of other classes may be shared as before.
     nic = claim_for_pod(tenant_claim({"name": "n", "exactly": {"deviceClassName": "nic.example.com"}},
                                      kind="ResourceClaimTemplate"))
