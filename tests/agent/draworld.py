@@ -27,3 +27,23 @@ def claim(namespace: str, name: str, uid: str, node: str, device: str | None, sh
                 {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
         }},
     }
+
+
+def reserved(claim: dict, pod: str, pod_uid: str) -> dict:
+    """The claim owned by, and reserved for, one pod, as the controller and the scheduler leave it."""
+    claim["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": pod_uid,
+                                             "controller": True, "blockOwnerDeletion": True}]
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": pod, "uid": pod_uid}]
+    return claim
+
+
+def holder(namespace: str, pod: str, pod_uid: str, *container_shares: int) -> dict:
+    """A pod as gpushard's webhook (backend dra) leaves it: each GPU container's gpushard.io/gpu and the claim."""
+    containers = [{"name": f"c{i}", "image": "cuda:12", "resources": {
+        "limits": {names.SHARES_RESOURCE: str(n)}, "requests": {names.SHARES_RESOURCE: str(n)},
+        "claims": [{"name": names.DRA_POD_CLAIM}]}} for i, n in enumerate(container_shares)]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": namespace, "name": pod, "uid": pod_uid},
+            "spec": {"containers": containers or [{"name": "c", "image": "busybox"}],
+                     "resourceClaims": [{"name": names.DRA_POD_CLAIM,
+                                         "resourceClaimTemplateName": draobjects.template_name(
+                                             sum(container_shares) or 1)}]}}

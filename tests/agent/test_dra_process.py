@@ -65,7 +65,9 @@ def test_the_agent_publishes_registers_prepares_and_stops(setup, plugin_dir):
         eventually(lambda: os.path.exists(registration), "the registration socket", proc)
         peer = drakubelet.DraKubelet()
         peer.register(registration)
-        api.put("resourceclaims", draworld.claim("ml", "c", "uid-1", "node-a", "card-1", 25))
+        api.put("resourceclaims", draworld.reserved(draworld.claim("ml", "c", "uid-1", "node-a", "card-1", 25), "p",
+                                                    "pod-1"))
+        api.put("pods", draworld.holder("ml", "p", "pod-1", 25))
         entry = peer.prepare(("ml", "uid-1", "c")).claims["uid-1"]
         assert entry.error == "" and list(entry.devices[0].cdi_device_ids)[0] == "nvidia.com/gpu=GPU-bbbb"
         with open(os.path.join(folders[2], "gpushard.io-claim_uid-1.json")) as spec:

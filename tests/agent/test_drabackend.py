@@ -82,7 +82,9 @@ def test_the_kubelet_prepares_a_claim_through_the_agent(api, world):
     peer = drakubelet.DraKubelet()
     eventually(lambda: os.path.exists(agent.dra.plugin.registration_path), "the registration socket")
     peer.register(agent.dra.plugin.registration_path)
-    api.put("resourceclaims", draworld.claim("team-a", "c", "uid-1", NODE, "card-1", 50))
+    api.put("resourceclaims", draworld.reserved(draworld.claim("team-a", "c", "uid-1", NODE, "card-1", 50), "p",
+                                                "pod-1"))
+    api.put("pods", draworld.holder("team-a", "p", "pod-1", 20, 30))
     devices.inject(nvml.HealthEvent("GPU-bbbb", healthy=False, reason="Xid 79"))  # after allocation
     eventually(lambda: slice_devices(api) == ["card-0"], "the Unhealthy card leave the slice")
     entry = peer.prepare(("team-a", "uid-1", "c")).claims["uid-1"]

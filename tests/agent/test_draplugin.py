@@ -9,7 +9,11 @@ from a local API server:
   unprepare still removes what was prepared;
 - a claim for another driver, one made again under a new UID, and one on a card this node lacks are refused
   with an error naming the claim, and leave nothing behind; one bad claim does not fail the others in a call;
-- a removed socket is served again.
+- a removed socket is served again;
+- with the pod check on (as the agent runs it): a claim is prepared only for the one pod it is reserved for,
+  and only when its consumed shares equal the shares that pod counts (gpushard.io/gpu, what quota saw); a claim
+  consuming more (a template replaced or made by another), reserved for two pods or none, for a pod made again
+  under a new UID, or whose pod cannot be read, is refused naming claim and pod, and leaves nothing behind.
 """
 
 import json
@@ -21,6 +25,8 @@ from tests import fakekube
 from tests.agent import drakubelet, draworld, fakekubelet
 from webhook.agent import cdi, draplugin, isolation, nvml
 from webhook.core import names
+from webhook.core import policy as policy_mod
+from webhook.core import requests as req
 
 NODE = "node-a"
 CARDS = {i: nvml.Card(i, f"GPU-{i}0000000-1111-2222-3333-444444444444", "NVIDIA H100 80GB HBM3", 81559)
@@ -41,10 +47,15 @@ def dirs():
     fakekubelet.remove_tree(root)
 
 
-def make_plugin(api, dirs, mode="memory"):
+def pod_shares(pod):
+    return req.effective_shares(req.read_spec(pod["spec"], policy_mod.Policy(backend=policy_mod.DRA)))
+
+
+def make_plugin(api, dirs, mode="memory", check_pods=False):
+    checks = {"read_pod": draplugin.api_pod_reader(api.api_client()), "pod_shares": pod_shares} if check_pods else {}
     preparer = draplugin.Preparer(NODE, lambda: CARDS, 100, draplugin.api_claim_reader(api.api_client()),
                                   draplugin.Checkpoint(dirs["checkpoint"]), cdi_dir=dirs["cdi"], mode=mode,
-                                  mps_root=isolation.MpsRoot(os.path.join(dirs["plugins"], "mps")))
+                                  mps_root=isolation.MpsRoot(os.path.join(dirs["plugins"], "mps")), **checks)
     plugin = draplugin.DraPlugin(preparer, dirs["registry"], dirs["plugins"])
     plugin.start()
     return plugin
@@ -212,3 +223,48 @@ def test_with_mps_the_spec_mounts_the_cards_pipe_and_shm(api, dirs):
         assert all(m["options"][0] == "rbind" for m in edits["mounts"])
     finally:
         plugin.stop()
+
+
+@pytest.fixture
+def checking(api, dirs):
+    plugin = make_plugin(api, dirs, check_pods=True)
+    peer = drakubelet.DraKubelet()
+    peer.register(plugin.registration_path)
+    yield peer
+    plugin.stop()
+
+
+def test_a_claim_is_prepared_for_its_pod_with_the_pods_shares(api, dirs, checking):
+    # Kubernetes' count: the sum of the app containers (10 + 15), or the largest init container.
+    api.put("resourceclaims", draworld.reserved(draworld.claim("team-a", "c", "uid-h", NODE, "card-0", 25), "p",
+                                                "pod-h"))
+    api.put("pods", draworld.holder("team-a", "p", "pod-h", 10, 15))
+    assert checking.prepare(("team-a", "uid-h", "c")).claims["uid-h"].error == ""
+    assert os.path.exists(cdi.spec_path(dirs["cdi"], "uid-h"))
+
+
+@pytest.mark.parametrize("pods,holders,expected", [
+    # A template replaced (or a claim made) asking 100 shares for a pod that counts 25.
+    ([("p", "pod-h", (25,))], [("p", "pod-h")], "consumes 100 shares but pod team-a/p counts 25 (gpushard.io/gpu"),
+    # A pod that asks no GPU holding gpushard's claim.
+    ([("p", "pod-h", ())], [("p", "pod-h")], "consumes 100 shares but pod team-a/p counts 0"),
+    # Two pods sharing one claim, or none.
+    ([("p", "pod-h", (100,)), ("q", "pod-q", ())], [("p", "pod-h"), ("q", "pod-q")], "is reserved for 2 pods"),
+    ([], [], "is reserved for 0 pods"),
+    # The pod made again under the same name.
+    ([("p", "pod-new", (100,))], [("p", "pod-h")], "is not the one claim team-a/c is reserved for"),
+    # The pod cannot be read: an error the kubelet retries.
+    ([], [("p", "pod-h")], "cannot read pod team-a/p from the API server: HTTP 404"),
+])
+def test_a_claim_that_did_not_come_from_gpushards_template_for_its_pod_is_refused(api, dirs, checking, pods,
+                                                                                   holders, expected):
+    claim = draworld.claim("team-a", "c", "uid-z", NODE, "card-0", 100)
+    claim["status"]["reservedFor"] = [{"resource": "pods", "name": n, "uid": u} for n, u in holders]
+    api.put("resourceclaims", claim)
+    for name, uid, shares in pods:
+        api.put("pods", draworld.holder("team-a", name, uid, *shares))
+    entry = checking.prepare(("team-a", "uid-z", "c")).claims["uid-z"]
+    assert entry.error.startswith("gpushard: ") and expected in entry.error, entry.error
+    assert not entry.devices
+    assert not os.path.exists(cdi.spec_path(dirs["cdi"], "uid-z"))
+    assert "uid-z" not in draplugin.Checkpoint(dirs["checkpoint"]).claims

@@ -5,7 +5,11 @@
   NVIDIA_VISIBLE_DEVICES is void (the card comes by CDI), and containers without shares are hidden as today;
 - the pod the API server would store passes its schema and rules; a second pass changes nothing;
 - an author's card pin is denied, naming the container (audit mode reports it); pods without GPUs get no claim;
-- workload templates are rewritten as with the device plugin (shares, no claim).
+- workload templates are rewritten as with the device plugin (shares, no claim);
+- only gpushard names its claim, templates and class: a pod asking no GPU carrying gpushard-gpu, another pod
+  claim naming a gpushard-shares-<n> template, a container without shares naming gpushard-gpu, or a container
+  asking deviceclass.resource.kubernetes.io/gpu.gpushard.io is denied with a message naming it (audit mode
+  reports it); an author's gpushard-gpu entry in a GPU pod becomes the template of the pod's own shares.
 """
 
 import copy
@@ -144,3 +148,83 @@ def test_templates_get_shares_and_no_claim(kind):
     with_plugin = decide(deployment, policy_mod.Policy(), kind=kind).obj
     assert with_dra == with_plugin
     assert "resourceClaims" not in with_dra["spec"]["template"]["spec"]
+
+
+# --- what only gpushard writes: its claim, its templates, its class ---------------------------------
+
+
+def _gpushard_entry(shares):
+    return {"name": names.DRA_POD_CLAIM, "resourceClaimTemplateName": f"{names.DRA_TEMPLATE_PREFIX}{shares}"}
+
+
+def test_a_pod_asking_no_gpu_may_not_carry_gpushards_claim():
+    # Its claim would take shares (the whole card by default) that no gpushard.io/gpu quota counts.
+    for claims in ([_gpushard_entry(100)], [{"name": names.DRA_POD_CLAIM, "resourceClaimName": "other-gpu-x7k2p"}]):
+        side = container("side")
+        side["resources"] = {"claims": [{"name": names.DRA_POD_CLAIM}]}
+        for obj in (pod(container("web"), claims=claims), pod(side, claims=claims)):
+            decision = decide(obj)
+            assert not decision.allowed and decision.code == 403
+            assert decision.message.startswith(
+                'gpushard: pod claim "gpushard-gpu" (spec.resourceClaims) is gpushard\'s own and this pod asks no '
+                'GPU'), decision.message
+
+
+def test_no_other_pod_claim_may_name_gpushards_templates():
+    for obj in (pod(container("web"), claims=[{"name": "mine", "resourceClaimTemplateName": "gpushard-shares-100"}]),
+                pod(container("train", "0.01"), claims=[{"name": "mine",
+                                                          "resourceClaimTemplateName": "gpushard-shares-100"}])):
+        decision = decide(obj)
+        assert not decision.allowed and decision.code == 403
+        assert decision.message.startswith(
+            'gpushard: pod claim "mine" names template gpushard-shares-100, which only gpushard\'s own claim '
+            '"gpushard-gpu" names'), decision.message
+
+
+def test_gpushards_claim_written_by_an_author_is_made_the_pods_own():
+    # The entry is rewritten to the template of the pod's shares, whatever the author named.
+    for written in (_gpushard_entry(100), {"name": names.DRA_POD_CLAIM, "resourceClaimName": "other-gpu-x7k2p"}):
+        stored, decision = admitted(pod(container("train", "0.25"), claims=[written]))
+        assert stored["spec"]["resourceClaims"] == [_gpushard_entry(25)] and decision.shares == 25
+
+
+def test_a_container_asking_no_gpu_may_not_name_gpushards_claim():
+    # It would see the card by CDI (NVIDIA_VISIBLE_DEVICES=void does not hide a CDI device).
+    side = container("side")
+    side["resources"] = {"claims": [{"name": names.DRA_POD_CLAIM}]}
+    for obj in (pod(container("train", "0.25"), side), pod(container("train", "0.25"), init=[side])):
+        decision = decide(obj)
+        assert not decision.allowed and decision.code == 403
+        assert decision.message.startswith(
+            'gpushard: container "side" names claim "gpushard-gpu" (resources.claims) but asks no GPU'), \
+            decision.message
+
+
+def test_gpushards_class_as_an_extended_resource_is_denied():
+    # Every DeviceClass has the implicit extended resource deviceclass.resource.kubernetes.io/<class>
+    # (DRAExtendedResource): the scheduler would make a claim of one device and no shares, the whole card.
+    name = f"deviceclass.resource.kubernetes.io/{names.DRA_DEVICE_CLASS}"
+    for part in ("limits", "requests"):
+        c = {"name": "x", "image": "cuda:12", "resources": {part: {name: "1"}}}
+        for obj in (pod(c), pod(container("train", "0.25"), c)):
+            decision = decide(obj)
+            assert not decision.allowed and decision.code == 403
+            assert decision.message.startswith(f'gpushard: container "x" asks {name}'), decision.message
+
+
+def test_audit_mode_reports_what_it_would_deny_about_gpushards_claim():
+    side = container("side")
+    side["resources"] = {"claims": [{"name": names.DRA_POD_CLAIM}]}
+    for obj in (pod(container("web"), claims=[_gpushard_entry(100)]),
+                pod(container("t", "0.5"), side,
+                    claims=[{"name": "x", "resourceClaimTemplateName": "gpushard-shares-9"}])):
+        decision = decisions.decide(decisions.Request(obj, "Pod", mode=names.MODE_AUDIT, namespace="team-a"),
+                                    POLICY, None)
+        assert decision.allowed and decision.obj is None
+        assert any(x.rule == "dra-claim-not-gpushards" and x.severity == "deny" for x in decision.findings)
+
+
+def test_the_device_plugin_backend_leaves_pod_claims_to_the_policy():
+    # Without backend dra gpushard makes no templates; device-claims.yaml judges pods' claims.
+    decision = decide(pod(container("web"), claims=[_gpushard_entry(100)]), policy_mod.Policy())
+    assert decision.allowed

@@ -363,7 +363,9 @@ def matches(policy: dict, request: dict, namespace: dict | None) -> bool:
                                                        namespace["metadata"]["labels"]):
         return False
     resource = request["resource"]
-    return any(_rule_matches(rule, resource["group"], resource["version"], resource["resource"], request["operation"])
+    # A subresource is matched as "resource/subresource" (resourceclaims/status).
+    name = resource["resource"] + (f"/{request['subResource']}" if request.get("subResource") else "")
+    return any(_rule_matches(rule, resource["group"], resource["version"], name, request["operation"])
                for rule in constraints["resourceRules"])
 
 

@@ -4,7 +4,7 @@
 - its DeviceClass is the one gpushard's code describes, and passes the API's rules;
 - the agent mounts the kubelet's plugin-registration and plugins folders and the CDI folder at the paths its
   flags default to, which are the kubelet's and the runtime's own;
-- RBAC lets the agent write ResourceSlices and read claims, the webhook create templates, and no more; the
+- RBAC lets the agent write ResourceSlices and read claims and pods, the webhook create templates, and no more; the
   auditor role (`gpushard status`) reads slices and claims;
 - the enforce webhook declares NoneOnDryRun (it makes templates on real requests only);
 - the policy keeps an agent to its own node's slice of gpushard's driver, evaluated with a CEL library.
@@ -88,6 +88,9 @@ def test_rbac(objects):
     # list: every agent looks for another DRA driver offering its node's cards (the base grants it).
     assert agent == {("resource.k8s.io", "resourceslices", v) for v in ("get", "list", "create", "update")} | {
         ("resource.k8s.io", "resourceclaims", "get")}
+    # get: the pod a claim is reserved for, whose shares the claim must consume (the base grants both).
+    assert {x for x in rules_of(objects, "gpushard-agent") if x[:2] == ("", "pods")} == {
+        ("", "pods", "list"), ("", "pods", "get")}
     webhook = {x for x in rules_of(objects, "gpushard-webhook") if x[0] == "resource.k8s.io"}
     assert webhook == {("resource.k8s.io", "resourceclaimtemplates", "create")}
 

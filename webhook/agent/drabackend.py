@@ -16,6 +16,7 @@ import kubernetes
 from webhook.agent import cdi, draplugin, draslices, health, isolation, nvml
 from webhook.core import draobjects, names
 from webhook.core import policy as policy_mod
+from webhook.core import requests as req
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,13 @@ class DraBackend:
         self.slices = draslices.SlicePublisher(api, node, self.healthy_facts, policy.shares_per_card)
         preparer = draplugin.Preparer(node, self.present_cards, policy.shares_per_card,
                                       draplugin.api_claim_reader(api), draplugin.Checkpoint(folders.checkpoint()),
-                                      cdi_dir=folders.cdi, mode=policy.isolation, mps_root=mps_root)
+                                      cdi_dir=folders.cdi, mode=policy.isolation, mps_root=mps_root,
+                                      read_pod=draplugin.api_pod_reader(api), pod_shares=self.pod_shares)
         self.plugin = draplugin.DraPlugin(preparer, folders.registry, folders.plugins)
+
+    def pod_shares(self, pod: dict) -> int:
+        """A pod's shares as gpushard counts them (its containers' gpushard.io/gpu), as the webhook did."""
+        return req.effective_shares(req.read_spec(pod.get("spec") or {}, self.policy))
 
     def healthy_facts(self) -> list[draobjects.CardFacts]:
         """The cards the scheduler may place new claims on: present and Healthy."""

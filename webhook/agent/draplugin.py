@@ -122,6 +122,22 @@ def api_claim_reader(api: kubernetes.client.ApiClient, timeout: float = 10.0) ->
     return read
 
 
+def api_pod_reader(api: kubernetes.client.ApiClient, timeout: float = 10.0) -> Callable[[str, str], dict]:
+    """Reads a Pod from the API server, as the API serves it (the pod a claim is reserved for)."""
+    core = kubernetes.client.CoreV1Api(api)
+
+    def read(namespace: str, name: str) -> dict:
+        answer = core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=timeout)
+        return json.loads(answer.data)
+    return read
+
+
+def _read_failed(what: str, exc: Exception) -> PrepareError:
+    if isinstance(exc, kubernetes.client.exceptions.ApiException):
+        return PrepareError(f"gpushard: cannot read {what} from the API server: HTTP {exc.status} {exc.reason}")
+    return PrepareError(f"gpushard: cannot read {what} from the API server: {exc}")
+
+
 class Preparer:
     """Prepares and unprepares claims: the allocation read, the CDI spec written, the checkpoint kept.
 
@@ -131,7 +147,8 @@ class Preparer:
     def __init__(self, node: str, cards: Callable[[], Mapping[int, nvml.Card]], shares_per_card: int,
                  read_claim: Callable[[str, str], dict], checkpoint: Checkpoint, cdi_dir: str = cdi.DEFAULT_DIR,
                  mode: str = "none", mps_root: isolation.MpsRoot | None = None,
-                 driver: str = names.DRA_DRIVER) -> None:
+                 driver: str = names.DRA_DRIVER, read_pod: Callable[[str, str], dict] | None = None,
+                 pod_shares: Callable[[dict], int] | None = None) -> None:
         self.node = node
         self.cards = cards
         self.shares_per_card = shares_per_card
@@ -141,6 +158,11 @@ class Preparer:
         self.mode = mode
         self.mps_root = mps_root
         self.driver = driver
+        # With both, a claim is prepared only for the one pod it is reserved for, and only when it consumes
+        # the shares that pod counts (its gpushard.io/gpu, what quota saw): a claim made any other way than
+        # from gpushard's template for that pod is refused here, whatever the admission policies let through.
+        self.read_pod = read_pod
+        self.pod_shares = pod_shares
         self._lock = threading.Lock()
 
     def prepare(self, namespace: str, uid: str, name: str) -> list[Prepared]:
@@ -164,6 +186,8 @@ class Preparer:
                 results = draobjects.our_results(claim, self.driver, self.shares_per_card)
             except draobjects.ClaimError as exc:
                 raise PrepareError(str(exc)) from None
+            if self.read_pod is not None and self.pod_shares is not None:
+                self._check_holder(claim, named, sum(r.shares for r in results))
             cards = self.cards()
             devices, cdi_devices = [], []
             for result in results:
@@ -185,6 +209,31 @@ class Preparer:
             log.info("gpushard: prepared claim %s (%s): %s", named, uid,
                      ", ".join(f"{r.device} x{r.shares}" for r in results))
             return devices
+
+    def _check_holder(self, claim: dict, named: str, consumed: int) -> None:
+        reserved = (claim.get("status") or {}).get("reservedFor")
+        pods = [r for r in reserved if isinstance(r, dict) and r.get("resource") == "pods"] \
+            if isinstance(reserved, list) else []
+        if len(pods) != 1:
+            raise PrepareError(f"gpushard: claim {named} is reserved for {len(pods)} pods; a claim of gpushard's "
+                               "class serves exactly the one pod it was made for")
+        namespace = named.split("/", 1)[0]
+        holder = f"{namespace}/{pods[0].get('name')}"
+        try:
+            pod = self.read_pod(namespace, str(pods[0].get("name")))
+        except Exception as exc:  # unreachable, timed out, gone: the kubelet retries the call
+            raise _read_failed(f"pod {holder}", exc) from None
+        if (pod.get("metadata") or {}).get("uid") != pods[0].get("uid"):
+            raise PrepareError(f"gpushard: pod {holder} is not the one claim {named} is reserved for (UID "
+                               f"{(pod.get('metadata') or {}).get('uid')!r}, not {pods[0].get('uid')!r})")
+        try:
+            counted = self.pod_shares(pod)
+        except ValueError as exc:  # the core's ObjectError: a pod whose resources cannot be read
+            raise PrepareError(f"gpushard: cannot count the shares of pod {holder}: {exc}") from None
+        if counted != consumed:
+            raise PrepareError(f"gpushard: claim {named} consumes {consumed} shares but pod {holder} counts "
+                               f"{counted} ({names.SHARES_RESOURCE}, what quota saw); a claim of gpushard's class "
+                               "comes only from gpushard's template for its pod's shares")
 
     def _answer(self, card: nvml.Card, shares: int) -> allocation.Allocation:
         fraction = quantities.fraction_text(shares, self.shares_per_card)

@@ -327,6 +327,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
     if audit:
         if policy.backend == policy_mod.DRA:
             found += draclaims.pin_findings(asks, policy)
+            found += draclaims.claim_findings(spec, asks, shares) if kind == names.POD_KIND else []
         found += _visible_devices_findings(spec, asks, pin, request.mode, policy)
         found += _audit_changes(spec, asks, kind, policy)
         return Decision(allowed=True, findings=found, shares=shares)
@@ -403,7 +404,7 @@ def _place_memory(request: Request, asks: list[req.ContainerAsk], scheduling: pl
 def _dra_pod(obj: dict, asks: list[req.ContainerAsk], shares: int, found: list[f.Finding],
              limit_found: list[f.Finding], policy: Policy) -> Decision:
     """Backend dra: the pod's shares as a claim from a template; the scheduler chooses the card."""
-    pinned = draclaims.pin_findings(asks, policy)
+    pinned = draclaims.pin_findings(asks, policy) + draclaims.claim_findings(obj["spec"], asks, shares)
     if pinned:
         found = found + pinned
         return Decision(allowed=False, code=403, message=deny_message(found), findings=found)

@@ -7,7 +7,9 @@ the card when it places the pod, among cards with room. Every GPU container name
 in ``resources.claims`` and keeps its own ``gpushard.io/gpu`` count, which the agent still serves
 as a device plugin, so ResourceQuota keeps counting shares. Every container gets
 ``NVIDIA_VISIBLE_DEVICES=void``: the card reaches the GPU containers by CDI, never by that env,
-so an image's ``all`` cannot widen what a container sees.
+so an image's ``all`` cannot widen what a container sees. Only gpushard names its claim, its
+templates and its class in a pod (``claim_findings``); the policy gpushard-dra-claims of the dra
+overlay keeps everyone else from making claims or templates of the class.
 """
 
 from __future__ import annotations
@@ -38,6 +40,56 @@ def pin_findings(asks: list[req.ContainerAsk], policy: Policy) -> list[f.Finding
                 f"gpushard: container \"{ask.name}\" names {policy.resources.card(ask.pin)}; with backend dra the "
                 f"scheduler chooses the card: ask {policy.resources.fraction} or {policy.resources.shares}"),
                 ask.name))
+    return found
+
+
+# The rule id of a claim, or an extended resource, that would reach gpushard's class around the webhook.
+NOT_GPUSHARDS = "dra-claim-not-gpushards"
+
+
+def _extended_name() -> str:
+    """The extended resource every DeviceClass answers to when DRAExtendedResource is on."""
+    return f"{names.DRA_EXTENDED_PREFIX}{names.DRA_DEVICE_CLASS}"
+
+
+def claim_findings(spec: dict, asks: list[req.ContainerAsk], pod_shares: int) -> list[f.Finding]:
+    """What only gpushard may name in a pod: its claim, its templates and its class.
+
+    The claim gpushard-gpu comes from the template of the pod's own shares, and only the containers
+    that hold them name it: a pod asking no GPU carrying it, another pod claim naming a template
+    gpushard-shares-<n>, or a container without shares naming the claim would take a card's shares
+    that no ``gpushard.io/gpu`` quota counts (or that the pod's count does not say). The webhook writes
+    the pod's own entry itself, so an author's entry named gpushard-gpu in a GPU pod is replaced.
+    """
+    found = []
+    listed = spec.get("resourceClaims")
+    for entry in listed if isinstance(listed, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        name, template = entry.get("name"), entry.get("resourceClaimTemplateName")
+        if name == names.DRA_POD_CLAIM and pod_shares <= 0:
+            found.append(f.Finding(NOT_GPUSHARDS, f.DENY, (
+                f"gpushard: pod claim \"{name}\" (spec.resourceClaims) is gpushard's own and this pod asks no GPU: "
+                "remove it, or ask nvidia.com/gpu and gpushard writes it")))
+        elif name != names.DRA_POD_CLAIM and isinstance(template, str) and \
+                template.startswith(names.DRA_TEMPLATE_PREFIX):
+            found.append(f.Finding(NOT_GPUSHARDS, f.DENY, (
+                f"gpushard: pod claim \"{name}\" names template {template}, which only gpushard's own claim "
+                f"\"{names.DRA_POD_CLAIM}\" names: ask nvidia.com/gpu and gpushard writes it")))
+    extended = _extended_name()
+    for ask in asks:
+        container = spec[ask.list_key][ask.position]
+        resources = container.get("resources") if isinstance(container.get("resources"), dict) else {}
+        if any(isinstance(resources.get(part), dict) and extended in resources[part]
+               for part in ("limits", "requests")):
+            found.append(f.Finding(NOT_GPUSHARDS, f.DENY, (
+                f"gpushard: container \"{ask.name}\" asks {extended}, the whole card around gpushard's "
+                "shares: ask nvidia.com/gpu or gpushard.io/gpu"), ask.name))
+        elif not ask.holds_share and any(isinstance(c, dict) and c.get("name") == names.DRA_POD_CLAIM
+                                         for c in _claims_of(container)):
+            found.append(f.Finding(NOT_GPUSHARDS, f.DENY, (
+                f"gpushard: container \"{ask.name}\" names claim \"{names.DRA_POD_CLAIM}\" (resources.claims) but "
+                "asks no GPU: remove it there, or ask nvidia.com/gpu in that container"), ask.name))
     return found
 
 

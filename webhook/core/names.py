@@ -167,3 +167,5 @@ DRA_REQUEST = "gpu"
 DRA_POD_CLAIM = "gpushard-gpu"
 DRA_TEMPLATE_PREFIX = "gpushard-shares-"
 DRA_CDI_KIND = "gpushard.io/claim"
+# With DRAExtendedResource every DeviceClass is also the extended resource <prefix><class name>.
+DRA_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
