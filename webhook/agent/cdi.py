@@ -72,15 +72,24 @@ def spec_path(directory: str, claim_uid: str, kind: str = names.DRA_CDI_KIND) ->
 
 def write(directory: str, claim_uid: str, content: Mapping) -> str:
     """Write the claim's spec atomically (a runtime never reads half a file); the path written."""
-    os.makedirs(directory, exist_ok=True)
     path = spec_path(directory, claim_uid)
+    write_json(path, content, indent=1, mode=0o644)
+    return path
+
+
+def write_json(path: str, content: Mapping, indent: int | None = None, mode: int | None = None) -> None:
+    """Write ``content`` as JSON to ``path`` atomically and durably: a reader (a runtime, the agent
+    after a crash) sees the old file or the whole new one, never half of it."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
     fd, temporary = tempfile.mkstemp(prefix=".gpushard-", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as out:
-            json.dump(content, out, indent=1, sort_keys=True)
+            json.dump(content, out, indent=indent, sort_keys=True)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(temporary, 0o644)
+        if mode is not None:
+            os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
         try:
@@ -88,7 +97,6 @@ def write(directory: str, claim_uid: str, content: Mapping) -> str:
         except FileNotFoundError:
             pass
         raise
-    return path
 
 
 def remove(directory: str, claim_uid: str) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from concurrent import futures
@@ -23,7 +22,7 @@ from dataclasses import asdict, dataclass
 import grpc
 import kubernetes
 
-from webhook.agent import allocation, cdi, isolation, nvml
+from webhook.agent import allocation, cdi, isolation, kubelet, nvml
 from webhook.agent.proto import dra_pb2 as dpb
 from webhook.agent.proto import dra_pb2_grpc as dpb_grpc
 from webhook.agent.proto import pluginregistration_pb2 as rpb
@@ -83,21 +82,7 @@ class Checkpoint:
             log.error("gpushard: the DRA checkpoint %s is of an unknown version; starting with none", self.path)
 
     def save(self) -> None:
-        directory = os.path.dirname(self.path)
-        os.makedirs(directory, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=".checkpoint-", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as out:
-                json.dump({"version": CHECKPOINT_VERSION, "claims": self.claims}, out, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            try:
-                os.unlink(temporary)
-            except FileNotFoundError:
-                pass
-            raise
+        cdi.write_json(self.path, {"version": CHECKPOINT_VERSION, "claims": self.claims})
 
     def devices(self, uid: str) -> list[Prepared] | None:
         entry = self.claims.get(uid)
@@ -315,14 +300,6 @@ class RegistrationServicer(rpb_grpc.RegistrationServicer):
         return rpb.RegistrationStatusResponse()
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_ctime_ns)
-
-
 class _Socket:
     """One gRPC server on one unix socket, restartable when the file goes."""
 
@@ -344,16 +321,16 @@ class _Socket:
         server.add_insecure_port(f"unix://{self.path}")
         server.start()
         self.server = server
-        self.identity = _identity(self.path)
+        self.identity = kubelet.identity(self.path)
 
     def is_ours(self) -> bool:
-        return self.identity is not None and _identity(self.path) == self.identity
+        return self.identity is not None and kubelet.identity(self.path) == self.identity
 
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop(grace=1).wait()
             self.server = None
-            if self.identity is not None and _identity(self.path) == self.identity:
+            if self.identity is not None and kubelet.identity(self.path) == self.identity:
                 os.unlink(self.path)
             self.identity = None
 

@@ -27,7 +27,7 @@ def register(kubelet_socket: str, endpoint: str, resource_name: str, timeout: fl
         pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
 
 
-def _identity(path: str) -> tuple[int, int] | None:
+def identity(path: str) -> tuple[int, int] | None:
     # The inode alone is not enough: a file recreated at once often gets the same number back.
     try:
         st = os.stat(path)
@@ -61,7 +61,7 @@ class Keeper:
             plugin.start()
 
     def step(self) -> None:
-        kubelet = _identity(self.kubelet_socket)
+        kubelet = identity(self.kubelet_socket)
         if kubelet is None:
             # The kubelet is down or still clearing the directory: restarting now would race it.
             return
