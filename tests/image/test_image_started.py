@@ -586,9 +586,14 @@ def test_agent_as_the_daemonset_runs_it(container, api, tmp_path):
                 timeout=30, what=f"the inventory on Node {NODE_NAME}")
             fact(f"agent: Allocate of card 1 -> GPU-bbbb; inventory published on its Node ({len(json.loads(published))}"
                  " cards)")
-            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
-                assert resp.status == 200
-            fact(f"agent: /metrics answers on :{metrics_port}")
+            # TLS with the certificate the agent made at its start; from the pod's own loopback (where a
+            # port-forward arrives) it asks no token, as deploy/base's agent does.
+            unverified = ssl.create_default_context()
+            unverified.check_hostname, unverified.verify_mode = False, ssl.CERT_NONE
+            with urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/metrics", timeout=10,
+                                        context=unverified) as resp:
+                assert resp.status == 200 and b"gpushard_card_" in resp.read()
+            fact(f"agent: /metrics answers over TLS on :{metrics_port}")
         finally:
             code = agent.stop()
         assert code == 0, f"gpushard agent ended with {code} on SIGTERM:\n{agent.output()}"
