@@ -35,7 +35,7 @@ from webhook import connecting, kubectl
 from webhook import settings as settings_mod
 from webhook.cluster import kube
 from webhook.core import findings as f
-from webhook.core import names, placement, replacement
+from webhook.core import names, objects, placement, replacement
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
@@ -87,9 +87,9 @@ def read_pinned(obj: dict, policy: policy_mod.Policy) -> Pinned | None:
     """A listed or watched pod as a pass reads it; None for one that holds and waits for nothing."""
     spec, meta, status = (obj.get(key) or {} for key in ("spec", "metadata", "status"))
     if not (isinstance(spec, dict) and isinstance(meta, dict) and isinstance(status, dict)) or \
-            status.get("phase") in kube.TERMINAL_PHASES:
+            status.get("phase") in objects.TERMINAL_PHASES:
         return None  # an object of the wrong shape is no pod gpushard placed
-    shares = kube.pod_card_shares(spec, policy)
+    shares = objects.card_shares(spec, policy)
     if spec.get("nodeName"):
         if not shares:
             return None
@@ -103,8 +103,7 @@ def read_pinned(obj: dict, policy: policy_mod.Policy) -> Pinned | None:
     except f.ObjectError as exc:
         log.warning("gpushard: skipped pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
         return None
-    owner = next((r for r in meta.get("ownerReferences") or () if isinstance(r, dict) and r.get("controller")),
-                 None)
+    owner = objects.controller(meta)
     waiting = replacement.Waiting(
         uid=str(meta.get("uid") or ""), namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""), card=card, shares=count, age=0.0, ask=ask,
@@ -113,11 +112,6 @@ def read_pinned(obj: dict, policy: policy_mod.Policy) -> Pinned | None:
         version=str(meta.get("resourceVersion") or ""),
         sized=isinstance(meta.get("annotations"), dict) and names.MEMORY_ANNOTATION in meta["annotations"])
     return Pinned(None, (), False, waiting, _parse_time(meta.get("creationTimestamp")))
-
-
-def _pod_key(obj: dict) -> str:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
 
 
 def assemble(nodes, pinned, now: float) -> tuple[placement.View, list[replacement.Waiting], collections.Counter]:
@@ -184,7 +178,7 @@ class Cache(kube.KubeView):
                 log.exception("gpushard: the replacer skipped a pod it could not read")
                 continue
             if pod is not None:
-                into[_pod_key(obj)] = pod
+                into[objects.key(obj)] = pod
         return into
 
     def _apply_list(self, resource: str, fresh) -> None:
@@ -205,7 +199,7 @@ class Cache(kube.KubeView):
             node = None if kind == "DELETED" else kube.read_node(obj, self._policy)
             table, key, value = self._nodes, name, node
         else:
-            key = _pod_key(obj)
+            key = objects.key(obj)
             table, value = self._pinned, None if kind == "DELETED" else read_pinned(obj, self._policy)
         with self._lock:
             if value is None:
