@@ -21,7 +21,7 @@ FORBIDDEN = {
     "webhook.agent": ("webhook.admission", "webhook.cluster", "webhook.cli"),
     "webhook.cluster": ("webhook.admission", "webhook.agent", "webhook.cli"),
     "webhook.certificates": ("webhook.admission", "webhook.agent", "webhook.cluster", "webhook.cli"),
-    "webhook.replacing": ("webhook.admission", "webhook.agent", "webhook.cli"),
+    "webhook.relocation": ("webhook.admission", "webhook.agent", "webhook.cli"),
 }
 
 

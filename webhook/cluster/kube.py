@@ -151,7 +151,7 @@ def _api_client() -> kubernetes.client.ApiClient | None:
 class KubeView:
     """The cluster as the Kubernetes API shows it, kept current by list and watch.
 
-    ``webhook.replacing.Cache`` follows the same resources with this list/watch machinery and keeps
+    ``webhook.relocation.cache.Cache`` follows the same resources with this list/watch machinery and keeps
     its own state: it overrides ``_reduce``, ``_apply_list`` and ``_apply_event`` (what a page or
     an event leaves behind) and wraps ``_call`` and ``_watch`` (to know when it has a gap).
     """

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from webhook.core import asks as req
 from webhook.core import decisions, hostaccess, names, objects, quantities, replacement, rewrite
 from webhook.core import findings as f
-from webhook.core import requests as req
 from webhook.core.policy import Policy
 
 # Rule ids that only an audit can see: they need the namespace, the node or the pod's history.

@@ -16,9 +16,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from webhook.core import asks as req
 from webhook.core import findings as f
 from webhook.core import names, quantities
-from webhook.core import requests as req
 from webhook.core.policy import Policy
 
 # A pod in one of these phases holds nothing any more: the scheduler and kubelet no longer count it.
