@@ -451,7 +451,7 @@ def test_every_memory_decision_keeps_the_pod_on_a_card_size_that_holds_its_ask(v
                                                        st.sampled_from((*SIZES_MIB, None)), st.booleans()),
                                              max_size=6))
 def test_the_card_size_index_of_a_derived_view_equals_a_fresh_one(view, changes):
-    placement._sizes(view)  # paid for: derived views carry it
+    view.sizes()  # paid for: derived views carry it
     for position, size, add_card in changes:
         if position >= len(view.nodes):  # a new node at the end
             name, cards, labels = f"new{position}", (placement.Card(0, 100),), {}
@@ -466,4 +466,4 @@ def test_the_card_size_index_of_a_derived_view_equals_a_fresh_one(view, changes)
             labels[key] = str(size)
         view = placement.replace_nodes(view, {name: placement.Node(name, labels, cards=cards)})
         assert "_sizes" in view.__dict__  # derived, not built afresh
-        assert placement._sizes(view) == placement._sizes(placement.View(view.nodes))
+        assert view.sizes() == placement.View(view.nodes).sizes()
