@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench import view as objects  # noqa: E402
 from tests import fakekube  # noqa: E402
-from webhook import replacing  # noqa: E402
 from webhook import settings as settings_mod  # noqa: E402
+from webhook.relocation import controller  # noqa: E402
 
 
 def kind_of(method: str, path: str) -> str:
@@ -154,7 +154,7 @@ class Churn:
 
 def run_mode(fake: CountingKube, churn: Churn, follow: bool, passes: int) -> dict:
     settings = settings_mod.Settings(replacement=settings_mod.Replacement(pending_seconds=0, interval=5))
-    replacer = replacing.Replacer(fake.api_client(), settings, "bench", "gpushard-system", follow=follow,
+    replacer = controller.Replacer(fake.api_client(), settings, "bench", "gpushard-system", follow=follow,
                                   sync_wait=600)
     fake.tally()
     times, per_pass = [], []

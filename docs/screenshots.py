@@ -422,11 +422,11 @@ last_agent_text = [""]  # the agent's last scrape, for `gpushard top`'s sample i
 
 def top_sample() -> str:
     """What `gpushard top` prints for the last minute of the run."""
-    from webhook import topping
+    from webhook import top
 
-    cards, pods = topping.parse(last_agent_text[0])
+    cards, pods = top.parse(last_agent_text[0])
     pods.sort(key=lambda p: (p.node, p.gpu, p.namespace, p.pod, p.container))
-    return topping.cards_table(cards) + "\n" + topping.pods_table(pods)
+    return top.cards_table(cards) + "\n" + top.pods_table(pods)
 
 
 def _used(view, card: int) -> int | None:

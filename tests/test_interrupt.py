@@ -52,7 +52,7 @@ def kube(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_interrupted_while_waiting_on_the_api_exits_130(kube, tmp_path, name):
-    """Break tried: `except KeyboardInterrupt: return kubectl.INTERRUPTED` removed from webhook/cli.py's
+    """Break tried: `except KeyboardInterrupt: return kubectlflags.INTERRUPTED` removed from webhook/cli.py's
     _run: every case here fails (a KeyboardInterrupt traceback, the process killed by SIGINT)."""
     argv, waited_on = COMMANDS[name]
     reached, release = threading.Event(), threading.Event()

@@ -2,7 +2,9 @@
 - webhook.core imports only the standard library (and itself);
 - webhook.settings imports only the core and libraries;
 - the admission server, the agent and the cluster views never import each other, nor the CLI;
-- nothing but the CLI imports the CLI.
+- nothing but the CLI imports the CLI;
+- the commands (audit and status, review, install, top, replace, serve, agent) never import each other;
+- only the modules named in KUBERNETES_CLIENTS import the kubernetes client library.
 """
 
 import ast
@@ -21,7 +23,20 @@ FORBIDDEN = {
     "webhook.agent": ("webhook.admission", "webhook.cluster", "webhook.cli"),
     "webhook.cluster": ("webhook.admission", "webhook.agent", "webhook.cli"),
     "webhook.certificates": ("webhook.admission", "webhook.agent", "webhook.cluster", "webhook.cli"),
-    "webhook.replacing": ("webhook.admission", "webhook.agent", "webhook.cli"),
+    "webhook.relocation": ("webhook.admission", "webhook.agent", "webhook.cli"),
+}
+
+# The modules (or packages) behind the commands of webhook.cli: each stands on its own.
+COMMANDS = ("webhook.auditing", "webhook.reviewing", "webhook.installing", "webhook.top", "webhook.relocation",
+            "webhook.admission", "webhook.agent")
+
+# The few modules that talk to the API server through the kubernetes client library; everything
+# else reads plain JSON (webhook.core.objects) or goes through webhook.connecting.
+KUBERNETES_CLIENTS = {
+    "webhook.connecting", "webhook.cluster.kube", "webhook.cluster.templates", "webhook.auditing",
+    "webhook.installing", "webhook.top", "webhook.relocation.controller", "webhook.relocation.lease",
+    "webhook.agent.authorizing", "webhook.agent.conflicting", "webhook.agent.drabackend", "webhook.agent.draplugin",
+    "webhook.agent.draslices", "webhook.agent.podlisting", "webhook.agent.publishing",
 }
 
 
@@ -65,3 +80,25 @@ def test_adapters_stay_ignorant_of_each_other(name, path):
                 assert not imported.startswith(banned), f"{name} imports {imported}"
     if name != "webhook.cli":
         assert not any(i.startswith("webhook.cli") for i in imports(path)), f"{name} imports the CLI"
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("name, path", [m for m in ALL if any(_within(m[0], c) for c in COMMANDS)])
+def test_commands_stay_ignorant_of_each_other(name, path):
+    own = next(c for c in COMMANDS if _within(name, c))
+    for imported in imports(path):
+        other = next((c for c in COMMANDS if c != own and _within(imported, c)), None)
+        assert other is None, f"{name} (command {own}) imports {imported}, of command {other}"
+
+
+@pytest.mark.parametrize("name, path", ALL)
+def test_only_the_named_modules_import_the_kubernetes_client(name, path):
+    uses = any(i == "kubernetes" or i.startswith("kubernetes.") for i in imports(path))
+    assert not uses or name in KUBERNETES_CLIENTS, f"{name} imports kubernetes but is not in KUBERNETES_CLIENTS"
+
+
+def test_every_named_kubernetes_client_exists():
+    assert KUBERNETES_CLIENTS <= {name for name, _path in ALL}

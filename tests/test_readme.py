@@ -4,7 +4,7 @@ We test:
 - the two-command quick start (`make demo`, `make test`) opens the README;
 - the kubectl flag table: every flag row exists, with its short and long names and its output
   formats, on every command it names, and every kubectl flag of those commands is in the table;
-- the exit-code table is webhook.kubectl.EXIT_CODES, code for code and word for word;
+- the exit-code table is webhook.kubectlflags.EXIT_CODES, code for code and word for word;
 - GPUSHARD_FRACTION, which gpushard writes into every GPU container, is explained.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from webhook import cli, kubectl
+from webhook import cli, kubectlflags
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -73,7 +73,7 @@ def test_every_flag_in_the_table_is_on_every_command_it_names():
                 documented.setdefault(name, set()).add(string)
             if strings[0] == "-o":
                 claimed = set(flag.split(" ", 2)[-1].split("|"))
-                assert set(options["-o"].choices) - {kubectl.TABLE} == claimed, name
+                assert set(options["-o"].choices) - {kubectlflags.TABLE} == claimed, name
     for name, parser in commands.items():
         undocumented = set(_options(parser)) - OWN - documented.get(name, set())
         assert not undocumented, f"{name}: flags missing from the README table: {sorted(undocumented)}"
@@ -81,7 +81,7 @@ def test_every_flag_in_the_table_is_on_every_command_it_names():
 
 def test_the_exit_code_table_is_the_code():
     rows = table_after("### Exit codes")
-    assert [(int(code), text) for code, text in rows] == list(kubectl.EXIT_CODES)
+    assert [(int(code), text) for code, text in rows] == list(kubectlflags.EXIT_CODES)
 
 
 @pytest.mark.parametrize("name", ["GPUSHARD_FRACTION"])

@@ -15,14 +15,14 @@ from typing import IO
 
 import yaml
 
-from webhook import connecting, kubectl
+from webhook import connecting, kubectlflags
 from webhook.core import audit, isolation, names
 from webhook.core import findings as f
 
-EXIT_CLEAN = kubectl.OK
-EXIT_FOUND = kubectl.FOUND
-EXIT_USAGE = kubectl.USAGE
-EXIT_UNREACHABLE = kubectl.UNREACHABLE
+EXIT_CLEAN = kubectlflags.OK
+EXIT_FOUND = kubectlflags.FOUND
+EXIT_USAGE = kubectlflags.USAGE
+EXIT_UNREACHABLE = kubectlflags.UNREACHABLE
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 REPORT_API_VERSION = "gpushard.io/v1"
@@ -432,12 +432,12 @@ def audit_wide(items: list[audit.Item], no_headers: bool = False) -> str:
 
 def audit_names(items: list[audit.Item]) -> str:
     """kubectl's ``-o name``: each object with a finding once, as ``kind[.group]/name``."""
-    seen = dict.fromkeys(kubectl.resource_name(i.ref.kind, i.ref.name) for i in items)
+    seen = dict.fromkeys(kubectlflags.resource_name(i.ref.kind, i.ref.name) for i in items)
     return "".join(f"{name}\n" for name in seen)
 
 
 def _document(data: dict, output: str) -> str:
-    if output == kubectl.YAML:
+    if output == kubectlflags.YAML:
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     return json.dumps(data, indent=2) + "\n"
 
@@ -461,24 +461,24 @@ def _cluster_failure(exc: Exception, err: IO[str]) -> int:
 def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, out: IO[str] | None = None,
               err: IO[str] | None = None) -> int:
     """`gpushard audit`: 1 when anything is found, 0 when clean, 2 when the input cannot be read or the
-    audit fails, 3 when the cluster cannot be reached or refuses (see webhook.kubectl.EXIT_CODES)."""
+    audit fails, 3 when the cluster cannot be reached or refuses (see webhook.kubectlflags.EXIT_CODES)."""
     stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
-    output = getattr(args, "output", kubectl.TABLE)
+    output = getattr(args, "output", kubectlflags.TABLE)
     try:
         if args.files:
             objects, target = read_manifests(args.files, stdin, err), "manifests"
         else:
-            conn = kubectl.client_for(args)
-            namespace = kubectl.namespace_of(args, conn.target)
+            conn = kubectlflags.client_for(args)
+            namespace = kubectlflags.namespace_of(args, conn.target)
             objects = read_cluster(conn, err, namespace, getattr(args, "selector", None))
             target = "cluster" if namespace is None else f"namespace {namespace}"
         items = audit.audit(objects, settings.policy)
         # The whole report is made before any of it is written: a failure leaves no half a report.
-        if output in (kubectl.JSON, kubectl.YAML):
+        if output in (kubectlflags.JSON, kubectlflags.YAML):
             text = _document(audit_json(items, _audited(objects), target), output)
-        elif output == kubectl.WIDE:
+        elif output == kubectlflags.WIDE:
             text = audit_wide(items, getattr(args, "no_headers", False))
-        elif output == kubectl.NAME:
+        elif output == kubectlflags.NAME:
             text = audit_names(items)
         else:
             text = audit_table(items, _audited(objects), _width())
@@ -602,17 +602,17 @@ def _aligned(rows: list[list[str]], headers: list[str] | None, right: set[int], 
 
 
 def status_names(use: audit.Usage) -> str:
-    return "".join(kubectl.resource_name("Node", n.name) + "\n" for n in use.nodes)
+    return "".join(kubectlflags.resource_name("Node", n.name) + "\n" for n in use.nodes)
 
 
 def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
     """`gpushard status`: 0 when the cluster was read, 2 on bad flags or a failing report, 3 when the
     cluster cannot be reached or refuses."""
     out, err = out or sys.stdout, err or sys.stderr
-    output = getattr(args, "output", kubectl.TABLE)
+    output = getattr(args, "output", kubectlflags.TABLE)
     try:
         selector = getattr(args, "selector", None)
-        conn = kubectl.client_for(args)
+        conn = kubectlflags.client_for(args)
         if settings.policy.backend == DRA_BACKEND:
             use, picked = read_dra_usage(conn, settings.policy), picked_nodes(conn, selector)
         else:
@@ -622,12 +622,12 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
         if picked is not None:
             use = dataclasses.replace(use, nodes=tuple(n for n in use.nodes if n.name in picked))
         capped = settings.policy.isolation != "none"
-        if output in (kubectl.JSON, kubectl.YAML):
+        if output in (kubectlflags.JSON, kubectlflags.YAML):
             text = _document(status_json(use, settings.policy.shares_per_card, capped), output)
-        elif output == kubectl.NAME:
+        elif output == kubectlflags.NAME:
             text = status_names(use)
         else:
-            text = status_table(use, wide=output == kubectl.WIDE, no_headers=getattr(args, "no_headers", False),
+            text = status_table(use, wide=output == kubectlflags.WIDE, no_headers=getattr(args, "no_headers", False),
                                 shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
                                 shared_nodes=shared_nodes)
         out.write(text)

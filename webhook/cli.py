@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from webhook import __version__, kubectl
+from webhook import __version__, kubectlflags
 
 
 def _settings(path: str | None):
@@ -14,10 +14,10 @@ def _settings(path: str | None):
     try:
         return settings.load(path)
     except settings.SettingsError as exc:
-        # A bad config is bad input to every command (exit 2, webhook.kubectl.EXIT_CODES), never
+        # A bad config is bad input to every command (exit 2, webhook.kubectlflags.EXIT_CODES), never
         # a denial or a finding.
         print(f"gpushard: bad config: {exc}", file=sys.stderr)
-        raise SystemExit(kubectl.USAGE) from None
+        raise SystemExit(kubectlflags.USAGE) from None
 
 
 def _static_view(path: str | None, shares_per_card: int):
@@ -29,7 +29,7 @@ def _static_view(path: str | None, shares_per_card: int):
         return static.StaticView(static.load(path, shares_per_card))
     except static.ViewFileError as exc:
         print(f"gpushard: bad cluster file: {exc}", file=sys.stderr)
-        raise SystemExit(kubectl.USAGE) from None
+        raise SystemExit(kubectlflags.USAGE) from None
 
 
 # --- certs -----------------------------------------------------------------------------------
@@ -49,10 +49,10 @@ def cmd_certs(args: argparse.Namespace) -> int:
                 out=args.out, target=conn.target, timeout=timeout)
         except connecting.ConfigError as exc:
             print(exc, file=sys.stderr)
-            return kubectl.USAGE
+            return kubectlflags.USAGE
         except certificates.CertificateError as exc:  # bad --days or --out: bad input
             print(exc.code, file=sys.stderr)
-            return kubectl.USAGE
+            return kubectlflags.USAGE
         except installing.InstallError as exc:
             print(exc.code, file=sys.stderr)
             return exc.status
@@ -61,12 +61,12 @@ def cmd_certs(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         print("gpushard: certs needs --out DIR, or --install to put the certificate in the cluster", file=sys.stderr)
-        return kubectl.USAGE
+        return kubectlflags.USAGE
     try:
         paths = certificates.write_bundle(args.out, service=args.service, namespace=args.namespace, days=args.days)
     except certificates.CertificateError as exc:  # bad --days, or an --out that cannot be a folder
         print(exc.code, file=sys.stderr)
-        return kubectl.USAGE
+        return kubectlflags.USAGE
     for path in paths:
         print(path)
     return 0
@@ -117,9 +117,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 # --- the commands both `gpushard` and `kubectl gpushard` offer ---------------------------------
 
 def _add_review(sub) -> None:
-    outputs = (kubectl.YAML, kubectl.JSON, kubectl.NAME)
+    outputs = (kubectlflags.YAML, kubectlflags.JSON, kubectlflags.NAME)
     p = sub.add_parser("review", help="decide offline what the webhook would do to manifests",
-                       parents=[kubectl.flags(cluster=False, scope=False, outputs=outputs, tables=False)])
+                       parents=[kubectlflags.flags(cluster=False, scope=False, outputs=outputs, tables=False)])
     p.add_argument("files", nargs="+", help="YAML manifests (- for standard input)")
     p.add_argument("--cluster", help="static cluster view file for card choice")
     p.add_argument("--mode", choices=("enforce", "audit", "none"), default="enforce",
@@ -132,7 +132,7 @@ def _add_review(sub) -> None:
 
 def _add_audit(sub) -> None:
     p = sub.add_parser("audit", help="audit manifests, or the live cluster, against gpushard's rules",
-                       parents=[kubectl.flags()],
+                       parents=[kubectlflags.flags()],
                        epilog="-n NS reads only that namespace, with namespaced calls, so rights in it are enough. "
                               "Without -n, the namespace of the kubeconfig's context (as kubectl); where the "
                               "context names none, the whole cluster (as with -A).")
@@ -145,7 +145,7 @@ def _add_audit(sub) -> None:
 
 def _add_status(sub) -> None:
     p = sub.add_parser("status", help="shares used and free per node and card, and who holds them",
-                       parents=[kubectl.flags(scope=False)])
+                       parents=[kubectlflags.flags(scope=False)])
     p.add_argument("-l", "--selector", help="label selector for the nodes shown (e.g. pool=train)")
     p.add_argument("--config", help="gpushard config file")
     p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
@@ -154,7 +154,7 @@ def _add_status(sub) -> None:
 
 def _add_top(sub) -> None:
     p = sub.add_parser("top", help="shares held against GPU memory and utilization used, per card and pod",
-                       parents=[kubectl.flags(scope=False, outputs=(kubectl.JSON, kubectl.YAML))])
+                       parents=[kubectlflags.flags(scope=False, outputs=(kubectlflags.JSON, kubectlflags.YAML))])
     p.add_argument("what", nargs="?", choices=("all", "cards", "pods"), default="all",
                    help="cards, pods, or both (default)")
     p.add_argument("-n", "--namespace", help="only pods in this namespace")
@@ -174,7 +174,7 @@ def build_plugin_parser() -> argparse.ArgumentParser:
     """`kubectl gpushard ...`: the commands of a cluster's user, with kubectl's flags."""
     parser = argparse.ArgumentParser(
         prog="kubectl gpushard", description="gpushard as a kubectl plugin: shares per card, audits, reviews.",
-        epilog="Exit codes: " + "; ".join(f"{code} {text}" for code, text in kubectl.EXIT_CODES))
+        epilog="Exit codes: " + "; ".join(f"{code} {text}" for code, text in kubectlflags.EXIT_CODES))
     parser.add_argument("--version", action="version", version=f"gpushard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_status(sub)
@@ -193,22 +193,22 @@ def _own_usage(parser: argparse.ArgumentParser, sub) -> None:
 # --- top ---------------------------------------------------------------------------------------
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from webhook import connecting, topping
+    from webhook import connecting, top
 
     try:
-        conn = kubectl.client_for(args)
+        conn = kubectlflags.client_for(args)
     except connecting.ConfigError as exc:
         print(exc, file=sys.stderr)
-        return kubectl.USAGE
-    return topping.run_top(args, conn)
+        return kubectlflags.USAGE
+    return top.run_top(args, conn)
 
 
 # --- replace ---------------------------------------------------------------------------------
 
 def cmd_replace(args: argparse.Namespace) -> int:
-    from webhook import replacing
+    from webhook.relocation import controller
 
-    return replacing.run(args, _settings(args.config))
+    return controller.run(args, _settings(args.config))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,9 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", help="with --install: kubeconfig file (default: $KUBECONFIG, a list separated "
                                         "by ':', then ~/.kube/config, then the in-cluster service account)")
     p.add_argument("--context", help="with --install: kubeconfig context (default: the current context)")
-    p.add_argument("--request-timeout", default=kubectl.DEFAULT_REQUEST_TIMEOUT, metavar="DURATION",
+    p.add_argument("--request-timeout", default=kubectlflags.DEFAULT_REQUEST_TIMEOUT, metavar="DURATION",
                    help="with --install: how long to wait for each API request: seconds, or 30s, 1m, ...; "
-                        f"0 waits for ever (default: {kubectl.DEFAULT_REQUEST_TIMEOUT})")
+                        f"0 waits for ever (default: {kubectlflags.DEFAULT_REQUEST_TIMEOUT})")
     p.set_defaults(func=cmd_certs)
 
     p = sub.add_parser("serve", help="run the admission webhook over TLS under gunicorn")
@@ -306,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stall-seconds", type=float, default=300.0, metavar="SECONDS",
                    help="with --health-port: how long the loop may not come round before /healthz fails "
                         "(default: 300)")
-    kubectl.add_cluster_flags(p)
+    kubectlflags.add_cluster_flags(p)
     p.set_defaults(func=cmd_replace)
     _own_usage(parser, sub)
     return parser
@@ -321,7 +321,7 @@ def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        return kubectl.INTERRUPTED
+        return kubectlflags.INTERRUPTED
     except SystemExit as exc:
         # A command that stopped with its message already printed (a bad config) gives its status.
         if isinstance(exc.code, int):

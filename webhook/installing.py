@@ -15,7 +15,7 @@ from cryptography import exceptions as crypto_exceptions
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from webhook import certificates, connecting, kubectl
+from webhook import certificates, connecting, kubectlflags
 
 SECRET_TYPE = "kubernetes.io/tls"
 # The keys of a kubernetes.io/tls Secret are the file names `gpushard certs` writes, so
@@ -23,11 +23,11 @@ SECRET_TYPE = "kubernetes.io/tls"
 SECRET_KEYS = (certificates.CA_FILE, certificates.CERT_FILE, certificates.KEY_FILE)
 LABELS = {"app.kubernetes.io/name": "gpushard", "app.kubernetes.io/managed-by": "gpushard-certs"}
 TIMEOUT = 30.0
-# Exit statuses, as in webhook.kubectl.EXIT_CODES: the cluster refused or lacks something, or
+# Exit statuses, as in webhook.kubectlflags.EXIT_CODES: the cluster refused or lacks something, or
 # cannot be reached (3); the flags disagree or no credentials were found (2).
-REFUSED = kubectl.UNREACHABLE
-UNREACHABLE = kubectl.UNREACHABLE
-USAGE = kubectl.USAGE
+REFUSED = kubectlflags.UNREACHABLE
+UNREACHABLE = kubectlflags.UNREACHABLE
+USAGE = kubectlflags.USAGE
 
 
 class InstallError(SystemExit):

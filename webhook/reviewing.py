@@ -9,11 +9,11 @@ from typing import IO
 
 import yaml
 
-from webhook import kubectl
+from webhook import kubectlflags
 from webhook import settings as settings_mod
+from webhook.core import asks as req
 from webhook.core import audit, decisions, names
 from webhook.core import findings as f
-from webhook.core import requests as req
 from webhook.core.policy import Policy
 
 # `--mode none`: the namespace did not opt in, so the webhook never sees the object.
@@ -131,7 +131,7 @@ def _name(obj: object) -> str:
     kind = obj.get("kind") if isinstance(obj, dict) else None
     meta = obj.get("metadata") if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict) else {}
     name = meta.get("name") or meta.get("generateName") or "(no name)"
-    return kubectl.resource_name(kind if isinstance(kind, str) and kind else "object", str(name))
+    return kubectlflags.resource_name(kind if isinstance(kind, str) and kind else "object", str(name))
 
 
 def _decisions(items: list[tuple[str, int, object]], settings: settings_mod.Settings, view,
@@ -158,7 +158,7 @@ def _decisions(items: list[tuple[str, int, object]], settings: settings_mod.Sett
 
 
 def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: str, out: IO[str],
-                 output: str = kubectl.YAML) -> int:
+                 output: str = kubectlflags.YAML) -> int:
     """Print each object as gpushard admits it, or its denial. Exit 1 if any is denied, 2 if unreadable.
 
     ``output`` yaml: the objects, each after a comment with the decision; json: a v1 List of the
@@ -169,12 +169,12 @@ def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: 
         items = list(documents(paths))
     except ManifestError as exc:
         print(exc, file=sys.stderr)
-        return kubectl.USAGE
+        return kubectlflags.USAGE
     denied, admitted = False, []
     for i, (path, number, obj, decision, line) in enumerate(_decisions(items, settings, view, mode)):
         denied = denied or not decision.allowed
         heading = f"gpushard: {describe(obj)} ({path}, document {number}): {line}"
-        if output != kubectl.YAML:
+        if output != kubectlflags.YAML:
             print(heading, file=sys.stderr)
             if decision.allowed:
                 admitted.append(decision.obj if decision.obj is not None else obj)
@@ -186,8 +186,8 @@ def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: 
             out.write(f"# warning: {warning}\n")
         if decision.allowed and decision.obj is not None:
             out.write(yaml.safe_dump(decision.obj, sort_keys=False, default_flow_style=False))
-    if output == kubectl.JSON:
+    if output == kubectlflags.JSON:
         out.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": admitted}, indent=2) + "\n")
-    elif output == kubectl.NAME:
+    elif output == kubectlflags.NAME:
         out.write("".join(_name(obj) + "\n" for obj in admitted))
-    return kubectl.FOUND if denied else kubectl.OK
+    return kubectlflags.FOUND if denied else kubectlflags.OK

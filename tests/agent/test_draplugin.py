@@ -24,9 +24,9 @@ import pytest
 from tests import fakekube
 from tests.agent import drakubelet, draworld, fakekubelet
 from webhook.agent import cdi, draplugin, isolation, nvml
+from webhook.core import asks as req
 from webhook.core import names
 from webhook.core import policy as policy_mod
-from webhook.core import requests as req
 
 NODE = "node-a"
 CARDS = {i: nvml.Card(i, f"GPU-{i}0000000-1111-2222-3333-444444444444", "NVIDIA H100 80GB HBM3", 81559)

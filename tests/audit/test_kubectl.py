@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from tests.audit import world
-from webhook import cli, connecting, kubectl
+from webhook import cli, connecting, kubectlflags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -289,4 +289,4 @@ def test_kubectl_finds_and_runs_the_plugin(kubeconfig, tmp_path):
     assert (done.returncode, done.stdout) == (0, "node/gpu-2x\nnode/gpu-8x\n"), done.stderr
     done = subprocess.run(["kubectl", "gpushard", "audit", "--kubeconfig", kubeconfig, "-n", "research", "-o",
                            "name"], env=env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == kubectl.FOUND and "deployment.apps/trainer" in done.stdout
+    assert done.returncode == kubectlflags.FOUND and "deployment.apps/trainer" in done.stdout

@@ -23,7 +23,7 @@ from tests.cluster import kubeobjects as o
 from webhook import cluster
 from webhook import settings as settings_mod
 from webhook.cluster import kube
-from webhook.core import decisions, names, placement
+from webhook.core import decisions, names, objects, placement
 from webhook.core import findings as f
 from webhook.core.policy import Policy
 
@@ -74,12 +74,12 @@ def test_pod_shares_count_init_sidecar_and_app_containers():
                                container("init2", 50)],
             "containers": [container("a", 10), container("b", 15)]}
     # init2 runs beside the sidecar (50 + 20); the app containers beside it too (10 + 15 + 20).
-    assert kube.pod_card_shares(spec, policy) == {1: 70}
+    assert objects.card_shares(spec, policy) == {1: 70}
     spec["initContainers"][0] = container("init", 10)
-    assert kube.pod_card_shares(spec, policy) == {1: 70}
+    assert objects.card_shares(spec, policy) == {1: 70}
     spec["initContainers"][2] = container("init2", 5)
-    assert kube.pod_card_shares(spec, policy) == {1: 45}
-    assert kube.pod_card_shares({"containers": "bad"}, policy) == {}
+    assert objects.card_shares(spec, policy) == {1: 45}
+    assert objects.card_shares({"containers": "bad"}, policy) == {}
 
 
 def test_events_reach_the_snapshot(fake, start_view):

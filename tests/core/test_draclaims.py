@@ -16,7 +16,7 @@ import copy
 
 import pytest
 
-from tests import apiserver
+from tests import applypatch
 from webhook.core import decisions, names
 from webhook.core import policy as policy_mod
 
@@ -52,7 +52,7 @@ def env_of(c):
 def admitted(obj, policy=POLICY):
     decision = decide(obj, policy)
     assert decision.allowed, decision.message
-    return apiserver.admit(obj, apiserver.make_patch(obj, decision.obj)), decision
+    return applypatch.admit(obj, applypatch.make_patch(obj, decision.obj)), decision
 
 
 def test_a_fraction_becomes_a_pod_level_claim():
@@ -98,7 +98,7 @@ def test_other_claims_of_the_pod_are_kept():
 def test_a_second_pass_changes_nothing():
     stored, _ = admitted(pod(container("a", "0.25"), container("b", "0.5"), container("web")))
     again = decide(stored)
-    assert again.allowed and apiserver.make_patch(stored, again.obj) == []
+    assert again.allowed and applypatch.make_patch(stored, again.obj) == []
 
 
 def test_a_card_pin_is_denied():

@@ -31,15 +31,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import apiserver
+from tests import applypatch
 from tests.core import podmaker
-from webhook import auditing, replacing
+from webhook import auditing
 from webhook import settings as settings_mod
+from webhook.core import asks as req
 from webhook.core import audit, decisions, isolation, names, placement
 from webhook.core import findings as f
 from webhook.core import policy as policy_mod
-from webhook.core import requests as req
 from webhook.core.policy import Policy
+from webhook.relocation import cache as relocation_cache
 
 L4, L40S, H100 = ("NVIDIA L4", 23034), ("NVIDIA L40S", 46068), ("NVIDIA H100 80GB HBM3", 81559)
 MEMORY = names.MEMORY_RESOURCE
@@ -80,8 +81,8 @@ def decide(obj: dict, view: placement.View | None, policy: Policy | None = None,
 
 def admitted(obj: dict, decision: decisions.Decision) -> dict:
     assert decision.allowed, decision.message
-    return apiserver.admit(obj, decision.patch if decision.patch is not None
-                           else apiserver.make_patch(obj, decision.obj))
+    return applypatch.admit(obj, decision.patch if decision.patch is not None
+                           else applypatch.make_patch(obj, decision.obj))
 
 
 def required_terms(obj: dict) -> list[dict]:
@@ -144,7 +145,7 @@ def test_the_annotation_records_the_memory_asked_and_a_second_pass_changes_nothi
     assert shares == ["27", "9"]
     assert decision.shares == 36
     again = decide(out, view, seed="uid-1")
-    assert again.allowed and apiserver.make_patch(out, again.obj) == []
+    assert again.allowed and applypatch.make_patch(out, again.obj) == []
     assert not [x for x in again.findings if x.severity != f.WARN]
 
 
@@ -309,7 +310,7 @@ def test_templates_keep_the_memory_ask_with_a_limit():
     assert [c["resources"]["limits"][MEMORY] for c in containers] == ["12Gi", "2Gi"]
     assert [c["resources"]["requests"][MEMORY] for c in containers] == ["12Gi", "2Gi"]
     again = decide(out, None)
-    assert apiserver.make_patch(out, again.obj) == []
+    assert applypatch.make_patch(out, again.obj) == []
     # Each pod the workload makes is sized when it is created.
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "d-1", "namespace": "team-a"},
            "spec": out["spec"]["template"]["spec"]}
@@ -376,11 +377,11 @@ def test_the_replacer_reads_a_memory_pod_as_sized_afresh_when_made_again():
     decision = decide(podmaker.pod(memory_container(ask="12Gi")), fleet())
     listed = {**decision.obj, "status": {"phase": "Pending"}}
     listed["metadata"] = {**listed["metadata"], "uid": "u1", "creationTimestamp": "2026-01-01T00:00:00Z"}
-    waiting = replacing.read_pinned(listed, Policy()).waiting
+    waiting = relocation_cache.read_pinned(listed, Policy()).waiting
     assert waiting.sized and (waiting.card, waiting.shares) == (decision.card, 54)
     fraction = decide(podmaker.pod(podmaker.container("a", "0.25")), fleet()).obj
     fraction = {**fraction, "status": {"phase": "Pending"}}
-    assert not replacing.read_pinned(fraction, Policy()).waiting.sized
+    assert not relocation_cache.read_pinned(fraction, Policy()).waiting.sized
 
 
 SIZES_MIB = (23034, 46068, 81559, 143771)
@@ -450,7 +451,7 @@ def test_every_memory_decision_keeps_the_pod_on_a_card_size_that_holds_its_ask(v
                                                        st.sampled_from((*SIZES_MIB, None)), st.booleans()),
                                              max_size=6))
 def test_the_card_size_index_of_a_derived_view_equals_a_fresh_one(view, changes):
-    placement._sizes(view)  # paid for: derived views carry it
+    view.sizes()  # paid for: derived views carry it
     for position, size, add_card in changes:
         if position >= len(view.nodes):  # a new node at the end
             name, cards, labels = f"new{position}", (placement.Card(0, 100),), {}
@@ -465,4 +466,4 @@ def test_the_card_size_index_of_a_derived_view_equals_a_fresh_one(view, changes)
             labels[key] = str(size)
         view = placement.replace_nodes(view, {name: placement.Node(name, labels, cards=cards)})
         assert "_sizes" in view.__dict__  # derived, not built afresh
-        assert placement._sizes(view) == placement._sizes(placement.View(view.nodes))
+        assert view.sizes() == placement.View(view.nodes).sizes()

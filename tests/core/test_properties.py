@@ -12,7 +12,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests import apiserver
+from tests import applypatch
 from webhook.core import decisions, names, placement, policy
 
 POLICY = policy.Policy()
@@ -79,16 +79,16 @@ def test_admitted_pods_are_valid_pinned_and_stable(pod):
     if not d.allowed:
         assert d.code in (400, 403) and d.message.startswith("gpushard: ")
         return
-    new = apiserver.admit(pod, apiserver.make_patch(pod, d.obj))
+    new = applypatch.admit(pod, applypatch.make_patch(pod, d.obj))
     for c in containers_of(new):
         visible = [e for e in c.get("env") or [] if e["name"] == names.VISIBLE_DEVICES_ENV]
         assert len(visible) == 1, c
         held = [k for k in (c.get("resources") or {}).get("limits") or {} if k.startswith("gpushard.io/card-")]
         expected = str(d.card) if held else "void"
         assert visible[0]["value"] == expected
-    assert set(apiserver.card_shares(new)) <= {d.card}
+    assert set(applypatch.card_shares(new)) <= {d.card}
     again = decisions.decide(decisions.Request(new, "Pod"), POLICY, VIEW)
-    assert again.allowed and apiserver.make_patch(new, again.obj) == []
+    assert again.allowed and applypatch.make_patch(new, again.obj) == []
 
 
 def _place(view: placement.View, node: str, card: int, shares: int) -> placement.View:

@@ -17,7 +17,7 @@ import dataclasses
 
 import pytest
 
-from tests import apiserver
+from tests import applypatch
 from tests.core import podmaker as pm
 from webhook.core import decisions, names, placement, policy
 
@@ -34,9 +34,9 @@ def admitted(obj, pol=POLICY, view=VIEW):
     """Decide, check the API server accepts the patched pod, and that a second pass is a no-op."""
     d = decide(obj, pol, view)
     assert d.allowed, d.message
-    new = apiserver.admit(obj, apiserver.make_patch(obj, d.obj))
+    new = applypatch.admit(obj, applypatch.make_patch(obj, d.obj))
     again = decide(new, pol, view)
-    assert again.allowed and apiserver.make_patch(new, again.obj) == [], "second pass must be empty"
+    assert again.allowed and applypatch.make_patch(new, again.obj) == [], "second pass must be empty"
     return d, new
 
 
@@ -146,7 +146,7 @@ def test_shares_form(n, ok):
 def test_app_containers_add_up_and_share_one_card():
     d, new = admitted(pm.pod(pm.container("a", "0.25"), pm.container("b", "0.25"), pm.container("c")))
     assert d.shares == 50
-    cards = apiserver.card_shares(new)
+    cards = applypatch.card_shares(new)
     assert list(cards) == [d.card] and cards[d.card] == 50
     a, b, c = new["spec"]["containers"]
     assert pm.env_of(a, names.VISIBLE_DEVICES_ENV) == pm.env_of(b, names.VISIBLE_DEVICES_ENV) == [str(d.card)]
@@ -200,7 +200,7 @@ def test_pods_without_gpu_are_hidden_unless_policy_says_otherwise():
     assert pm.env_of(new["spec"]["containers"][0], names.VISIBLE_DEVICES_ENV) == ["void"]
     assert "gpushard.io/shared" not in new["metadata"]["labels"]
     d = decide(obj, policy.Policy(hide_unrequested_gpus=False))
-    assert apiserver.make_patch(obj, d.obj) == []
+    assert applypatch.make_patch(obj, d.obj) == []
 
 
 def test_explicit_pin_is_kept():
@@ -256,7 +256,7 @@ def test_unreadable_objects_are_a_400_naming_the_field():
 def test_pod_updates_and_other_kinds_are_let_through():
     obj = pm.pod(pm.container("train", "0.5"))
     d = decisions.decide(decisions.Request(obj, "Pod", operation="UPDATE"), POLICY, VIEW)
-    assert d.allowed and apiserver.make_patch(obj, d.obj) == []
+    assert d.allowed and applypatch.make_patch(obj, d.obj) == []
     d = decisions.decide(decisions.Request({"kind": "Service", "spec": {}}, "Service"), POLICY, VIEW)
     assert d.allowed and d.obj == {"kind": "Service", "spec": {}}
 
@@ -304,11 +304,11 @@ def test_ephemeral_debug_containers_are_hidden():
                                            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]
     req = decisions.Request(obj, "Pod", operation="UPDATE", sub_resource="ephemeralcontainers")
     d = decisions.decide(req, POLICY, VIEW)
-    new = apiserver.admit(obj, apiserver.make_patch(obj, d.obj))
+    new = applypatch.admit(obj, applypatch.make_patch(obj, d.obj))
     assert new["spec"]["ephemeralContainers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
     assert new["spec"]["containers"] == obj["spec"]["containers"]
     again = decisions.decide(dataclasses.replace(req, obj=new), POLICY, VIEW)
-    assert apiserver.make_patch(new, again.obj) == []
+    assert applypatch.make_patch(new, again.obj) == []
     audit = decisions.decide(dataclasses.replace(req, mode="audit"), POLICY, VIEW)
     assert [x.rule for x in audit.findings] == ["unhidden"]
 

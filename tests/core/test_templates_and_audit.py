@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from tests import apiserver
+from tests import applypatch
 from tests.core import podmaker as pm
 from webhook.core import decisions, findings, names, placement, policy
 
@@ -42,12 +42,12 @@ def workload(kind: str, *containers: dict) -> dict:
 @pytest.mark.parametrize("kind", sorted(names.TEMPLATE_PATHS))
 def test_template_fractions_become_integer_shares(kind, operation):
     obj = workload(kind, pm.container("train", "0.25"), pm.container("tools"), pm.container("cpu", "0"))
-    with pytest.raises(apiserver.Rejected):
-        apiserver.validate(obj)  # what happens without gpushard
+    with pytest.raises(applypatch.Rejected):
+        applypatch.validate(obj)  # what happens without gpushard
     d = decisions.decide(decisions.Request(obj, kind, operation=operation), POLICY, VIEW)
     assert d.allowed
-    new = apiserver.admit(obj, apiserver.make_patch(obj, d.obj))
-    spec = apiserver.pod_spec(new)
+    new = applypatch.admit(obj, applypatch.make_patch(obj, d.obj))
+    spec = applypatch.pod_spec(new)
     train, tools, cpu = spec["containers"]
     assert train["resources"]["limits"]["gpushard.io/gpu"] == train["resources"]["requests"]["gpushard.io/gpu"] == "25"
     assert "nvidia.com/gpu" not in train["resources"]["limits"]
@@ -55,7 +55,7 @@ def test_template_fractions_become_integer_shares(kind, operation):
     assert "env" not in train and "env" not in tools, "env is added per pod, not in templates"
     assert cpu == obj_spec_container(obj, 2)
     again = decisions.decide(decisions.Request(new, kind, operation=operation), POLICY, VIEW)
-    assert apiserver.make_patch(new, again.obj) == []
+    assert applypatch.make_patch(new, again.obj) == []
 
 
 @pytest.mark.parametrize("kind", sorted(names.TEMPLATE_PATHS))
@@ -63,11 +63,11 @@ def test_whole_cards_stay_as_written_in_templates(kind):
     # An integer nvidia.com/gpu is valid in a template; each pod gets it as shares when created.
     obj = workload(kind, pm.container("whole", "1"))
     d = decisions.decide(decisions.Request(obj, kind), POLICY, VIEW)
-    assert d.allowed and apiserver.make_patch(obj, d.obj) == []
+    assert d.allowed and applypatch.make_patch(obj, d.obj) == []
 
 
 def obj_spec_container(obj, i):
-    return apiserver.pod_spec(obj)["containers"][i]
+    return applypatch.pod_spec(obj)["containers"][i]
 
 
 @pytest.mark.parametrize("kind", sorted(names.TEMPLATE_PATHS))
@@ -82,7 +82,7 @@ def test_pod_created_from_a_rewritten_template_gets_its_card():
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "d-1", "namespace": "team-a"},
            "spec": copy.deepcopy(d.obj["spec"]["template"]["spec"])}
     p = decisions.decide(decisions.Request(pod, "Pod"), POLICY, VIEW)
-    new = apiserver.admit(pod, apiserver.make_patch(pod, p.obj))
+    new = applypatch.admit(pod, applypatch.make_patch(pod, p.obj))
     assert p.card == 0 and new["spec"]["containers"][0]["resources"]["limits"]["gpushard.io/card-0"] == "50"
 
 
@@ -122,7 +122,7 @@ def test_updates_that_leave_the_template_alone_pass_for_old_violators():
     new = copy.deepcopy(old)
     new["metadata"]["labels"] = {"team": "x"}
     d = decisions.decide(decisions.Request(new, "Deployment", operation="UPDATE", old=old), POLICY, VIEW)
-    assert d.allowed and apiserver.make_patch(new, d.obj) == []
+    assert d.allowed and applypatch.make_patch(new, d.obj) == []
     deleting = copy.deepcopy(new)
     deleting["metadata"]["deletionTimestamp"] = "2026-11-29T10:00:00Z"
     deleting["spec"]["template"]["spec"]["containers"][0]["image"] = "other"
@@ -139,6 +139,6 @@ def test_template_keeps_an_explicit_pin():
     c = pm.container("train", "500m", extra={"gpushard.io/card-1": "50"})
     obj = workload("Deployment", c)
     d = decisions.decide(decisions.Request(obj, "Deployment"), POLICY, VIEW)
-    new = apiserver.admit(obj, apiserver.make_patch(obj, d.obj))
-    limits = apiserver.pod_spec(new)["containers"][0]["resources"]["limits"]
+    new = applypatch.admit(obj, applypatch.make_patch(obj, d.obj))
+    limits = applypatch.pod_spec(new)["containers"][0]["resources"]["limits"]
     assert limits["gpushard.io/gpu"] == limits["gpushard.io/card-1"] == "50" and "nvidia.com/gpu" not in limits

@@ -26,7 +26,7 @@ import copy
 
 import pytest
 
-from tests import apiserver
+from tests import applypatch
 from tests.deploy import admission_policy, rendering
 from tests.deploy.test_dra_overlay import OVERLAY
 from tests.deploy.test_opt_in_guard import ENFORCED, NOT_OPTED_IN, RESOURCES
@@ -140,7 +140,7 @@ def rewritten_pod(namespace: dict = ENFORCED) -> dict:
     decision = decisions.decide(decisions.Request(copy.deepcopy(pod), "Pod", namespace=namespace["metadata"]["name"]),
                                 policy_mod.Policy(backend=policy_mod.DRA), None)
     assert decision.allowed, decision.message
-    stored = apiserver.admit(pod, apiserver.make_patch(pod, decision.obj))
+    stored = applypatch.admit(pod, applypatch.make_patch(pod, decision.obj))
     assert stored["spec"]["resourceClaims"] == [{"name": names.DRA_POD_CLAIM,
                                                  "resourceClaimTemplateName": "gpushard-shares-25"}]
     return stored

@@ -41,8 +41,8 @@ PROGRAMS = {
     "gpushard-agent": ("webhook.agent.running",),
     "gpushard-certs": ("webhook.installing",),
     "auditor": ("webhook.auditing",),
-    "top": ("webhook.topping",),
-    "gpushard-replacer": ("webhook.replacing",),
+    "top": ("webhook.top",),
+    "gpushard-replacer": ("webhook.relocation.controller",),
 }
 # Objects named in the manifests, for rules limited by resourceNames.
 NAMED = {("", "secrets"): "gpushard-tls", ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): "gpushard",

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import kubernetes
 
 from webhook.agent import cdi, draplugin, draslices, health, isolation, nvml
+from webhook.core import asks as req
 from webhook.core import draobjects, names
 from webhook.core import policy as policy_mod
-from webhook.core import requests as req
 
 
 @dataclass(frozen=True)

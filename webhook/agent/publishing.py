@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -11,15 +10,15 @@ import kubernetes
 
 from webhook import connecting
 from webhook.agent import nvml
-from webhook.core import names
+from webhook.core import names, objects
 
 log = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 
 
-def _entry(card: nvml.Card) -> dict:
-    return {"index": card.index, "uuid": card.uuid, "model": card.model, "memoryMiB": card.memory_mib}
+def _entry(card: nvml.Card, **extra: object) -> dict:
+    return objects.inventory_entry(card.index, card.uuid, card.model, card.memory_mib, **extra)
 
 
 def inventory_json(cards: Iterable[nvml.Card], details: Mapping | None = None) -> str:
@@ -30,9 +29,9 @@ def inventory_json(cards: Iterable[nvml.Card], details: Mapping | None = None) -
     """
     details = details or {}
     extra = details.get("cards") or {}
-    listed = [{**_entry(c), **extra.get(c.index, {})} for c in cards]
-    listed += [{**_entry(c), "excluded": reason} for c, reason in details.get("excluded") or ()]
-    return json.dumps(sorted(listed, key=lambda e: e["index"]), separators=(",", ":"))
+    listed = [_entry(c, **extra.get(c.index, {})) for c in cards]
+    listed += [_entry(c, excluded=reason) for c, reason in details.get("excluded") or ()]
+    return objects.write_inventory(listed)
 
 
 def memory_labels(cards: Iterable[nvml.Card]) -> dict[str, str]:

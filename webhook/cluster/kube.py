@@ -40,9 +40,7 @@ import kubernetes
 from webhook import connecting
 from webhook import settings as settings_mod
 from webhook.cluster import static
-from webhook.core import findings as f
-from webhook.core import names, placement, quantities
-from webhook.core import requests as req
+from webhook.core import names, objects, placement
 from webhook.core.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -68,7 +66,6 @@ LIST_RESTARTS = 3
 CONNECT_TIMEOUT_S = 10
 BACKOFF_S = (0.5, 30.0)
 REMEMBER_WAIT_S = 0.05
-TERMINAL_PHASES = ("Succeeded", "Failed")
 NODES, PODS = "nodes", "pods"
 
 
@@ -103,42 +100,21 @@ class _Entry:
 # --- reading API objects (raw JSON: the typed models are too slow for thousands of pods) --------
 
 
-def _quantity(value: object) -> int:
-    try:
-        return max(0, math.floor(quantities.parse(value)))
-    except (quantities.QuantityError, TypeError, ValueError):
-        return 0
-
-
 def read_node(obj: dict, policy: Policy) -> placement.Node | None:
     """A node's cards, labels, taints, readiness and cordon; None for a node without gpushard cards."""
+    cards_of = objects.node_cards(obj, policy)
+    indexes = cards_of.indexes
+    if not indexes:
+        return None
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    capacity: dict[int, int] = {}
-    for resource, value in (status.get("allocatable") or {}).items():
-        k = policy.resources.card_index(resource)
-        if k is not None:
-            capacity[k] = _quantity(value)
-    inventory: dict[int, dict] = {}
-    try:
-        listed = json.loads((meta.get("annotations") or {}).get(names.INVENTORY_ANNOTATION) or "[]")
-    except (ValueError, RecursionError):
-        listed = []
-    for item in listed if isinstance(listed, list) else ():
-        # An entry with "excluded" is a card the agent left out (MIG): not a card of this node's shares.
-        if isinstance(item, dict) and isinstance(item.get("index"), int) and item["index"] >= 0 \
-                and "excluded" not in item:
-            inventory[item["index"]] = item
-    if not capacity and not inventory:
-        return None
     cards = []
-    for k in sorted(set(capacity) | set(inventory)):
-        info = inventory.get(k, {})
-        memory = info.get("memoryMiB")
+    for k in indexes:
+        info = cards_of.inventory.get(k, {})
         # A card in the inventory but not in allocatable is known but not (yet) offered: room 0.
-        cards.append(placement.Card(k, capacity.get(k, 0), 0, str(info.get("uuid") or ""),
-                                    str(info.get("model") or ""), memory if isinstance(memory, int) else 0))
+        cards.append(placement.Card(k, cards_of.cards.get(k, 0), 0, str(info.get("uuid") or ""),
+                                    str(info.get("model") or ""), objects.card_memory(info)))
     taints = tuple(placement.Taint(str(t.get("key")), str(t.get("value") or ""), str(t.get("effect") or ""))
                    for t in spec.get("taints") or () if isinstance(t, dict) and t.get("key"))
     ready = any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
@@ -148,43 +124,15 @@ def read_node(obj: dict, policy: Policy) -> placement.Node | None:
                           bool(spec.get("unschedulable")), tuple(cards))
 
 
-def pod_card_shares(spec: dict, policy: Policy) -> dict[int, int]:
-    """Per card index, the shares a pod spec requests, counted as Kubernetes counts a pod's requests."""
-    asks: dict[int, list[req.ContainerAsk]] = {}
-    try:
-        listed = req.containers(spec)
-    except f.ObjectError:
-        return {}
-    for list_key, position, container in listed:
-        resources = container.get("resources")
-        if not isinstance(resources, dict):
-            continue
-        limits = resources.get("limits") if isinstance(resources.get("limits"), dict) else {}
-        requests = resources.get("requests") if isinstance(resources.get("requests"), dict) else {}
-        group = req.APP
-        if list_key == "initContainers":
-            group = req.SIDECAR if container.get("restartPolicy") == "Always" else req.INIT
-        for resource in set(limits) | set(requests):
-            k = policy.resources.card_index(resource)
-            if k is None:
-                continue
-            # Extended resources: requests default to limits and must equal them.
-            shares = _quantity(requests.get(resource, limits.get(resource)))
-            if shares:
-                asks.setdefault(k, []).append(req.ContainerAsk(
-                    name=str(container.get("name") or ""), group=group, list_key=list_key,
-                    position=position, shares=shares))
-    return {k: req.effective_shares(items) for k, items in asks.items()}
-
-
 def read_pod(obj: dict, policy: Policy) -> _Pod | None:
     """What a gpushard pod holds and where; None for a pod that holds no card."""
     spec = obj.get("spec") or {}
-    shares = pod_card_shares(spec, policy) if isinstance(spec, dict) else {}
+    shares = objects.card_shares(spec, policy) if isinstance(spec, dict) else {}
     if not shares:
         return None
     phase = (obj.get("status") or {}).get("phase")
-    return _Pod(spec.get("nodeName") or None, shares, phase not in TERMINAL_PHASES, placement.preferred_node(spec))
+    return _Pod(spec.get("nodeName") or None, shares, phase not in objects.TERMINAL_PHASES,
+                placement.preferred_node(spec))
 
 
 def _api_client() -> kubernetes.client.ApiClient | None:
@@ -203,7 +151,7 @@ def _api_client() -> kubernetes.client.ApiClient | None:
 class KubeView:
     """The cluster as the Kubernetes API shows it, kept current by list and watch.
 
-    ``webhook.replacing.Cache`` follows the same resources with this list/watch machinery and keeps
+    ``webhook.relocation.cache.Cache`` follows the same resources with this list/watch machinery and keeps
     its own state: it overrides ``_reduce``, ``_apply_list`` and ``_apply_event`` (what a page or
     an event leaves behind) and wraps ``_call`` and ``_watch`` (to know when it has a gap).
     """
@@ -519,7 +467,7 @@ class KubeView:
                     into[node.name] = node
         else:
             for obj in items:
-                into[_uid(obj)] = _tolerant(read_pod, obj, self._policy)
+                into[objects.key(obj)] = _tolerant(read_pod, obj, self._policy)
         return into
 
     def _apply_list(self, resource: str, fresh: dict | list) -> None:
@@ -546,7 +494,7 @@ class KubeView:
                 name = str((obj.get("metadata") or {}).get("name"))
                 touched |= self._set_node(name, None if kind == "DELETED" else read_node(obj, self._policy))
             else:
-                touched |= self._set_pod(_uid(obj), None if kind == "DELETED" else read_pod(obj, self._policy))
+                touched |= self._set_pod(objects.key(obj), None if kind == "DELETED" else read_pod(obj, self._policy))
             self._refresh(touched | self._catch_up())
 
     # --- talking to the API server --------------------------------------------------------------
@@ -708,11 +656,6 @@ def _tolerant(reader, obj: dict, policy: Policy):
     except Exception:  # noqa: BLE001
         log.exception("gpushard: the view skipped an object it could not read")
         return None
-
-
-def _uid(obj: dict) -> str:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
 
 
 def _lines(response, stop: threading.Event) -> Iterator[bytes]:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from webhook.core import decisions, hostaccess, names, quantities, replacement, rewrite
+from webhook.core import asks as req
+from webhook.core import decisions, hostaccess, names, objects, quantities, replacement, rewrite
 from webhook.core import findings as f
-from webhook.core import requests as req
 from webhook.core.policy import Policy
 
 # Rule ids that only an audit can see: they need the namespace, the node or the pod's history.
@@ -43,9 +42,6 @@ RECREATE_FIX = "recreate the pod (delete it, or roll out its workload again) so 
 
 NAMESPACE_KIND = "Namespace"
 NODE_KIND = "Node"
-TERMINAL_PHASES = ("Succeeded", "Failed")
-
-
 def fix_for(rule: str) -> str:
     """What a user can do about a finding of ``rule``, for admission rules and audit rules alike."""
     return FIXES.get(rule) or f.FIXES.get(rule, "")
@@ -112,75 +108,20 @@ def namespace_mode(name: str, labels: Mapping[str, object] | None) -> NamespaceM
 
 # --- reading objects -------------------------------------------------------------------------------
 
-def _meta(obj: dict) -> dict:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, dict) else {}
+_meta = objects.meta
+_dict = objects.mapping
+# The one reading of Nodes and pods (webhook.core.objects), under the names audit has always offered.
+NodeCards = objects.NodeCards
+node_cards = objects.node_cards
+card_shares = objects.card_shares
+terminal = objects.terminal
+TERMINAL_PHASES = objects.TERMINAL_PHASES
 
 
 def ref_of(obj: dict) -> Ref:
     meta = _meta(obj)
     kind = obj.get("kind")
     return Ref(kind if isinstance(kind, str) else "", str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-
-
-def _quantity(value: object) -> int:
-    """A whole count from an allocatable or request value; unreadable values count as none."""
-    try:
-        number = quantities.parse(value)
-    except quantities.QuantityError:
-        return 0
-    return int(number) if number > 0 else 0
-
-
-def _dict(value: object) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-@dataclass(frozen=True)
-class NodeCards:
-    """What a Node says about its cards."""
-
-    name: str
-    shared: bool
-    cards: Mapping[int, int]  # card index -> allocatable shares
-    fraction_allocatable: int = 0  # allocatable of the fraction resource (NVIDIA's plugin)
-    inventory: Mapping[int, Mapping[str, object]] = field(default_factory=dict)
-
-
-def _inventory(annotation: object) -> dict[int, dict]:
-    # The agent's JSON list; an annotation gpushard cannot read only costs the model column.
-    if not isinstance(annotation, str):
-        return {}
-    try:
-        cards = json.loads(annotation)
-    except ValueError:
-        return {}
-    out = {}
-    for card in cards if isinstance(cards, list) else []:
-        if isinstance(card, dict) and isinstance(card.get("index"), int) and "excluded" not in card:
-            out[card["index"]] = card
-    return out
-
-
-def node_cards(node: dict, policy: Policy) -> NodeCards:
-    """A Node's cards from its allocatable per-card resources, and whether gpushard shares it."""
-    res = policy.resources
-    meta = _meta(node)
-    status = _dict(node.get("status"))
-    allocatable = _dict(status.get("allocatable"))
-    cards = {}
-    for key, value in allocatable.items():
-        index = res.card_index(str(key))
-        if index is not None:
-            cards[index] = _quantity(value)
-    labels = _dict(meta.get("labels"))
-    return NodeCards(
-        name=str(meta.get("name") or ""),
-        shared=bool(cards) or names.CARDS_LABEL in labels,
-        cards=dict(sorted(cards.items())),
-        fraction_allocatable=_quantity(allocatable.get(res.fraction, 0)),
-        inventory=_inventory(_dict(meta.get("annotations")).get(names.INVENTORY_ANNOTATION)),
-    )
 
 
 def existing_pod(obj: dict) -> bool:
@@ -190,36 +131,6 @@ def existing_pod(obj: dict) -> bool:
     """
     return obj.get("kind") == names.POD_KIND and bool(
         _meta(obj).get("uid") or _dict(obj.get("spec")).get("nodeName") or _dict(obj.get("status")))
-
-
-def terminal(pod: dict) -> bool:
-    """A pod that holds nothing any more: the scheduler and kubelet no longer count it."""
-    return _dict(pod.get("status")).get("phase") in TERMINAL_PHASES
-
-
-def card_shares(spec: dict, policy: Policy) -> dict[int, int]:
-    """Shares of each card a pod spec requests, counted as Kubernetes counts a pod's requests."""
-    res = policy.resources
-    per_card: dict[int, list[req.ContainerAsk]] = {}
-    try:
-        listed = req.containers(spec)
-    except f.ObjectError:
-        return {}
-    for list_key, position, container in listed:
-        resources = _dict(container.get("resources"))
-        # Kubernetes defaults requests from limits for extended resources.
-        asked = {**_dict(resources.get("limits")), **_dict(resources.get("requests"))}
-        group = req.APP
-        if list_key == "initContainers":
-            group = req.SIDECAR if container.get("restartPolicy") == "Always" else req.INIT
-        for key, value in asked.items():
-            index = res.card_index(str(key))
-            shares = _quantity(value)
-            if index is not None and shares:
-                per_card.setdefault(index, []).append(req.ContainerAsk(
-                    name=str(container.get("name") or ""), group=group, list_key=list_key,
-                    position=position, shares=shares))
-    return {k: req.effective_shares(asks) for k, asks in sorted(per_card.items())}
 
 
 def _asks_gpu(spec: dict, policy: Policy) -> bool:
@@ -552,9 +463,7 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
         if terminal(pod) or spec.get("nodeName"):
             continue
         ref = ref_of(pod)
-        refs = _dict(pod.get("metadata")).get("ownerReferences")
-        owner = next((o for o in refs if isinstance(o, dict) and o.get("controller")), None) \
-            if isinstance(refs, list) else None
+        owner = objects.controller(_meta(pod))
         owners[(ref.namespace, ref.name)] = owner.get("kind") if owner else None
         for k, shares in card_shares(spec, policy).items():
             pending.append((Holder(ref.namespace, ref.name, shares, asked.get((ref.namespace, ref.name), 0)), k))
@@ -563,19 +472,17 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
         node = node_cards(raw, policy)
         if not node.shared:
             continue
-        indexes = sorted(set(node.cards) | {k for (n, k) in held if n == node.name})
+        indexes = sorted(set(node.indexes) | {k for (n, k) in held if n == node.name})
         cards = []
         for k in indexes:
             holders = tuple(sorted((Holder(r.namespace, r.name, s, asked.get((r.namespace, r.name), 0))
                                     for r, s in held.get((node.name, k), [])),
                                    key=lambda h: (h.namespace, h.name)))
             info = node.inventory.get(k, {})
-            memory = info.get("memoryMiB")
             cards.append(CardUse(index=k, capacity=node.cards.get(k, 0), used=sum(h.shares for h in holders),
                                  holders=holders, model=str(info.get("model") or ""),
                                  uuid=str(info.get("uuid") or ""),
-                                 memory_mib=memory if isinstance(memory, int) and not isinstance(memory, bool)
-                                 and memory > 0 else 0))
+                                 memory_mib=objects.card_memory(info)))
         out.append(NodeUse(node.name, tuple(cards)))
     pending.sort(key=lambda p: (p[0].namespace, p[0].name))
     return Usage(tuple(sorted(out, key=lambda n: n.name)), tuple(pending), _stranded(out, pending, owners))

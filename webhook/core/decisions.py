@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from webhook.core import asks as req
 from webhook.core import draclaims, draws, hostaccess, isolation, names, placement, rewrite
 from webhook.core import findings as f
 from webhook.core import policy as policy_mod
-from webhook.core import requests as req
 from webhook.core.policy import Policy
 
 # The API server's limits on what a webhook sends back (see DESIGN.md).

@@ -14,9 +14,9 @@ overlay keeps everyone else from making claims or templates of the class.
 
 from __future__ import annotations
 
+from webhook.core import asks as req
 from webhook.core import draobjects, names, quantities, rewrite
 from webhook.core import findings as f
-from webhook.core import requests as req
 from webhook.core.policy import Policy
 
 # The rule id of a card an author pins while the scheduler chooses cards.

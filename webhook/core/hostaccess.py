@@ -13,9 +13,9 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
+from webhook.core import asks as req
 from webhook.core import findings as f
 from webhook.core import names
-from webhook.core import requests as req
 from webhook.core.policy import Policy
 
 # Every container list of a pod spec, with the word a message uses for its containers.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from webhook.core import asks as req
 from webhook.core import findings as f
 from webhook.core import names
-from webhook.core import requests as req
 from webhook.core.policy import Policy
 
 NONE = "none"

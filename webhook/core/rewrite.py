@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from webhook.core import asks as req
 from webhook.core import names, placement, quantities
-from webhook.core import requests as req
 from webhook.core.policy import Policy
 
 # The rewrite copies only the path to what it changes and shares every untouched subtree with

@@ -23,7 +23,7 @@ from typing import IO
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from webhook import connecting, kubectl
+from webhook import connecting, kubectlflags
 
 AGENT_NAMESPACE = "gpushard-system"
 AGENT_SELECTOR = "app.kubernetes.io/name=gpushard,app.kubernetes.io/component=agent"
@@ -316,7 +316,7 @@ def pods_table(pods: list[PodTop], no_headers: bool = False) -> str:
 
 
 def run_top(args, conn: connecting.Client, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
-    """`gpushard top [cards|pods]`: the exit status (webhook.kubectl.EXIT_CODES).
+    """`gpushard top [cards|pods]`: the exit status (webhook.kubectlflags.EXIT_CODES).
 
     No agent to read, or none answering, is exit 3, as for a cluster that lacks what a command needs.
     """
@@ -331,23 +331,23 @@ def run_top(args, conn: connecting.Client, out: IO[str] | None = None, err: IO[s
             cards, pods = gather(core, args.agent_namespace, args.node, err, timeout)
     except (TopError, connecting.ApiError) as exc:
         print(exc, file=err)
-        return kubectl.UNREACHABLE
-    namespace = kubectl.namespace_of(args, conn.target)
+        return kubectlflags.UNREACHABLE
+    namespace = kubectlflags.namespace_of(args, conn.target)
     if namespace:
         pods = [p for p in pods if p.namespace == namespace]
     if args.sort_by == "memory":
         pods.sort(key=lambda p: -(p.memory_used or 0))
     elif args.sort_by == "shares":
         pods.sort(key=lambda p: -p.shares)
-    if args.output in (kubectl.JSON, kubectl.YAML):
+    if args.output in (kubectlflags.JSON, kubectlflags.YAML):
         body = top_json(cards, pods, args.what)
-        if args.output == kubectl.JSON:
+        if args.output == kubectlflags.JSON:
             out.write(json.dumps(body, indent=2) + "\n")
         else:
             import yaml
 
             out.write(yaml.safe_dump(body, sort_keys=False))
-        return kubectl.OK
+        return kubectlflags.OK
     parts = []
     away = unreachable_nodes(cards)
     if args.what in ("all", "cards"):
@@ -361,4 +361,4 @@ def run_top(args, conn: connecting.Client, out: IO[str] | None = None, err: IO[s
     for node in away:
         print(f"gpushard: the agent on node {node!r} cannot reach the kubelet's PodResources API: who holds "
               "shares there is unknown (not 0); see its log, and the kubelet's pod-resources socket", file=err)
-    return kubectl.OK
+    return kubectlflags.OK

@@ -1,24 +1,24 @@
-"""`gpushard replace`: one leader evicts pinned pods that wait on a full card while another card has room.
+"""`gpushard replace`, the re-placement loop: one leader evicts pinned pods that wait on a full card
+while another card has room.
 
 The loop runs in its own Deployment, not in `gpushard serve`: the webhook stays read-only and
 lean on the admission path (no eviction rights, no full pod list per worker), and a replacer
 that is down only delays re-placement, never an admission. Replicas and rollouts may overlap:
-a ``coordination.k8s.io/v1`` Lease elects the one that acts. The leader lists shared nodes and
-pinned pods once, then follows them by watch (``Cache``, on the live view's list/watch code in
+a ``coordination.k8s.io/v1`` Lease elects the one that acts (``lease``). The leader lists shared nodes and
+pinned pods once, then follows them by watch (``cache.Cache``, on the live view's list/watch code in
 ``cluster.kube``), so a pass reads no list: it asks ``core.replacement`` what to evict over the
 cache, looks up the owners it names, evicts through the Eviction API (``policy/v1``; a 429 from
 a disruption budget means skip) and records a core/v1 Event on each evicted pod that says why.
 A standby holds no watch; a new leader plans only once its cache is in sync.
 """
 
+
 from __future__ import annotations
 
 import collections
 import contextlib
 import dataclasses
-import datetime
 import http.server
-import json
 import logging
 import os
 import signal
@@ -31,12 +31,12 @@ from collections.abc import Callable
 
 import kubernetes
 
-from webhook import connecting, kubectl
+from webhook import connecting, kubectlflags
 from webhook import settings as settings_mod
 from webhook.cluster import kube
-from webhook.core import findings as f
 from webhook.core import names, placement, replacement
-from webhook.core import policy as policy_mod
+from webhook.relocation.cache import Cache, assemble, read_pinned
+from webhook.relocation.lease import REQUEST_TIMEOUT_S, Elector, json_body, now_text
 
 log = logging.getLogger(__name__)
 
@@ -45,297 +45,9 @@ PAGE = 500  # items per list page: memory stays bounded however many pods the cl
 # connection that died silently is noticed 30 s after it (the read timeout above it).
 WATCH_TIMEOUT_S = 60
 DEFAULT_NAMESPACE = "gpushard-system"
-REQUEST_TIMEOUT_S = 30.0  # each API call, as --request-timeout's default (the cache's lists and watches keep theirs)
 # The liveness endpoint fails once the loop has not come round for this long: a pass stuck
 # on a call has timed out well before (every call is bounded by --request-timeout).
 STALL_S = 300.0
-
-
-def _now_text(wall: Callable[[], float]) -> str:
-    """A MicroTime (RFC 3339 with microseconds, UTC) as Leases and Events carry."""
-    return datetime.datetime.fromtimestamp(wall(), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def _json(response) -> dict:
-    try:
-        return json.loads(response.data)
-    finally:
-        response.release_conn()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Pinned:
-    """What a pass needs of one pod gpushard pinned: where it holds shares, or what it waits for."""
-
-    node: str | None  # bound: the node its shares count on
-    shares: tuple[tuple[int, int], ...]  # (card, shares), counted as Kubernetes counts a pod
-    ending: bool  # bound and being deleted: its shares come free once it is gone
-    waiting: replacement.Waiting | None  # unbound and Pending on one card (its age filled in per pass)
-    created: float | None  # creationTimestamp, for the age
-
-
-def read_pinned(obj: dict, policy: policy_mod.Policy) -> Pinned | None:
-    """A listed or watched pod as a pass reads it; None for one that holds and waits for nothing."""
-    spec, meta, status = (obj.get(key) or {} for key in ("spec", "metadata", "status"))
-    if not (isinstance(spec, dict) and isinstance(meta, dict) and isinstance(status, dict)) or \
-            status.get("phase") in kube.TERMINAL_PHASES:
-        return None  # an object of the wrong shape is no pod gpushard placed
-    shares = kube.pod_card_shares(spec, policy)
-    if spec.get("nodeName"):
-        if not shares:
-            return None
-        return Pinned(str(spec["nodeName"]), tuple(sorted(shares.items())), bool(meta.get("deletionTimestamp")),
-                      None, None)
-    if len(shares) != 1 or meta.get("deletionTimestamp") or status.get("phase") != "Pending":
-        return None
-    ((card, count),) = shares.items()
-    try:
-        ask = placement.ask_from_spec(spec, count, card)
-    except f.ObjectError as exc:
-        log.warning("gpushard: skipped pod %s/%s: %s", meta.get("namespace"), meta.get("name"), exc)
-        return None
-    owner = next((r for r in meta.get("ownerReferences") or () if isinstance(r, dict) and r.get("controller")),
-                 None)
-    waiting = replacement.Waiting(
-        uid=str(meta.get("uid") or ""), namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""), card=card, shares=count, age=0.0, ask=ask,
-        preferred=placement.preferred_node(spec), owner_kind=owner.get("kind") if owner else None,
-        owner_name=str(owner.get("name") or "") if owner else "", gated=bool(spec.get("schedulingGates")),
-        version=str(meta.get("resourceVersion") or ""),
-        sized=isinstance(meta.get("annotations"), dict) and names.MEMORY_ANNOTATION in meta["annotations"])
-    return Pinned(None, (), False, waiting, _parse_time(meta.get("creationTimestamp")))
-
-
-def _pod_key(obj: dict) -> str:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
-
-
-def assemble(nodes, pinned, now: float) -> tuple[placement.View, list[replacement.Waiting], collections.Counter]:
-    """The cards' usage by bound pods, the waiting pods (aged at ``now``), and the shares of terminating pods."""
-    used: collections.Counter = collections.Counter()
-    ending: collections.Counter = collections.Counter()
-    waiting = []
-    for pod in pinned:
-        if pod.node is not None:
-            for k, n in pod.shares:  # a terminating pod holds its shares until it is gone
-                used[(pod.node, k)] += n
-                if pod.ending:
-                    ending[(pod.node, k)] += n
-        elif pod.waiting is not None:
-            age = max(0.0, now - pod.created) if pod.created is not None else 0.0
-            waiting.append(dataclasses.replace(pod.waiting, age=age))
-    view = placement.View(nodes=tuple(
-        dataclasses.replace(n, cards=tuple(dataclasses.replace(c, used=used[(n.name, c.index)]) for c in n.cards))
-        for n in nodes))
-    return view, waiting, ending
-
-
-class Cache(kube.KubeView):
-    """The shared nodes and pinned pods, listed once and then followed by watch: what the leader plans over.
-
-    The list, watch, relist and backoff machinery is the live view's (``kube.KubeView``: pages of
-    500, bookmarks, resume from the last resourceVersion, 410 Gone means list again); this class
-    keeps only what a pass reads (nodes as placement reads them, pods as ``Pinned``). It is
-    *current* while both resources have been listed and followed without a gap since: from a
-    410 Gone until the relist is in, and from a failed watch until one is open again from the
-    last resourceVersion, it is not, and the leader does not plan over it.
-    """
-
-    def __init__(self, api_client, policy: policy_mod.Policy, **options):
-        super().__init__(api_client, policy, **options)
-        self._nodes: dict[str, placement.Node] = {}
-        self._pinned: dict[str, Pinned] = {}
-        self._following: set[str] = set()
-        self._changed = threading.Condition(self._lock)
-
-    def current(self) -> bool:
-        """Both listed, and every watch since resumed without losing an event."""
-        with self._lock:
-            return self._following >= {kube.NODES, kube.PODS}
-
-    def wait_current(self, timeout: float) -> bool:
-        with self._changed:
-            return self._changed.wait_for(lambda: self._following >= {kube.NODES, kube.PODS}, timeout)
-
-    def contents(self) -> tuple[list[placement.Node], list[Pinned], set[str]]:
-        """The nodes, the pinned pods, and the uids of the pods, as the cache holds them now."""
-        with self._lock:
-            return list(self._nodes.values()), list(self._pinned.values()), set(self._pinned)
-
-    # --- the live view's hooks: what a list page or a watch event leaves in the cache ------------
-
-    def _reduce(self, resource: str, items, into: dict) -> dict:
-        if resource == kube.NODES:
-            return super()._reduce(resource, items, into)
-        for obj in items:
-            try:
-                pod = read_pinned(obj, self._policy)
-            except Exception:  # noqa: BLE001 - one odd object must not keep the cache from syncing
-                log.exception("gpushard: the replacer skipped a pod it could not read")
-                continue
-            if pod is not None:
-                into[_pod_key(obj)] = pod
-        return into
-
-    def _apply_list(self, resource: str, fresh) -> None:
-        if isinstance(fresh, list):
-            fresh = self._reduce(resource, fresh, {})
-        with self._changed:
-            if resource == kube.NODES:
-                self._nodes = fresh
-            else:
-                self._pinned = fresh
-            self._listed.add(resource)
-            self._following.add(resource)
-            self._changed.notify_all()
-
-    def _apply_event(self, resource: str, kind: str, obj: dict) -> None:
-        if resource == kube.NODES:
-            name = str((obj.get("metadata") or {}).get("name"))
-            node = None if kind == "DELETED" else kube.read_node(obj, self._policy)
-            table, key, value = self._nodes, name, node
-        else:
-            key = _pod_key(obj)
-            table, value = self._pinned, None if kind == "DELETED" else read_pinned(obj, self._policy)
-        with self._lock:
-            if value is None:
-                table.pop(key, None)
-            else:
-                table[key] = value
-
-    def _call(self, resource: str, **kwargs):
-        response = super()._call(resource, **kwargs)
-        if kwargs.get("watch"):
-            # A watch from the last resourceVersion replays what a gap missed. After a 410 Gone the
-            # API server answers this very watch with an error event, or with 410 itself: the
-            # resource then waits for its relist (``_watch`` below). Between this reply and the
-            # replay (or the error event) the cache is taken as current: milliseconds, in which a
-            # pass could miss the gap's changes; the evictions' preconditions still hold.
-            with self._changed:
-                if resource in self._listed:
-                    self._following.add(resource)
-                    self._changed.notify_all()
-        return response
-
-    def _watch(self, resource: str, version: str) -> str:
-        try:
-            return super()._watch(resource, version)
-        except BaseException:
-            with self._lock:
-                self._following.discard(resource)
-            raise
-
-
-class Elector:
-    """Leader election on a Lease, as client-go's leaderelection does it.
-
-    Whether another holder's lease expired is judged on this process's own clock, from when it
-    last saw the lease change, never by comparing its renewTime with our clock (clocks differ).
-    Every write carries the resourceVersion read, so two candidates never both win.
-    """
-
-    def __init__(self, api_client, namespace: str, name: str, identity: str, duration_s: int, *,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
-                 timeout: float | None = REQUEST_TIMEOUT_S, target: connecting.Target | None = None):
-        self._api = kubernetes.client.CoordinationV1Api(api_client)
-        self.namespace, self.name, self.identity, self.duration = namespace, name, identity, duration_s
-        self._clock, self._wall = clock, wall
-        self._timeout, self._target = timeout, target
-        self._record: tuple | None = None
-        self._observed = 0.0
-
-    def _reaching(self, what: str):
-        """A transport failure, 401 or 403 in the block becomes a connecting.ApiError in plain words."""
-        if self._target is None:
-            return contextlib.nullcontext()
-        return connecting.reaching(self._target, f"{what} Lease {self.namespace}/{self.name}")
-
-    def lead(self) -> bool:
-        """Take or renew the lease; True while this process leads, False while another does.
-
-        A Lease that cannot be read or written (unreachable, 401, 403, a 500) raises: that is not
-        "another replacer leads", and the caller says so (``--once``) or stands by and retries.
-        """
-        now = self._clock()
-        try:
-            with self._reaching("get"):
-                lease = _json(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
-                                                              _request_timeout=self._timeout))
-        except kubernetes.client.ApiException as exc:
-            if exc.status != 404:
-                raise
-            return self._write(None, now)
-        spec = lease.get("spec") or {}
-        holder = spec.get("holderIdentity") or ""
-        record = (holder, (lease.get("metadata") or {}).get("resourceVersion"))  # any write changes it
-        if record != self._record:
-            self._record, self._observed = record, now
-        duration = spec.get("leaseDurationSeconds") or self.duration
-        if holder and holder != self.identity and now < self._observed + duration:
-            return False
-        return self._write(lease, now)
-
-    def release(self) -> None:
-        """Give the lease up (on shutdown), so that another replacer need not wait for it to expire."""
-        if self._record is None or self._record[0] != self.identity:
-            return  # not the holder when last seen: nothing to give up
-        self._record = None
-        try:
-            lease = _json(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
-                                                          _request_timeout=self._timeout))
-            spec = dict(lease.get("spec") or {})
-            if spec.get("holderIdentity") != self.identity:
-                return
-            stamp = _now_text(self._wall)
-            spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=stamp, acquireTime=stamp)
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec,
-                    "metadata": {"name": self.name, "namespace": self.namespace,
-                                 "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")}}
-            _json(self._api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
-                                                     _request_timeout=self._timeout))
-        except Exception as exc:  # noqa: BLE001 - it expires anyway; stopping must not fail on it
-            log.warning("gpushard: could not release Lease %s/%s (%s); it expires in %ss", self.namespace, self.name,
-                        connecting.failure_text(exc), self.duration)
-
-    def _write(self, lease: dict | None, now: float) -> bool:
-        spec = dict((lease or {}).get("spec") or {})
-        stamp = _now_text(self._wall)
-        if spec.get("holderIdentity") != self.identity:
-            if spec.get("holderIdentity"):
-                spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-            spec["acquireTime"] = stamp
-            spec.setdefault("leaseTransitions", 0)
-        spec.update(holderIdentity=self.identity, leaseDurationSeconds=self.duration, renewTime=stamp)
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}
-        try:
-            with self._reaching("create" if lease is None else "update"):
-                if lease is None:
-                    written = self._api.create_namespaced_lease(self.namespace, body, _preload_content=False,
-                                                                _request_timeout=self._timeout)
-                else:
-                    body["metadata"]["resourceVersion"] = (lease.get("metadata") or {}).get("resourceVersion")
-                    written = self._api.replace_namespaced_lease(self.name, self.namespace, body,
-                                                                 _preload_content=False, _request_timeout=self._timeout)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 409:  # another candidate wrote first
-                return False
-            raise
-        written = _json(written)
-        self._record = ((written.get("spec") or {}).get("holderIdentity") or "",
-                        (written.get("metadata") or {}).get("resourceVersion"))
-        self._observed = now
-        return True
 
 
 @dataclasses.dataclass
@@ -388,7 +100,7 @@ class Replacer:
     def _pages(self, call: Callable, **kwargs):
         token = None
         while True:
-            page = _json(call(limit=self._cache_options["page_size"], _continue=token, _preload_content=False,
+            page = json_body(call(limit=self._cache_options["page_size"], _continue=token, _preload_content=False,
                               _request_timeout=self._timeout, **kwargs))
             yield from page.get("items") or ()
             token = (page.get("metadata") or {}).get("continue")
@@ -433,7 +145,7 @@ class Replacer:
                  replacement.STATEFUL_SET: self._apps.read_namespaced_stateful_set,
                  replacement.JOB: self._batch.read_namespaced_job}
         try:
-            obj = _json(reads[pod.owner_kind](pod.owner_name, pod.namespace, _preload_content=False,
+            obj = json_body(reads[pod.owner_kind](pod.owner_name, pod.namespace, _preload_content=False,
                                               _request_timeout=self._timeout))
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
@@ -527,7 +239,7 @@ class Replacer:
                 "metadata": {"name": pod.name, "namespace": pod.namespace},
                 "deleteOptions": {"preconditions": preconditions}}
         try:
-            _json(self._core.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _preload_content=False,
+            json_body(self._core.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _preload_content=False,
                                                             _request_timeout=self._timeout))
         except kubernetes.client.ApiException as exc:
             reason = {429: "a disruption budget allows no eviction now", 404: "the pod is gone",
@@ -539,7 +251,7 @@ class Replacer:
 
     def _record(self, move: replacement.Move) -> None:
         pod = move.pod
-        stamp = _now_text(self._wall)
+        stamp = now_text(self._wall)
         body = {"apiVersion": "v1", "kind": "Event",
                 "metadata": {"name": f"{pod.name}.{uuid.uuid4().hex[:16]}", "namespace": pod.namespace},
                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
@@ -550,7 +262,7 @@ class Replacer:
                 "source": {"component": names.REPLACER_COMPONENT},
                 "reportingComponent": names.REPLACER_COMPONENT, "reportingInstance": self.identity}
         try:
-            _json(self._core.create_namespaced_event(pod.namespace, body, _preload_content=False,
+            json_body(self._core.create_namespaced_event(pod.namespace, body, _preload_content=False,
                                                      _request_timeout=self._timeout))
         except kubernetes.client.ApiException as exc:
             log.warning("gpushard: evicted %s/%s but could not record its Event (%s)", pod.namespace, pod.name,
@@ -700,15 +412,15 @@ def _once(replacer: Replacer, client: connecting.Client, namespace: str) -> int:
         outcome = replacer.pass_once()
     except connecting.ApiError as exc:
         print(exc, file=sys.stderr)
-        return kubectl.UNREACHABLE
+        return kubectlflags.UNREACHABLE
     except kubernetes.client.ApiException as exc:
         print(f"gpushard: {where} answered {connecting.failure_text(exc)} during a re-placement pass; "
               "nothing more was done", file=sys.stderr)
-        return kubectl.UNREACHABLE
+        return kubectlflags.UNREACHABLE
     except Exception as exc:  # noqa: BLE001 - an error nobody foresaw: one line, still not a traceback
         print(f"gpushard: the re-placement pass stopped by an unexpected error: {connecting.failure_text(exc)}",
               file=sys.stderr)
-        return kubectl.USAGE
+        return kubectlflags.USAGE
     if outcome is None:
         print(f"gpushard: another replacer holds Lease {namespace}/{names.REPLACER_LEASE}; nothing done")
         return 0
@@ -732,7 +444,7 @@ def run(args, settings: settings_mod.Settings) -> int:
         client = connecting.client(args.kubeconfig, args.context, timeout)
     except connecting.ConfigError as exc:
         print(exc, file=sys.stderr)
-        return kubectl.USAGE
+        return kubectlflags.USAGE
     namespace = args.namespace or os.environ.get(names.POD_NAMESPACE_ENV) or DEFAULT_NAMESPACE
     identity = args.identity or os.environ.get(names.POD_NAME_ENV) or f"{socket.gethostname()}-{os.getpid()}"
     # One pass lists; the loop lists once and then follows by watch.
@@ -747,7 +459,7 @@ def run(args, settings: settings_mod.Settings) -> int:
             health = serve_health(port, replacer, getattr(args, "stall_seconds", None) or STALL_S)
         except OSError as exc:
             print(f"gpushard: --health-port {port}: cannot listen: {exc.strerror}", file=sys.stderr)
-            return kubectl.USAGE
+            return kubectlflags.USAGE
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:

@@ -1,8 +1,8 @@
 """kubectl's flags and habits, shared by every command that reads the cluster, and the one table of exit codes.
 
 `gpushard status|audit|top|review` and the kubectl plugin `kubectl gpushard ...` take the same
-flags, defined once here: commands add them with ``parents=[kubectl.flags(...)]`` (or the
-``add_*`` helpers), and get their client with ``kubectl.client_for(args)``.
+flags, defined once here: commands add them with ``parents=[kubectlflags.flags(...)]`` (or the
+``add_*`` helpers), and get their client with ``kubectlflags.client_for(args)``.
 """
 
 from __future__ import annotations

@@ -39,10 +39,10 @@ import time
 import pytest
 
 from tests.cluster import kubeobjects as o
-from webhook import replacing
 from webhook import settings as settings_mod
 from webhook.cluster import kube
 from webhook.core import names, placement
+from webhook.relocation import controller
 
 NOW = 1_800_000_000.0
 NS = "gpushard-system"
@@ -97,7 +97,7 @@ def seed_cluster(fake, free_card1: int = 60):
         fake.put("pods", o.pod("part-b1", 1, 100 - free_card1, "gpu-b"))
 
 
-STARTED: list[replacing.Replacer] = []
+STARTED: list[controller.Replacer] = []
 
 
 def make(fake, identity="r1", clock=None, follow=True, **options):
@@ -105,7 +105,7 @@ def make(fake, identity="r1", clock=None, follow=True, **options):
     settings = settings_mod.Settings(replacement=settings_mod.Replacement(**{
         "pending_seconds": 120, "interval": 5, **replacement}))
     options.setdefault("backoff", (0.05, 0.3))
-    replacer = replacing.Replacer(fake.api_client(), settings, identity, NS, clock=clock or Clock(), wall=lambda: NOW,
+    replacer = controller.Replacer(fake.api_client(), settings, identity, NS, clock=clock or Clock(), wall=lambda: NOW,
                                   follow=follow, **options)
     STARTED.append(replacer)
     return replacer
@@ -178,7 +178,7 @@ def test_the_loop_runs_passes_until_stopped_then_releases(fake):
 
 @pytest.mark.parametrize("interval,took,wait", [(5, 0.1, 5), (5, 1.25, 5), (5, 4, 16), (15, 30, 120)])
 def test_a_slow_pass_stretches_the_wait(interval, took, wait):
-    assert replacing.pause(interval, took) == pytest.approx(wait)
+    assert controller.pause(interval, took) == pytest.approx(wait)
 
 
 def test_a_long_wait_keeps_the_lease(fake):
@@ -382,10 +382,10 @@ def test_the_off_switch_and_dry_run_evict_nothing(fake, capsys):
     settings = settings_mod.Settings(replacement=settings_mod.Replacement(enabled=False))
     args = type("Args", (), {"once": True, "kubeconfig": None, "context": None, "namespace": NS,
                              "identity": "r1", "dry_run": False})()
-    assert replacing.run(args, settings) == 0
+    assert controller.run(args, settings) == 0
     assert "re-placement is off" in capsys.readouterr().out
     assert not fake.requests
-    dry = replacing.Replacer(fake.api_client(), settings_mod.Settings(), "r1", NS, wall=lambda: NOW, dry_run=True)
+    dry = controller.Replacer(fake.api_client(), settings_mod.Settings(), "r1", NS, wall=lambda: NOW, dry_run=True)
     STARTED.append(dry)
     outcome = dry.pass_once()
     assert [m.pod.name for m in outcome.plan.moves] == ["web-x1"] and outcome.evicted == []
@@ -394,7 +394,7 @@ def test_the_off_switch_and_dry_run_evict_nothing(fake, capsys):
 
 def test_lists_are_read_page_by_page(fake):
     fake.put("nodes", o.node("gpu-a", {0: 100}))
-    for i in range(replacing.PAGE + 20):
+    for i in range(controller.PAGE + 20):
         fake.put("pods", o.pod(f"p{i}", 0, 0 if i else 1, "gpu-a"))
     view, waiting = make(fake).read()
     assert waiting == [] and view.nodes[0].cards[0].used == 1
@@ -404,8 +404,8 @@ def test_lists_are_read_page_by_page(fake):
 
 @pytest.fixture(autouse=True)
 def _no_kubeconfig(monkeypatch, fake):
-    """`replacing.run` builds its client from a kubeconfig: point it at the fake."""
-    monkeypatch.setattr(replacing, "api_client", lambda *_a, **_k: fake.api_client())
+    """`controller.run` builds its client from a kubeconfig: point it at the fake."""
+    monkeypatch.setattr(controller, "api_client", lambda *_a, **_k: fake.api_client())
 
 
 def test_objects_of_odd_shapes_are_skipped(fake):
@@ -572,14 +572,14 @@ def test_a_standby_holds_no_watch_and_a_leader_that_loses_the_lease_stops_its_wa
 def test_a_lease_the_api_refuses_is_an_error_not_another_leader(fake):
     seed_cluster(fake)
     fake.tokens = {}  # every request: 401
-    target = replacing.connecting.Target(fake.url, "ctx", "kubeconfig")
+    target = controller.connecting.Target(fake.url, "ctx", "kubeconfig")
     replacer = make(fake, target=target)
-    with pytest.raises(replacing.connecting.ApiError, match=r"\(context ctx\) refused the credentials \(401 "
+    with pytest.raises(controller.connecting.ApiError, match=r"\(context ctx\) refused the credentials \(401 "
                                                              r"Unauthorized\) while trying to get Lease "):
         replacer.pass_once()
     fake.tokens = None
     fake.fail_next = [500]
-    with pytest.raises(replacing.kubernetes.client.ApiException):
+    with pytest.raises(controller.kubernetes.client.ApiException):
         replacer.pass_once()
     assert replacer.pass_once() is not None  # and once it answers, this one leads
 
@@ -590,7 +590,7 @@ def test_the_loop_outlives_a_refusing_api_and_stands_by_then_leads_again(fake, c
     fake.put("pods", waiting_pod("web-x1", 0, 25, ("ReplicaSet", "web")))
     fake.tokens = {}  # 401 for everything, for a while
     replacer = make(fake, clock=time.monotonic, interval=1,
-                    target=replacing.connecting.Target(fake.url, "ctx", "kubeconfig"))
+                    target=controller.connecting.Target(fake.url, "ctx", "kubeconfig"))
     stop = threading.Event()
     thread = threading.Thread(target=replacer.run, args=(stop,))
     with caplog.at_level("WARNING"):
@@ -612,7 +612,7 @@ def test_a_changed_config_is_read_before_the_next_pass(fake, tmp_path):
     fake.put("replicasets", workload("ReplicaSet", "web"))
     config = tmp_path / "config.yaml"
     config.write_text("replacement: {enabled: false, interval: 1}\n")
-    reload = replacing.Reloader(str(config))
+    reload = controller.Reloader(str(config))
     assert reload() is None  # unchanged since it was made
     replacer = make(fake, clock=time.monotonic, interval=1, enabled=False, pending_seconds=0)
     stop = threading.Event()
@@ -637,7 +637,7 @@ def test_the_health_endpoint_fails_once_the_loop_stalls(fake):
     import urllib.request
 
     replacer = make(fake, clock=time.monotonic)
-    server = replacing.serve_health(0, replacer, stall_s=30)
+    server = controller.serve_health(0, replacer, stall_s=30)
     url = f"http://127.0.0.1:{server.server_address[1]}/healthz"
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
