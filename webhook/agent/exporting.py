@@ -14,7 +14,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import core as prom
@@ -402,8 +402,12 @@ class Server:
 
 
 def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board, api,
-          node_name: str | None, conflicts=None) -> Server | None:
-    """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts."""
+          node_name: str | None, conflicts=None,
+          cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None) -> Server | None:
+    """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts.
+
+    ``cards_by_pod`` (backend dra: the DRA plugin's prepared claims) says which card each pod's
+    containers use, where PodResources names none."""
     if not args.metrics_port:
         return None
     policy = settings.policy
@@ -417,7 +421,7 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
         pods = podlisting.NodePods(api, node_name)
     client = podresources.Client(args.pod_resources_socket)
     # Isolation, where configured, caps each container's memory; without it there is no cap to report.
-    observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy),
+    observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy, cards_by_pod),
                         attributing.ProcReader(args.proc_root), pods,
                         memory_cap_for(policy.isolation, policy.shares_per_card), conflicts)
     reviewer = authorizing.Reviewer(api, node_name or "") if api is not None else None
