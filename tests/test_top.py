@@ -5,8 +5,8 @@ servers (webhook.agent.exporting.Server: TLS, tokens reviewed) answer on local p
   API server lets port-forward, whatever credentials they hold; top never uses the pod proxy;
 - it finds the running agent pods by label and their named metrics port;
 - the card table (shares held of capacity, memory used of total, utilization, health) and the pod table
-  (shares, memory used, memory share, cap, utilization where reported, OVER for a container above its
-  share), node by node;
+  (shares, memory used, memory share, the pod's memory ask where it was placed by one, cap, utilization
+  where reported, OVER for a container above its share), node by node;
 - an agent that does not answer is named on stderr and the others still show; none answering,
   or no agent at all, is exit status 3 (the cluster lacks what top reads) with a message; JSON and
   YAML output, --no-headers; filters by node and namespace;
@@ -39,9 +39,11 @@ def card(index: int, used_mib: int, util: int, *containers: exporting.ContainerR
                              containers=list(containers))
 
 
-def row(ns: str, pod: str, container: str, shares: int, used_mib: int, cap: bool = False, sm: float = 0.0):
+def row(ns: str, pod: str, container: str, shares: int, used_mib: int, cap: bool = False, sm: float = 0.0,
+        asked_mib: int | None = None):
     share = shares * 16384 * MIB // 100
-    return exporting.ContainerRow(ns, pod, container, shares, share, share if cap else None, used_mib * MIB, 1, sm)
+    return exporting.ContainerRow(ns, pod, container, shares, share, share if cap else None, used_mib * MIB, 1, sm,
+                                  None if asked_mib is None else asked_mib * MIB)
 
 
 def agent_pod(name: str, node: str, port: int = 9401, phase: str = "Running") -> dict:
@@ -91,7 +93,7 @@ def test_top_reads_every_agent_through_a_port_forward(kube, capsys):
     kube.put("pods", {**agent_pod("unrelated", "node-a"), "metadata": {"name": "unrelated", "namespace": NS}})
     kube.serve_agent("agent-a", "node-a", [
         card(0, 6548, 87, row("ml", "train", "trainer", 25, 4500, sm=52),
-             row("ml", "infer", "server", 50, 2048, sm=35)),
+             row("ml", "infer", "server", 50, 2048, sm=35, asked_mib=6144)),
         card(1, 1024, 12, row("lab", "batch", "worker", 40, 1024, cap=True), healthy=False)])
     kube.serve_agent("agent-b", "node-b", [card(0, 0, 0, row("lab", "notebook", "jupyter", 30, 0))], port=9500)
 
@@ -103,13 +105,14 @@ def test_top_reads_every_agent_through_a_port_forward(kube, capsys):
     assert lines[2].split() == ["node-a", "1", "NVIDIA", "L4", "40/100", "1024Mi/16384Mi", "12%", "0Mi", "Unhealthy"]
     assert lines[3].split()[:5] == ["node-b", "0", "NVIDIA", "L4", "30/100"]
     pods = [line.split() for line in lines[5:]]
-    assert pods[0] == ["NAMESPACE", "POD", "CONTAINER", "NODE", "GPU", "SHARES", "MEMORY", "MEMORY-SHARE", "CAP",
-                       "UTIL"]
-    assert ["ml", "train", "trainer", "node-a", "0", "25", "4500Mi", "4096Mi", "-", "52%", "OVER"] in pods
-    assert ["ml", "infer", "server", "node-a", "0", "50", "2048Mi", "8192Mi", "-", "35%"] in pods
+    assert pods[0] == ["NAMESPACE", "POD", "CONTAINER", "NODE", "GPU", "SHARES", "MEMORY", "MEMORY-SHARE", "ASKED",
+                       "CAP", "UTIL"]
+    assert ["ml", "train", "trainer", "node-a", "0", "25", "4500Mi", "4096Mi", "-", "-", "52%", "OVER"] in pods
+    # Placed by its memory ask of 6 GiB, it got 50 shares (8 GiB of an L4).
+    assert ["ml", "infer", "server", "node-a", "0", "50", "2048Mi", "8192Mi", "6144Mi", "-", "35%"] in pods
     # Card 1 reports no per-process utilization.
-    assert ["lab", "batch", "worker", "node-a", "1", "40", "1024Mi", "6554Mi", "6554Mi", "-"] in pods
-    assert ["lab", "notebook", "jupyter", "node-b", "0", "30", "0Mi", "4915Mi", "-", "0%"] in pods
+    assert ["lab", "batch", "worker", "node-a", "1", "40", "1024Mi", "6554Mi", "-", "6554Mi", "-"] in pods
+    assert ["lab", "notebook", "jupyter", "node-b", "0", "30", "0Mi", "4915Mi", "-", "-", "0%"] in pods
     forwarded = [unquote(p) for m, p, _ in kube.requests if "/portforward" in p]
     assert sorted(forwarded) == [f"/api/v1/namespaces/{NS}/pods/agent-a/portforward?ports=9401",
                                  f"/api/v1/namespaces/{NS}/pods/agent-b/portforward?ports=9500"]
@@ -121,8 +124,10 @@ def test_top_reads_every_agent_through_a_port_forward(kube, capsys):
     assert (body["apiVersion"], body["kind"], body["kubeletUnreachable"]) == ("gpushard.io/v1", "TopReport", [])
     assert [(p["pod"], p["shares"]) for p in body["pods"]] == [("batch", 40), ("notebook", 30)]
     assert body["pods"][0]["memoryCapBytes"] == 16384 * MIB * 40 // 100
+    assert body["pods"][0]["memoryAskedBytes"] is None
     assert set(body["pods"][0]) == {"node", "namespace", "pod", "container", "gpu", "shares", "memoryUsedBytes",
-                                    "memoryShareBytes", "memoryCapBytes", "utilization", "overShare"}
+                                    "memoryShareBytes", "memoryCapBytes", "memoryAskedBytes", "utilization",
+                                    "overShare"}
 
     status, out, _ = top(kube, capsys, "cards", "--node", "node-b")
     assert [line.split()[0] for line in out.splitlines()[1:]] == ["node-b"]
@@ -130,6 +135,8 @@ def test_top_reads_every_agent_through_a_port_forward(kube, capsys):
     assert [line.split()[0] for line in out.splitlines()] == ["node-b"]
     status, out, _ = top(kube, capsys, "pods", "-n", "ml", "-o", "yaml")
     assert status == 0 and sorted(p["pod"] for p in yaml.safe_load(out)["pods"]) == ["infer", "train"]
+    status, out, _ = top(kube, capsys, "pods", "-n", "ml", "-o", "json")
+    assert {p["pod"]: p["memoryAskedBytes"] for p in json.loads(out)["pods"]} == {"infer": 6144 * MIB, "train": None}
 
 
 def test_an_agent_away_is_named_and_the_others_shown(kube, capsys):

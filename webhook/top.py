@@ -64,6 +64,7 @@ class PodTop:
     memory_used: int | None = None
     memory_share: int = 0
     memory_cap: int | None = None
+    memory_asked: int | None = None  # its pod's memory ask, where the pod was placed by one
     utilization: float | None = None  # 0..1, its processes' share of the card's SM time
     over_share: bool = False
 
@@ -87,6 +88,7 @@ def parse(text: str) -> tuple[list[CardTop], list[PodTop]]:
                   "gpushard_container_memory_share_bytes": "memory_share",
                   "gpushard_container_memory_cap_bytes": "memory_cap", "gpushard_container_over_share": "over_share",
                   "gpushard_container_utilization_ratio": "utilization"}
+    asked: dict[tuple[str, str, str, int], int] = {}  # (node, namespace, pod, gpu) -> bytes
     unreachable: set[str] = set()  # nodes whose agent cannot reach the kubelet's PodResources
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -110,6 +112,11 @@ def parse(text: str) -> tuple[list[CardTop], list[PodTop]]:
                 pod = pods.setdefault(key, PodTop(*key))
                 field = pod_fields[sample.name]
                 setattr(pod, field, _typed(field, sample.value))
+            elif sample.name == "gpushard_pod_memory_asked_bytes":
+                asked[(labels.get("node", ""), labels.get("namespace", ""), labels.get("pod", ""), gpu)] = \
+                    int(sample.value)
+    for key, pod in pods.items():
+        pod.memory_asked = asked.get((*key[:3], key[4]))
     for card in cards.values():
         if card.node in unreachable:
             # An older agent exported 0 for what it did not know: unknown all the same.
@@ -285,6 +292,7 @@ def _camel(name: str) -> str:
 # Byte counts say so in their JSON names, as the metrics do.
 _JSON_NAMES = {"memory_used": "memoryUsedBytes", "memory_total": "memoryTotalBytes",
                "memory_share": "memoryShareBytes", "memory_cap": "memoryCapBytes",
+               "memory_asked": "memoryAskedBytes",
                "unattributed_memory": "unattributedMemoryBytes", "uuid": "UUID"}
 
 
@@ -308,10 +316,11 @@ def _percent(value: float | None) -> str:
 
 
 def pods_table(pods: list[PodTop], no_headers: bool = False) -> str:
-    return _table(["NAMESPACE", "POD", "CONTAINER", "NODE", "GPU", "SHARES", "MEMORY", "MEMORY-SHARE", "CAP", "UTIL",
-                   ""], [
+    return _table(["NAMESPACE", "POD", "CONTAINER", "NODE", "GPU", "SHARES", "MEMORY", "MEMORY-SHARE", "ASKED", "CAP",
+                   "UTIL", ""], [
         [p.namespace, p.pod, p.container, p.node, str(p.gpu), str(p.shares), _mib(p.memory_used),
-         _mib(p.memory_share), _mib(p.memory_cap), _percent(p.utilization), "OVER" if p.over_share else ""]
+         _mib(p.memory_share), _mib(p.memory_asked), _mib(p.memory_cap), _percent(p.utilization),
+         "OVER" if p.over_share else ""]
         for p in pods], no_headers)
 
 

@@ -1,7 +1,8 @@
 """We test `gpushard agent` with backend dra as a real process, against the local API server, a fake
 device-plugin kubelet and the kubelet's DRA side from the published protos:
 - it serves only the sum as a device plugin, publishes the node's ResourceSlice, registers the DRA plugin and
-  prepares a claim allocated on one of its cards, writing the claim's CDI spec;
+  prepares a claim allocated on one of its cards, writing the claim's CDI spec; its metrics then put the pod's
+  container (its gpushard.io/gpu in PodResources) on the claim's card;
 - SIGTERM ends it with status 0 and its sockets removed; the checkpoint stays for the next start;
 - with --no-publish it refuses to start with backend dra (status 2, naming the flag).
 """
@@ -9,12 +10,16 @@ device-plugin kubelet and the kubelet's DRA side from the published protos:
 import os
 import pathlib
 import signal
+import socket
+import ssl
 import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests import fakekube
-from tests.agent import drakubelet, draworld, fakekubelet
+from tests.agent import drakubelet, draworld, fakekubelet, fakepodresources
 from tests.agent.test_running import INVENTORY, agent_process
 from tests.audit import world
 from webhook.core import draobjects, names
@@ -44,14 +49,33 @@ def setup(tmp_path, plugin_dir):
     fakekubelet.remove_tree(root)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metrics(port: int) -> str:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # made at the agent's start; what it serves is under test here
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=5, context=context) as response:
+        return response.read().decode()
+
+
 def test_the_agent_publishes_registers_prepares_and_stops(setup, plugin_dir):
     api, root, tmp = setup
     kubelet = fakekubelet.FakeKubelet(plugin_dir).start()
+    lister = fakepodresources.FakePodResources(os.path.join(root, "pod-resources.sock")).start()
+    lister.set([fakepodresources.pb.PodResources(namespace="ml", name="p", containers=[fakepodresources.container(
+        "c0", **{names.SHARES_RESOURCE: fakepodresources.shares(0, 0, 25)})])])
     folders = [os.path.join(root, d) for d in ("reg", "plugins", "cdi")]
+    port = _free_port()
     proc = agent_process("--config", str(tmp / "config.yaml"), "--fake-inventory", str(tmp / "inventory.yaml"),
                          "--device-plugin-dir", plugin_dir, "--node-name", "node-a", "--poll-interval", "0.1",
                          "--kubelet-registry-dir", folders[0], "--kubelet-plugins-dir", folders[1],
-                         "--cdi-dir", folders[2], env={"KUBECONFIG": str(tmp / "kubeconfig")})
+                         "--cdi-dir", folders[2], "--metrics-port", str(port), "--pod-resources-socket", lister.path,
+                         env={"KUBECONFIG": str(tmp / "kubeconfig")})
     registration = os.path.join(folders[0], f"{names.DRA_DRIVER}-reg.sock")
     try:
         kubelet.wait_for({names.SHARES_RESOURCE}, timeout=30)
@@ -73,6 +97,13 @@ def test_the_agent_publishes_registers_prepares_and_stops(setup, plugin_dir):
         with open(os.path.join(folders[2], "gpushard.io-claim_uid-1.json")) as spec:
             assert f"NVIDIA_GPU_MEMORY_LIMIT={25 * 81559 // 100}" in spec.read()
         assert {r.resource_name for r in kubelet.requests} == {names.SHARES_RESOURCE}
+        # The IDs of gpushard.io/gpu name card 0; the pod's claim is on card 1, and so are its container's shares.
+        found = {(s.name, s.labels.get("gpu"), s.labels.get("container")): s.value
+                 for family in text_string_to_metric_families(_metrics(port)) for s in family.samples}
+        assert found[("gpushard_container_shares", "1", "c0")] == 25
+        assert ("gpushard_container_shares", "0", "c0") not in found
+        assert (found[("gpushard_card_shares_allocated", "1", None)],
+                found[("gpushard_card_shares_allocated", "0", None)]) == (25, 0)
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=20)
     finally:
@@ -80,6 +111,7 @@ def test_the_agent_publishes_registers_prepares_and_stops(setup, plugin_dir):
             proc.kill()
             proc.communicate()
         kubelet.stop()
+        lister.stop()
     assert proc.returncode == 0, err
     assert not os.path.exists(registration)
     assert not os.path.exists(os.path.join(folders[1], names.DRA_DRIVER, "dra.sock"))

@@ -11,6 +11,9 @@ a fake /proc tree with cgroup files in three runtime layouts, and NVML process l
 - a container restart (new container ID) is attributed at once through the pod's UID, and by name once
   the API shows the new ID;
 - the memory cap appears only when isolation gives one;
+- a pod placed by its memory ask (gpushard.io/memory-mib) gets one memory-asked series per card it holds
+  shares of, however many of its containers hold them; other pods, and an unreadable annotation, get none;
+  a pod that arrives after the agent listed the node's pods is found by a new list;
 - PodResources down: card series stay but the shares held (unknown, not 0) and the unattributed
   figures go, container series go, and podresources_up says 0;
 - the metrics served over TLS on the agent's own port, and `gpushard agent --metrics-port` end to end
@@ -206,6 +209,50 @@ def test_the_memory_cap_appears_only_with_isolation(node):
     assert value(s, "gpushard_container_memory_cap_bytes", pod="batch") == 6553 << 20
     s = node.make(exporting.memory_cap_for("none", 100))()
     assert not any(n == "gpushard_container_memory_cap_bytes" for n, _ in s)
+
+
+def annotated(pod: fakenode.Pod, mib: str) -> dict:
+    obj = pod.api_object(NODE)
+    obj["metadata"]["annotations"] = {"gpushard.io/memory-mib": mib}
+    return obj
+
+
+def test_a_pod_placed_by_its_memory_ask_shows_what_it_asked(node):
+    by_name = {p.name: p for p in node.fake.pods}
+    node.kube.put("pods", annotated(by_name["infer"], "6144"))
+    node.kube.put("pods", annotated(by_name["batch"], "12Gi"))  # not gpushard's writing: no series
+    s = node.make()()
+    asked = {(n, ls): v for (n, ls), v in s.items() if n == "gpushard_pod_memory_asked_bytes"}
+    assert asked == {("gpushard_pod_memory_asked_bytes", frozenset(dict(
+        node=NODE, namespace="ml", pod="infer", gpu="0", UUID="GPU-aaaa", modelName="NVIDIA L4").items())): 6144 << 20}
+
+    # A pod that arrives after the agent listed the node's pods: its unknown name makes the agent list them again.
+    scrape = node.make()
+    scrape()
+    sized = fakenode.Pod("lab", "sized", [fakenode.Container("app", 1, 20, 70)])
+    node.fake.pods.append(sized)
+    node.fake.sync()
+    node.server.set(node.fake.pod_resources())
+    node.kube.put("pods", annotated(sized, "3000"))
+    lists = node.pods.lists
+    s = scrape()
+    assert node.pods.lists > lists
+    assert value(s, "gpushard_pod_memory_asked_bytes", pod="sized", gpu="1") == 3000 << 20
+    assert value(s, "gpushard_pod_memory_asked_bytes", pod="infer") == 6144 << 20
+
+
+def test_the_memory_asked_is_one_series_per_pod():
+    card = nvml.Card(0, "GPU-aaaa", "NVIDIA L4", 16384)
+    rows = [exporting.ContainerRow("ml", "pair", name, 10, 0, None, memory_asked_bytes=3 << 30)
+            for name in ("a", "b")]
+    rows.append(exporting.ContainerRow("ml", "plain", "c", 10, 0, None))
+    obs = exporting.Observation(NODE, 100, [exporting.CardRow(card, True, True, None, 30, containers=rows)], True)
+    reg = exporting.new_registry(lambda: obs)
+    s = parse(exporting.text(reg))
+    assert [(dict(ls)["pod"], v) for (n, ls), v in s.items() if n == "gpushard_pod_memory_asked_bytes"] == [
+        ("pair", 3 << 30)]
+    assert {k for (n, ls) in s if n == "gpushard_pod_memory_asked_bytes" for k, _ in ls} == {
+        "node", "namespace", "pod", "gpu", "UUID", "modelName"}
 
 
 def test_unhealthy_card_and_xids(node):

@@ -189,7 +189,7 @@ class Preparer:
             except (OSError, cdi.CdiError) as exc:
                 raise PrepareError(f"gpushard: cannot write the CDI spec for claim {named}: {exc}") from None
             self.checkpoint.claims[uid] = {"namespace": namespace, "name": name,
-                                           "devices": [_listed(d) for d in devices]}
+                                           "devices": [_listed(d) for d in devices], **_holder_of(claim)}
             self.checkpoint.save()
             log.info("gpushard: prepared claim %s (%s): %s", named, uid,
                      ", ".join(f"{r.device} x{r.shares}" for r in results))
@@ -226,6 +226,22 @@ class Preparer:
         # The fraction is always there: CDI refuses a device with no edits, and it tells the pod its part.
         return allocation.combined(allocation.Allocation({names.FRACTION_ENV: fraction}), limits)
 
+    def cards_by_pod(self) -> dict[tuple[str, str], int]:
+        """(namespace, pod) -> card index of each prepared claim reserved for one pod: which card a pod's
+        containers use, for the metrics (PodResources names no card under backend dra). A claim prepared
+        before the checkpoint recorded its pod is left out."""
+        with self._lock:
+            found = {}
+            for entry in self.checkpoint.claims.values():
+                pod = entry.get("pod")
+                if not isinstance(pod, dict):
+                    continue
+                for device in entry.get("devices") or []:
+                    card = draobjects.card_index(device.get("device_name"))
+                    if card is not None:
+                        found[(str(entry.get("namespace")), str(pod.get("name")))] = card
+            return found
+
     def unprepare(self, namespace: str, uid: str, name: str) -> None:
         with self._lock:
             removed = cdi.remove(self.cdi_dir, uid)
@@ -235,6 +251,16 @@ class Preparer:
             elif removed:
                 log.info("gpushard: removed a CDI spec for claim %s/%s (%s) the checkpoint did not list",
                          namespace, name, uid)
+
+
+def _holder_of(claim: dict) -> dict:
+    """The checkpoint's record of the one pod a claim is reserved for (none when it is not exactly one)."""
+    reserved = (claim.get("status") or {}).get("reservedFor")
+    pods = [r for r in reserved if isinstance(r, dict) and r.get("resource") == "pods"] \
+        if isinstance(reserved, list) else []
+    if len(pods) != 1:
+        return {}
+    return {"pod": {"name": str(pods[0].get("name")), "uid": str(pods[0].get("uid"))}}
 
 
 def _listed(device: Prepared) -> dict:

@@ -14,7 +14,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import core as prom
@@ -31,6 +31,7 @@ DEFAULT_PORT = 9401
 HANDSHAKE_TIMEOUT_S = 10.0
 CARD_LABELS = ("node", "gpu", "UUID", "modelName")
 CONTAINER_LABELS = ("node", "namespace", "pod", "container", "gpu", "UUID", "modelName")
+POD_LABELS = ("node", "namespace", "pod", "gpu", "UUID", "modelName")
 
 
 @dataclass
@@ -46,6 +47,8 @@ class ContainerRow:
     used_bytes: int = 0
     processes: int = 0
     sm_percent: float = 0.0  # its processes' share of the card's SM time, summed
+    # Its pod's memory ask, where the pod was placed by one (gpushard.io/memory-mib): the pod's, not its own.
+    memory_asked_bytes: int | None = None
 
     @property
     def over_share(self) -> bool:
@@ -126,6 +129,10 @@ class Observer:
         candidates = [row for key, row in holders.items() if key[:2] == (pod.namespace, pod.pod)]
         return candidates[0] if len(candidates) == 1 else None
 
+    def _memory_asked(self, row: ContainerRow) -> int | None:
+        pod = self.pods.named(row.namespace, row.pod) if self.pods is not None else None
+        return pod.memory_asked_mib * nvml.MIB if pod is not None and pod.memory_asked_mib else None
+
     def observe(self) -> Observation:
         started = time.perf_counter()
         snapshot = self.board.snapshot() if self.board is not None else None
@@ -159,6 +166,7 @@ class Observer:
             for r in holders.values():
                 r.share_bytes = r.shares * total // self.policy.shares_per_card
                 r.cap_bytes = self.memory_cap(card, r.shares)
+                r.memory_asked_bytes = self._memory_asked(r)
             row.shares_allocated = sum(r.shares for r in holders.values())
             for proc in row.usage.processes if row.usage else ():
                 owner = self._owner(proc.pid, holders)
@@ -209,6 +217,9 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
                    "reports it per process)", CONTAINER_LABELS)
     k_over = gauge("gpushard_container_over_share",
                    "1 when the container uses more of the card's memory than its shares give it", CONTAINER_LABELS)
+    p_asked = gauge("gpushard_pod_memory_asked_bytes",
+                    "The memory a pod placed by its memory ask asked (gpushard.io/memory-mib), on the card it "
+                    "holds shares of", POD_LABELS)
     for row in obs.cards:
         labels = [obs.node, str(row.card.index), row.card.uuid, row.card.model]
         g_cap.add_metric(labels, obs.shares_per_card)
@@ -226,7 +237,10 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
             if obs.pod_resources_up:
                 g_unattr.add_metric(labels, row.unattributed_bytes)
                 g_unproc.add_metric(labels, row.unattributed_processes)
+        asked: dict[tuple[str, str], int] = {}
         for c in row.containers:
+            if c.memory_asked_bytes is not None:
+                asked[(c.namespace, c.pod)] = c.memory_asked_bytes
             clabels = [obs.node, c.namespace, c.pod, c.container, *labels[1:]]
             k_shares.add_metric(clabels, c.shares)
             k_share.add_metric(clabels, c.share_bytes)
@@ -238,13 +252,16 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
                 if row.usage.process_utilization:
                     k_util.add_metric(clabels, min(1.0, c.sm_percent / 100))
                 k_over.add_metric(clabels, 1 if c.over_share else 0)
+        # One series per pod, not per container: the ask is the pod's (counted as Kubernetes counts requests).
+        for (namespace, pod), value in sorted(asked.items()):
+            p_asked.add_metric([obs.node, namespace, pod, *labels[1:]], value)
     up = gauge("gpushard_agent_podresources_up", "1 when the kubelet's PodResources API answered this scrape; "
                "at 0 the shares held are unknown and have no series", ["node"])
     up.add_metric([obs.node], 1 if obs.pod_resources_up else 0)
     took = gauge("gpushard_agent_scrape_duration_seconds", "Time to gather this scrape", ["node"])
     took.add_metric([obs.node], obs.seconds)
     yield from (g_total, g_used, g_util, g_cap, g_alloc, g_health, c_xid, g_unattr, g_unproc,
-                k_shares, k_used, k_share, k_cap, k_procs, k_util, k_over, up, took)
+                k_shares, k_used, k_share, k_cap, k_procs, k_util, k_over, p_asked, up, took)
     if obs.dra_conflicts is not None:
         count = gauge("gpushard_agent_dra_conflicts",
                       "DRA drivers whose ResourceSlices offer this node's GPUs besides gpushard (should be 0)",
@@ -385,8 +402,12 @@ class Server:
 
 
 def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board, api,
-          node_name: str | None, conflicts=None) -> Server | None:
-    """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts."""
+          node_name: str | None, conflicts=None,
+          cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None) -> Server | None:
+    """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts.
+
+    ``cards_by_pod`` (backend dra: the DRA plugin's prepared claims) says which card each pod's
+    containers use, where PodResources names none."""
     if not args.metrics_port:
         return None
     policy = settings.policy
@@ -400,7 +421,7 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
         pods = podlisting.NodePods(api, node_name)
     client = podresources.Client(args.pod_resources_socket)
     # Isolation, where configured, caps each container's memory; without it there is no cap to report.
-    observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy),
+    observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy, cards_by_pod),
                         attributing.ProcReader(args.proc_root), pods,
                         memory_cap_for(policy.isolation, policy.shares_per_card), conflicts)
     reviewer = authorizing.Reviewer(api, node_name or "") if api is not None else None

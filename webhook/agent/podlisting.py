@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import kubernetes
 
+from webhook.core import objects
+
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL_S = 5.0  # at most one list per this long, however many unknown containers a scrape finds
@@ -36,6 +38,7 @@ class PodName:
     namespace: str
     pod: str
     containers: tuple[str, ...]
+    memory_asked_mib: int = 0  # a pod placed by its memory ask: what it asked (gpushard.io/memory-mib)
 
 
 def strip_runtime(container_id: str) -> str:
@@ -67,7 +70,7 @@ def index_pods(items: list[dict]) -> tuple[dict[str, ContainerName], dict[str, P
                     if isinstance(cid, str) and cid:
                         by_id[strip_runtime(cid)] = ContainerName(namespace, name, cname)
         if isinstance(uid, str):
-            by_uid[uid] = PodName(namespace, name, tuple(containers))
+            by_uid[uid] = PodName(namespace, name, tuple(containers), objects.memory_asked_mib(pod))
     return by_id, by_uid
 
 
@@ -87,6 +90,7 @@ class NodePods:
         self._listed_at: float | None = None
         self._by_id: dict[str, ContainerName] = {}
         self._by_uid: dict[str, PodName] = {}
+        self._by_name: dict[tuple[str, str], PodName] = {}
         self.lists = 0
         self.errors = 0
 
@@ -106,22 +110,29 @@ class NodePods:
             log.warning("gpushard: cannot list the pods on node %r: %s", self.node_name, exc)
             return
         self._by_id, self._by_uid = index_pods(body.get("items") or [])
+        self._by_name = {(p.namespace, p.pod): p for p in self._by_uid.values()}
 
-    def _fresh(self, want_id: str | None) -> None:
+    def _fresh(self, unknown: bool = False) -> None:
+        """List again when stale, or when the caller asks about something unknown (rate-limited)."""
         now = self._clock()
         age = None if self._listed_at is None else now - self._listed_at
-        if age is None or age >= self.max_age or (want_id is not None and want_id not in self._by_id
-                                                  and age >= self.min_interval):
+        if age is None or age >= self.max_age or (unknown and age >= self.min_interval):
             self._list()
 
     def container(self, container_id: str) -> ContainerName | None:
         """Names of the container with this runtime ID, listing the pods again if it is new."""
         with self._lock:
-            self._fresh(container_id)
+            self._fresh(container_id not in self._by_id)
             return self._by_id.get(container_id)
 
     def pod(self, uid: str) -> PodName | None:
         """The pod with this UID, as last listed."""
         with self._lock:
-            self._fresh(None)
+            self._fresh()
             return self._by_uid.get(uid)
+
+    def named(self, namespace: str, pod: str) -> PodName | None:
+        """The pod of this name, listing the pods again if it is new (a pod the kubelet just admitted)."""
+        with self._lock:
+            self._fresh((namespace, pod) not in self._by_name)
+            return self._by_name.get((namespace, pod))

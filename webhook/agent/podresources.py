@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -49,6 +50,24 @@ def holdings(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy) -
     return found
 
 
+def dra_holdings(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy,
+                 cards_by_pod: Mapping[tuple[str, str], int]) -> list[Holding]:
+    """The card shares in a List answer under backend dra: each container's count of the node-wide
+    ``gpushard.io/gpu`` (its own shares: the device plugin still serves that count), on the card of the
+    claim prepared for its pod (``cards_by_pod``, from the DRA plugin's checkpoint). The IDs name no card
+    and there is no per-card resource; a pod with no claim prepared here holds nothing we can place."""
+    found = []
+    for pod in response.pod_resources:
+        card = cards_by_pod.get((pod.namespace, pod.name))
+        if card is None:
+            continue
+        for container in pod.containers:
+            shares = sum(len(d.device_ids) for d in container.devices if d.resource_name == policy.resources.shares)
+            if shares > 0:
+                found.append(Holding(pod.namespace, pod.name, container.name, card, shares))
+    return found
+
+
 class Client:
     """A client of the kubelet's PodResources socket; the channel reconnects when the kubelet restarts."""
 
@@ -71,7 +90,11 @@ class Client:
             raise PodResourcesError(f"PodResources List on {self.socket}: {exc.code().name} {exc.details()}") \
                 from None
 
-    def holdings(self, policy: policy_mod.Policy) -> list[Holding]:
+    def holdings(self, policy: policy_mod.Policy,
+                 cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None) -> list[Holding]:
+        """The card shares held on the node; with ``cards_by_pod`` (backend dra), from the prepared claims."""
+        if cards_by_pod is not None:
+            return dra_holdings(self.list(), policy, cards_by_pod())
         return holdings(self.list(), policy)
 
     def close(self) -> None:

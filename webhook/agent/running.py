@@ -232,7 +232,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                  ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
         try:
             metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name,
-                                      conflicts=agent.conflicts)
+                                      conflicts=agent.conflicts,
+                                      cards_by_pod=agent.dra.plugin.preparer.cards_by_pod if agent.dra else None)
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}")
         while not stop.wait(1.0):

@@ -490,10 +490,7 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
 
 def _memory_asked(pod: dict) -> tuple[Ref, int]:
     """The MiB a pod placed by its memory ask asked, from gpushard's annotation (0 when none)."""
-    annotations = _dict(_dict(pod.get("metadata")).get("annotations"))
-    text = annotations.get(names.MEMORY_ANNOTATION)
-    mib = int(text) if isinstance(text, str) and text.isascii() and text.isdigit() and len(text) < 10 else 0
-    return ref_of(pod), mib
+    return ref_of(pod), objects.memory_asked_mib(pod)
 
 
 def _stranded(nodes: list[NodeUse], pending: list[tuple[Holder, int]],

@@ -45,6 +45,12 @@ def terminal(pod: dict) -> bool:
     return mapping(pod.get("status")).get("phase") in TERMINAL_PHASES
 
 
+def memory_asked_mib(pod: dict) -> int:
+    """The MiB a pod placed by its memory ask asked, from gpushard's annotation (0 when none or unreadable)."""
+    text = mapping(meta(pod).get("annotations")).get(names.MEMORY_ANNOTATION)
+    return int(text) if isinstance(text, str) and text.isascii() and text.isdigit() and len(text) < 10 else 0
+
+
 def controller(obj_meta: Mapping) -> dict | None:
     """The owner reference marked as the object's controller, if any."""
     refs = obj_meta.get("ownerReferences")
