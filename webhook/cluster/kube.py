@@ -13,7 +13,8 @@ names (where it was chosen) until it binds or goes away, however long that takes
 choice and the watch showing its pod the view would not know of the pod, so a burst of pods
 would all pick the same nearly full card; ``remember`` therefore counts each choice on its node
 until the watch shows a pod that accounts for it, or for at most ``remember_ttl`` seconds (a
-pod the API server refused never shows). Choices expire oldest first, each in constant time.
+pod the API server refused never shows). Choices expire oldest first, each in constant time
+(the ledger of ``remembering``).
 
 The time to live is short (seconds): once the watch shows the pod, unbound or bound, the pod
 itself counts, so a choice only has to bridge the API server storing the pod and its watch
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +37,7 @@ import kubernetes
 
 from webhook import connecting
 from webhook import settings as settings_mod
-from webhook.cluster import informing, static
+from webhook.cluster import informing, remembering, static
 from webhook.core import objects, placement
 from webhook.core.policy import Policy
 
@@ -64,18 +64,6 @@ class _Pod:
     shares: dict[int, int]  # card index -> shares held, counted as Kubernetes counts a pod
     active: bool
     preferred: str | None  # the node gpushard's preferred affinity term names, if any
-
-
-@dataclass(slots=True)
-class _Entry:
-    """A choice counted on its node until a pod accounts for it or it expires."""
-
-    node: str
-    card: int
-    shares: int
-    deadline: float
-    held_deadline: float = math.inf  # how long it counts while the pods watch is down
-    number: int = 0  # its place among the remembered choices, oldest first
 
 
 # --- reading API objects (raw JSON: the typed models are too slow for thousands of pods) --------
@@ -153,18 +141,10 @@ class KubeView:
         self._base: dict[str, placement.Node] = {}  # nodes as listed, no shares used
         self._pods: dict[str, _Pod] = {}
         self._used: collections.Counter = collections.Counter()  # (node, card) -> shares of bound pods
-        # Remembered choices, oldest first (so soonest to expire: one time to live for all), and
-        # the same by (card, shares) and by (node, card, shares), for a pod to find its own.
-        # OrderedDicts: their first item is found in constant time however many went before it,
-        # where a plain dict scans the slots of the items deleted from its front.
-        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
-        self._by_ask: dict[tuple, collections.OrderedDict[int, _Entry]] = {}
-        self._by_place: dict[tuple, collections.OrderedDict[int, _Entry]] = {}
-        self._numbers = 0
+        self._ledger = remembering.Ledger()  # remembered choices not yet accounted for
         self._waiting: dict[str, str] = {}  # uid of an unbound pod -> the node it counts on
         # (node, card) -> shares of remembered choices and of unbound pods counted on the node.
         self._tentative: collections.Counter = collections.Counter()
-        self._next_deadline = math.inf
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
@@ -193,7 +173,7 @@ class KubeView:
 
     def snapshot(self) -> placement.View | None:
         """The latest view, or None before the first sync; never waits on the watch threads."""
-        if (self._inbox or self._next_deadline <= self._clock()) and self._lock.acquire(blocking=False):
+        if (self._inbox or self._ledger.next_deadline <= self._clock()) and self._lock.acquire(blocking=False):
             try:
                 self._refresh(self._catch_up())
             finally:
@@ -205,12 +185,12 @@ class KubeView:
         if node is None or shares <= 0:
             return
         now = self._clock()
-        self._inbox.append(_Entry(node, card, shares, now + self._ttl, now + self._held_ttl))
+        self._inbox.append(remembering.Entry(node, card, shares, now + self._ttl, now + self._held_ttl))
         # The watch thread holds the lock for well under a millisecond per event; a relist can
         # take longer, and then the thread applies the entry itself when it is done.
         if self._lock.acquire(timeout=REMEMBER_WAIT_S):
             try:
-                if len(self._inbox) == 1 and self._next_deadline > self._clock():
+                if len(self._inbox) == 1 and self._ledger.next_deadline > self._clock():
                     # The usual call: one choice to count and nothing due to expire, so one card changes.
                     entry = self._inbox.popleft()
                     self._add_entry(entry)
@@ -234,8 +214,8 @@ class KubeView:
             touched.add(entry.node)
         now = self._clock()
         held = PODS not in self._streaming
-        while self._next_deadline <= now:
-            entry = next(iter(self._entries.values()))
+        while self._ledger.next_deadline <= now:
+            entry = self._ledger.oldest()
             if held and entry.held_deadline > now:
                 break  # no pod can show while the watch is down: the choice still stands for one
             self._drop_entry(entry)
@@ -248,45 +228,13 @@ class KubeView:
         if self._tentative[key] <= 0:
             del self._tentative[key]
 
-    def _add_entry(self, entry: _Entry) -> None:
-        self._numbers += 1
-        entry.number = self._numbers
-        self._entries[entry.number] = entry
-        for table, key in ((self._by_ask, (entry.card, entry.shares)),
-                           (self._by_place, (entry.node, entry.card, entry.shares))):
-            group = table.get(key)
-            if group is None:  # not setdefault: that would build an OrderedDict on every call
-                group = table[key] = collections.OrderedDict()
-            group[entry.number] = entry
+    def _add_entry(self, entry: remembering.Entry) -> None:
+        self._ledger.add(entry)
         self._count(entry.node, entry.card, entry.shares)
-        self._next_deadline = min(self._next_deadline, entry.deadline)
 
-    def _drop_entry(self, entry: _Entry) -> None:
-        del self._entries[entry.number]
-        for table, key in ((self._by_ask, (entry.card, entry.shares)),
-                           (self._by_place, (entry.node, entry.card, entry.shares))):
-            group = table[key]
-            del group[entry.number]
-            if not group:
-                del table[key]
+    def _drop_entry(self, entry: remembering.Entry) -> None:
+        self._ledger.drop(entry)
         self._count(entry.node, entry.card, -entry.shares)
-        # Entries are kept in the order they expire: the oldest left is the next due.
-        self._next_deadline = next(iter(self._entries.values())).deadline if self._entries else math.inf
-
-    def _entry_for(self, pod: _Pod) -> _Entry | None:
-        """The oldest remembered choice that ``pod`` accounts for, if any.
-
-        A pod with gpushard's preferred term was chosen on that node: only an entry there can be
-        its own (another replica's pod of the same size must not take this process's entry). A
-        pod without one takes the oldest entry of its card and shares, preferring its node.
-        """
-        card, shares = min(pod.shares.items())
-        if pod.preferred:
-            group = self._by_place.get((pod.preferred, card, shares))
-        else:
-            group = self._by_place.get((pod.node, card, shares)) if pod.node else None
-            group = group or self._by_ask.get((card, shares))
-        return next(iter(group.values())) if group else None
 
     def _node(self, name: str) -> placement.Node | None:
         """The node as the view shows it: its listed state with the shares held and remembered.
@@ -404,7 +352,7 @@ class KubeView:
             return touched
         self._pods[uid] = pod
         # A pod new to the view accounts for the choice made for it, bound or not.
-        entry = self._entry_for(pod) if old is None else None
+        entry = self._ledger.entry_for(pod.shares, pod.preferred, pod.node) if old is None else None
         if entry is not None:
             self._drop_entry(entry)
             touched.add(entry.node)
