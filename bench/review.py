@@ -104,8 +104,8 @@ class Clock:
 def live_view(nodes: int, pods: int, clock: Clock) -> kube.KubeView:
     settings = settings_mod.Settings()
     view = kube.KubeView(None, settings.policy, clock=clock)
-    view._apply_list(kube.NODES, [node(i) for i in range(nodes)])
-    view._apply_list(kube.PODS, [pod(i, nodes) for i in range(pods)])
+    view.apply_list(kube.NODES, [node(i) for i in range(nodes)])
+    view.apply_list(kube.PODS, [pod(i, nodes) for i in range(pods)])
     return view
 
 
@@ -211,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                                                  "effect": "NoSchedule"},))
     for i in range(args.rounds):
         n = args.nodes * 4 + i
-        view._apply_event(kube.PODS, "ADDED", pod(n, args.nodes, shares=1))
+        view.apply_event(kube.PODS, "ADDED", pod(n, args.nodes, shares=1))
         timed.append(one_review())
-        view._apply_event(kube.PODS, "DELETED", pod(n, args.nodes, shares=1))
+        view.apply_event(kube.PODS, "DELETED", pod(n, args.nodes, shares=1))
         started = now()
         choice = placement.choose(view.snapshot(), ask)
         choices.append(now() - started)

@@ -33,7 +33,8 @@ COMMANDS = ("webhook.auditing", "webhook.reviewing", "webhook.installing", "webh
 # The few modules that talk to the API server through the kubernetes client library; everything
 # else reads plain JSON (webhook.core.objects) or goes through webhook.connecting.
 KUBERNETES_CLIENTS = {
-    "webhook.connecting", "webhook.cluster.kube", "webhook.cluster.templates", "webhook.auditing",
+    "webhook.connecting", "webhook.cluster.informing", "webhook.cluster.kube", "webhook.cluster.templates",
+    "webhook.auditing",
     "webhook.installing", "webhook.top", "webhook.relocation.controller", "webhook.relocation.lease",
     "webhook.agent.authorizing", "webhook.agent.conflicting", "webhook.agent.drabackend", "webhook.agent.draplugin",
     "webhook.agent.draslices", "webhook.agent.podlisting", "webhook.agent.publishing",

@@ -199,7 +199,7 @@ def test_an_unreachable_api_leaves_no_view_and_admission_still_answers(fake):
                                watch_timeout=5, backoff=(0.05, 0.2))
     try:
         # Let it try and fail a few times; nothing may appear, and nothing may block.
-        o.wait_for(lambda: all(t.is_alive() for t in view._threads), what="the watch threads")
+        o.wait_for(lambda: all(t.is_alive() for t in view.informer.threads), what="the watch threads")
         for _ in range(20):
             assert view.snapshot() is None
             assert not view.synced()
@@ -211,7 +211,7 @@ def test_an_unreachable_api_leaves_no_view_and_admission_still_answers(fake):
         assert any(w.startswith("gpushard: no cluster view") for w in decision.warnings)
     finally:
         view.close()
-    assert not any(t.is_alive() for t in view._threads)
+    assert not any(t.is_alive() for t in view.informer.threads)
 
 
 def test_close_stops_watching_threads(fake, start_view):
@@ -220,7 +220,7 @@ def test_close_stops_watching_threads(fake, start_view):
     o.wait_for(view.snapshot, what="the first sync")
     o.wait_for(lambda: _requests(fake, "/api/v1/nodes", watch=True) >= 1, what="the node watch")
     view.close()
-    assert not any(t.is_alive() for t in view._threads)
+    assert not any(t.is_alive() for t in view.informer.threads)
 
 
 def test_start_without_any_config_gives_a_view_that_never_syncs(monkeypatch, tmp_path):
@@ -231,7 +231,7 @@ def test_start_without_any_config_gives_a_view_that_never_syncs(monkeypatch, tmp
     for view in (kube.KubeView.start(), cluster.open_view(None, 100, settings_mod.Settings())):
         try:
             assert isinstance(view, kube.KubeView)
-            assert view.snapshot() is None and not view.synced() and view._threads == []
+            assert view.snapshot() is None and not view.synced() and view.informer.threads == []
         finally:
             view.close()
 

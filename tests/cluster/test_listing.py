@@ -135,7 +135,7 @@ def test_only_placement_fields_are_kept(fake, start_view):
     assert all(isinstance(p, kube._Pod) for p in view._pods.values())
     # Walk everything the view's state refers to: no dict of an API object is left in it.
     gc.collect()
-    todo = [view._pods, view._base, view._view, view._current, view._entries]
+    todo = [view._pods, view._base, view._view, view._current, view._ledger]
     seen: set[int] = set()
     while todo:
         item = todo.pop()

@@ -57,19 +57,19 @@ steps = st.one_of(
 def test_incremental_view_equals_a_rebuild(plan, sizes):
     clock = Clock()
     view = kube.KubeView(None, POLICY, clock=clock)
-    view._apply_list(kube.NODES, {n: kube.read_node(o.node(n, {0: 100, 1: 100}), POLICY) for n in NODES[:2]})
-    view._apply_list(kube.PODS, {})
+    view.apply_list(kube.NODES, {n: kube.read_node(o.node(n, {0: 100, 1: 100}), POLICY) for n in NODES[:2]})
+    view.apply_list(kube.PODS, {})
     for step in plan:
         kind = step[0]
         if kind == "node":
             _, name, cards, pool = step
             obj = o.node(name, cards, labels={"pool": pool})
-            view._apply_event(kube.NODES, "MODIFIED", obj)
+            view.apply_event(kube.NODES, "MODIFIED", obj)
         elif kind == "pod":
             _, i, card, shares, node, phase = step
-            view._apply_event(kube.PODS, "MODIFIED", o.pod(f"p{i}", card, shares, node, phase=phase))
+            view.apply_event(kube.PODS, "MODIFIED", o.pod(f"p{i}", card, shares, node, phase=phase))
         elif kind == "delete":
-            view._apply_event(kube.PODS, "DELETED", o.pod(f"p{step[1]}", 0, 1))
+            view.apply_event(kube.PODS, "DELETED", o.pod(f"p{step[1]}", 0, 1))
         elif kind == "remember":
             view.remember(step[1], step[2], step[3])
         else:

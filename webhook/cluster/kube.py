@@ -1,9 +1,10 @@
 """The live cluster view: shared nodes and gpushard pods, listed then watched from the Kubernetes API.
 
-Two daemon threads (nodes, pods) each list, then watch from the list's resourceVersion, relist
-on 410 Gone, and reconnect with backoff when the API fails or drops the connection. They keep
-an immutable ``placement.View`` up to date node by node (``placement.replace_nodes``), so an
-admission takes ``snapshot()`` without waiting on anything. Lists come in pages, each reduced to
+An informer (``informing.Informer``: a daemon thread each for nodes and pods) lists, then
+watches from the list's resourceVersion, relists on 410 Gone, and reconnects with backoff when
+the API fails or drops the connection; the view is its sink. It keeps an immutable
+``placement.View`` up to date node by node (``placement.replace_nodes``), so an admission takes
+``snapshot()`` without waiting on anything. Lists come in pages, each reduced to
 what placement reads before the next; nodes are those the agent labelled with its cards.
 
 Shares a pod holds count on its node and card from the moment the watch shows it bound. A pod
@@ -12,7 +13,8 @@ names (where it was chosen) until it binds or goes away, however long that takes
 choice and the watch showing its pod the view would not know of the pod, so a burst of pods
 would all pick the same nearly full card; ``remember`` therefore counts each choice on its node
 until the watch shows a pod that accounts for it, or for at most ``remember_ttl`` seconds (a
-pod the API server refused never shows). Choices expire oldest first, each in constant time.
+pod the API server refused never shows). Choices expire oldest first, each in constant time
+(the ledger of ``remembering``).
 
 The time to live is short (seconds): once the watch shows the pod, unbound or bound, the pod
 itself counts, so a choice only has to bridge the API server storing the pod and its watch
@@ -25,22 +27,18 @@ list) no pod can take a choice over, so choices are kept up to ``remember_held_t
 from __future__ import annotations
 
 import collections
-import contextlib
-import gc
-import json
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import kubernetes
 
 from webhook import connecting
 from webhook import settings as settings_mod
-from webhook.cluster import static
-from webhook.core import names, objects, placement
+from webhook.cluster import informing, remembering, static
+from webhook.core import objects, placement
 from webhook.core.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -52,29 +50,12 @@ log = logging.getLogger(__name__)
 REMEMBER_TTL_S = 5.0
 # ... and while the pods watch is down, when no pod can show and take its choice over.
 REMEMBER_HELD_TTL_S = static.REMEMBER_TTL_S
-# Server-side watch length; the API server ends watches itself too, and we resume from the last
-# resourceVersion. The read timeout above it catches connections that died silently.
-WATCH_TIMEOUT_S = 300
-LIST_TIMEOUT_S = 120
-# Lists come in pages: each is read and parsed on its own, and only the fields placement needs
-# are kept, so neither memory nor the interpreter lock held by one json.loads grows with the
-# cluster. 500 realistic pods are a few MiB of JSON, parsed in tens of milliseconds.
-LIST_PAGE = 500
-# A continue token the API server no longer honours (410 Gone) restarts the list; a list that
-# keeps losing its token (history compacted faster than we read) is an error that backs off.
-LIST_RESTARTS = 3
-CONNECT_TIMEOUT_S = 10
-BACKOFF_S = (0.5, 30.0)
+# The informer's settings, here too for those who configure the view.
+WATCH_TIMEOUT_S = informing.WATCH_TIMEOUT_S
+LIST_PAGE = informing.LIST_PAGE
+BACKOFF_S = informing.BACKOFF_S
 REMEMBER_WAIT_S = 0.05
-NODES, PODS = "nodes", "pods"
-
-
-class _Gone(Exception):
-    """The watch's resourceVersion is too old (410 Gone): list again."""
-
-
-class _ContinueGone(Exception):
-    """A list's continue token expired between two pages (410 Gone): start the list over."""
+NODES, PODS = informing.NODES, informing.PODS
 
 
 @dataclass(slots=True)
@@ -83,18 +64,6 @@ class _Pod:
     shares: dict[int, int]  # card index -> shares held, counted as Kubernetes counts a pod
     active: bool
     preferred: str | None  # the node gpushard's preferred affinity term names, if any
-
-
-@dataclass(slots=True)
-class _Entry:
-    """A choice counted on its node until a pod accounts for it or it expires."""
-
-    node: str
-    card: int
-    shares: int
-    deadline: float
-    held_deadline: float = math.inf  # how long it counts while the pods watch is down
-    number: int = 0  # its place among the remembered choices, oldest first
 
 
 # --- reading API objects (raw JSON: the typed models are too slow for thousands of pods) --------
@@ -135,7 +104,7 @@ def read_pod(obj: dict, policy: Policy) -> _Pod | None:
                 placement.preferred_node(spec))
 
 
-def _api_client() -> kubernetes.client.ApiClient | None:
+def default_api_client() -> kubernetes.client.ApiClient | None:
     """A client for the API server from the one kubeconfig loader (kubectl's order; in a pod, the
     in-cluster service account); None without any."""
     try:
@@ -151,9 +120,8 @@ def _api_client() -> kubernetes.client.ApiClient | None:
 class KubeView:
     """The cluster as the Kubernetes API shows it, kept current by list and watch.
 
-    ``webhook.relocation.cache.Cache`` follows the same resources with this list/watch machinery and keeps
-    its own state: it overrides ``_reduce``, ``_apply_list`` and ``_apply_event`` (what a page or
-    an event leaves behind) and wraps ``_call`` and ``_watch`` (to know when it has a gap).
+    A sink of one ``informing.Informer`` (``informer``): it lists and watches; this class keeps
+    what placement reads from the pages and events it hands over.
     """
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None, policy: Policy, *,
@@ -161,58 +129,40 @@ class KubeView:
                  watch_timeout: int = WATCH_TIMEOUT_S,
                  backoff: tuple[float, float] = BACKOFF_S, clock: Callable[[], float] = time.monotonic,
                  page_size: int = LIST_PAGE):
-        self._api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
+        self.informer = informing.Informer(api_client, self, watch_timeout=watch_timeout, backoff=backoff,
+                                           page_size=page_size)
         self._policy = policy
         self._ttl = remember_ttl
         self._held_ttl = max(remember_ttl, remember_held_ttl)
-        self._watch_timeout = watch_timeout
-        self._backoff = backoff
         self._clock = clock
-        self._page_size = page_size
         self._lock = threading.Lock()  # guards everything below but _view and _inbox
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._responses: dict[str, object] = {}  # open watch responses, to cut on close()
         self._streaming: set[str] = set()  # resources whose watch is connected now
         self._listed: set[str] = set()
         self._base: dict[str, placement.Node] = {}  # nodes as listed, no shares used
         self._pods: dict[str, _Pod] = {}
         self._used: collections.Counter = collections.Counter()  # (node, card) -> shares of bound pods
-        # Remembered choices, oldest first (so soonest to expire: one time to live for all), and
-        # the same by (card, shares) and by (node, card, shares), for a pod to find its own.
-        # OrderedDicts: their first item is found in constant time however many went before it,
-        # where a plain dict scans the slots of the items deleted from its front.
-        self._entries: collections.OrderedDict[int, _Entry] = collections.OrderedDict()
-        self._by_ask: dict[tuple, collections.OrderedDict[int, _Entry]] = {}
-        self._by_place: dict[tuple, collections.OrderedDict[int, _Entry]] = {}
-        self._numbers = 0
+        self._ledger = remembering.Ledger()  # remembered choices not yet accounted for
         self._waiting: dict[str, str] = {}  # uid of an unbound pod -> the node it counts on
         # (node, card) -> shares of remembered choices and of unbound pods counted on the node.
         self._tentative: collections.Counter = collections.Counter()
-        self._next_deadline = math.inf
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
         self._view: placement.View | None = None
-        # For the webhook's metrics, by resource: lists and watches made, watches that failed, and
-        # the wall-clock time the API server last said anything (a list, an event, a bookmark).
-        self.lists: collections.Counter = collections.Counter()
-        self.watches: collections.Counter = collections.Counter()
-        self.watch_errors: collections.Counter = collections.Counter()
-        self.heard_at: dict[str, float] = {}
+        # For the webhook's metrics, by resource: the informer's lists and watches made, watches
+        # that failed, and the wall-clock time the API server last said anything.
+        self.lists = self.informer.lists
+        self.watches = self.informer.watches
+        self.watch_errors = self.informer.watch_errors
+        self.heard_at = self.informer.heard_at
 
     @classmethod
     def start(cls, settings: settings_mod.Settings | None = None,
               api_client: kubernetes.client.ApiClient | None = None, **options) -> KubeView:
         """A view of the API server (in-cluster, else kubeconfig) with its watch threads running."""
         settings = settings or settings_mod.Settings()
-        view = cls(api_client if api_client is not None else _api_client(), settings.policy, **options)
-        if view._api is not None:
-            for resource in (NODES, PODS):
-                thread = threading.Thread(target=view._run, args=(resource,), daemon=True,
-                                          name=f"gpushard-watch-{resource}")
-                view._threads.append(thread)
-                thread.start()
+        view = cls(api_client if api_client is not None else default_api_client(), settings.policy, **options)
+        view.informer.start()
         return view
 
     # --- the surface the admission server uses --------------------------------------------------
@@ -223,7 +173,7 @@ class KubeView:
 
     def snapshot(self) -> placement.View | None:
         """The latest view, or None before the first sync; never waits on the watch threads."""
-        if (self._inbox or self._next_deadline <= self._clock()) and self._lock.acquire(blocking=False):
+        if (self._inbox or self._ledger.next_deadline <= self._clock()) and self._lock.acquire(blocking=False):
             try:
                 self._refresh(self._catch_up())
             finally:
@@ -235,12 +185,12 @@ class KubeView:
         if node is None or shares <= 0:
             return
         now = self._clock()
-        self._inbox.append(_Entry(node, card, shares, now + self._ttl, now + self._held_ttl))
+        self._inbox.append(remembering.Entry(node, card, shares, now + self._ttl, now + self._held_ttl))
         # The watch thread holds the lock for well under a millisecond per event; a relist can
         # take longer, and then the thread applies the entry itself when it is done.
         if self._lock.acquire(timeout=REMEMBER_WAIT_S):
             try:
-                if len(self._inbox) == 1 and self._next_deadline > self._clock():
+                if len(self._inbox) == 1 and self._ledger.next_deadline > self._clock():
                     # The usual call: one choice to count and nothing due to expire, so one card changes.
                     entry = self._inbox.popleft()
                     self._add_entry(entry)
@@ -252,14 +202,7 @@ class KubeView:
 
     def close(self) -> None:
         """Stop the watch threads."""
-        self._stop.set()
-        for response in list(self._responses.values()):
-            try:
-                response.shutdown()  # wakes a thread blocked reading the stream
-            except Exception:  # already closed or never connected: nothing to wake
-                pass
-        for thread in self._threads:
-            thread.join(timeout=5)
+        self.informer.close()
 
     # --- keeping the view current (call with the lock held) -------------------------------------
 
@@ -271,8 +214,8 @@ class KubeView:
             touched.add(entry.node)
         now = self._clock()
         held = PODS not in self._streaming
-        while self._next_deadline <= now:
-            entry = next(iter(self._entries.values()))
+        while self._ledger.next_deadline <= now:
+            entry = self._ledger.oldest()
             if held and entry.held_deadline > now:
                 break  # no pod can show while the watch is down: the choice still stands for one
             self._drop_entry(entry)
@@ -285,45 +228,13 @@ class KubeView:
         if self._tentative[key] <= 0:
             del self._tentative[key]
 
-    def _add_entry(self, entry: _Entry) -> None:
-        self._numbers += 1
-        entry.number = self._numbers
-        self._entries[entry.number] = entry
-        for table, key in ((self._by_ask, (entry.card, entry.shares)),
-                           (self._by_place, (entry.node, entry.card, entry.shares))):
-            group = table.get(key)
-            if group is None:  # not setdefault: that would build an OrderedDict on every call
-                group = table[key] = collections.OrderedDict()
-            group[entry.number] = entry
+    def _add_entry(self, entry: remembering.Entry) -> None:
+        self._ledger.add(entry)
         self._count(entry.node, entry.card, entry.shares)
-        self._next_deadline = min(self._next_deadline, entry.deadline)
 
-    def _drop_entry(self, entry: _Entry) -> None:
-        del self._entries[entry.number]
-        for table, key in ((self._by_ask, (entry.card, entry.shares)),
-                           (self._by_place, (entry.node, entry.card, entry.shares))):
-            group = table[key]
-            del group[entry.number]
-            if not group:
-                del table[key]
+    def _drop_entry(self, entry: remembering.Entry) -> None:
+        self._ledger.drop(entry)
         self._count(entry.node, entry.card, -entry.shares)
-        # Entries are kept in the order they expire: the oldest left is the next due.
-        self._next_deadline = next(iter(self._entries.values())).deadline if self._entries else math.inf
-
-    def _entry_for(self, pod: _Pod) -> _Entry | None:
-        """The oldest remembered choice that ``pod`` accounts for, if any.
-
-        A pod with gpushard's preferred term was chosen on that node: only an entry there can be
-        its own (another replica's pod of the same size must not take this process's entry). A
-        pod without one takes the oldest entry of its card and shares, preferring its node.
-        """
-        card, shares = min(pod.shares.items())
-        if pod.preferred:
-            group = self._by_place.get((pod.preferred, card, shares))
-        else:
-            group = self._by_place.get((pod.node, card, shares)) if pod.node else None
-            group = group or self._by_ask.get((card, shares))
-        return next(iter(group.values())) if group else None
 
     def _node(self, name: str) -> placement.Node | None:
         """The node as the view shows it: its listed state with the shares held and remembered.
@@ -441,7 +352,7 @@ class KubeView:
             return touched
         self._pods[uid] = pod
         # A pod new to the view accounts for the choice made for it, bound or not.
-        entry = self._entry_for(pod) if old is None else None
+        entry = self._ledger.entry_for(pod.shares, pod.preferred, pod.node) if old is None else None
         if entry is not None:
             self._drop_entry(entry)
             touched.add(entry.node)
@@ -458,7 +369,9 @@ class KubeView:
             touched.add(standing)
         return touched
 
-    def _reduce(self, resource: str, items, into: dict) -> dict:
+    # --- the informer's sink: what a list page or a watch event leaves in the view ---------------
+
+    def reduce(self, resource: str, items, into: dict) -> dict:
         """Read listed objects into what placement keeps: nodes by name, pods by uid."""
         if resource == NODES:
             for obj in items:
@@ -470,10 +383,10 @@ class KubeView:
                 into[objects.key(obj)] = _tolerant(read_pod, obj, self._policy)
         return into
 
-    def _apply_list(self, resource: str, fresh: dict | list) -> None:
-        """Replace the listed state of ``resource`` with ``fresh``: as ``_reduce`` reads it, or the raw objects."""
+    def apply_list(self, resource: str, fresh: dict | list) -> None:
+        """Replace the listed state of ``resource`` with ``fresh``: as ``reduce`` reads it, or the raw objects."""
         if isinstance(fresh, list):
-            fresh = self._reduce(resource, fresh, {})
+            fresh = self.reduce(resource, fresh, {})
         with self._lock:
             touched = self._catch_up()  # a remembered choice must be in place before its pod shows
             if resource == NODES:
@@ -487,7 +400,7 @@ class KubeView:
             self._listed.add(resource)
             self._refresh(touched | self._catch_up())
 
-    def _apply_event(self, resource: str, kind: str, obj: dict) -> None:
+    def apply_event(self, resource: str, kind: str, obj: dict) -> None:
         with self._lock:
             touched = self._catch_up()
             if resource == NODES:
@@ -497,155 +410,12 @@ class KubeView:
                 touched |= self._set_pod(objects.key(obj), None if kind == "DELETED" else read_pod(obj, self._policy))
             self._refresh(touched | self._catch_up())
 
-    # --- talking to the API server --------------------------------------------------------------
-
-    def _call(self, resource: str, **kwargs):
-        if resource == NODES:
-            # Only nodes the agent has published on offer cards; the rest of a large cluster
-            # would cost every worker memory and watch traffic for nothing.
-            return self._api.list_node(label_selector=names.CARDS_LABEL, _preload_content=False, **kwargs)
-        selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
-        return self._api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False, **kwargs)
-
-    def _list(self, resource: str) -> str:
-        """List ``resource`` page by page and apply it; the resourceVersion to watch from."""
-        for _attempt in range(LIST_RESTARTS):
-            try:
-                fresh, version = self._read_pages(resource)
-            except _ContinueGone:
-                log.info("gpushard: the %s list's continue token expired; listing again", resource)
-                continue
-            self._apply_list(resource, fresh)
-            self.lists[resource] += 1
-            self.heard_at[resource] = time.time()
-            # What the list built lives until the next list: moved out of the collector's sight,
-            # later full collections (set off by admissions' garbage) walk only newer objects.
-            gc.freeze()
-            return version
-        raise RuntimeError(f"the {resource} list lost its continue token {LIST_RESTARTS} times in a row")
-
-    def _read_pages(self, resource: str) -> tuple[dict, str]:
-        """Every page of a list, each parsed and reduced to what placement reads before the next is fetched.
-
-        The view in use stays as it is meanwhile: admissions keep choosing over the last good
-        snapshot until the whole list is in.
-        """
-        fresh: dict = {}
-        token = None
-        version = ""
-        while True:
-            kwargs = {"limit": self._page_size, "_request_timeout": (CONNECT_TIMEOUT_S, LIST_TIMEOUT_S)}
-            if token:
-                kwargs["_continue"] = token
-            try:
-                response = self._call(resource, **kwargs)
-            except kubernetes.client.ApiException as exc:
-                if exc.status == 410 and token:
-                    raise _ContinueGone() from exc
-                raise
-            with _collector_paused():
-                try:
-                    body = json.loads(response.data)
-                finally:
-                    response.release_conn()
-                self._reduce(resource, body.get("items") or (), fresh)
-                meta = body.get("metadata") or {}
-                del body  # the page's objects go before the next page arrives
-            # Every page of one list carries the resourceVersion of the list's snapshot.
-            version = str(meta.get("resourceVersion") or version)
-            token = meta.get("continue")
-            if not token:
-                return fresh, version
-
-    def _watch(self, resource: str, version: str) -> str:
-        """Apply a watch's events until it ends; the last resourceVersion seen."""
-        response = self._call(resource, watch=True, resource_version=version, allow_watch_bookmarks=True,
-                              timeout_seconds=self._watch_timeout,
-                              _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout + 30))
-        self._responses[resource] = response
+    def watch_opened(self, resource: str) -> None:
         self._streaming.add(resource)
-        self.watches[resource] += 1
-        try:
-            for line in _lines(response, self._stop):
-                self.heard_at[resource] = time.time()
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone(obj.get("message", ""))
-                    raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    try:
-                        self._apply_event(resource, kind, obj)
-                    except Exception:  # noqa: BLE001
-                        # One object the view cannot read must not stop the watch: resuming from
-                        # the same version would replay it for ever and freeze the view.
-                        log.exception("gpushard: skipped a %s event the view could not read", resource)
-        finally:
-            self._streaming.discard(resource)
-            self._responses.pop(resource, None)
-            response.release_conn()
-        return version
 
-    def _run(self, resource: str) -> None:
-        version: str | None = None
-        delay = self._backoff[0]
-        while not self._stop.is_set():
-            try:
-                if version is None:
-                    version = self._list(resource)
-                started = time.monotonic()
-                version = self._watch(resource, version)
-                delay = self._backoff[0]
-                if time.monotonic() - started < 1:  # a watch that ends at once: do not spin
-                    self._stop.wait(self._backoff[0])
-            except _Gone:
-                version = None  # history expired: list again right away
-            except Exception as exc:  # noqa: BLE001 - any failure: back off and start over
-                if self._stop.is_set():
-                    break
-                self.watch_errors[resource] += 1
-                status = getattr(exc, "status", None)
-                if status == 410:
-                    version = None
-                    continue
-                # What failed, in words an operator can act on (the API server's own message, or
-                # what went wrong on the wire); a failure that is no API's is a bug: its traceback.
-                api_side = status is not None or connecting.is_transport_failure(exc)
-                log.warning("gpushard: listing or watching %s failed: %s; retrying in %.1fs (until then card "
-                            "choice uses what the view last saw)", resource, connecting.failure_text(exc), delay,
-                            exc_info=not api_side)
-                self._stop.wait(delay)
-                delay = min(delay * 2, self._backoff[1])
-
-
-_collector_lock = threading.Lock()
-_collector_holders = [0, False]  # threads inside _collector_paused(); whether the collector was on
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Hold off the cyclic garbage collector while one page is parsed and reduced.
-
-    A page is a few hundred thousand short-lived containers, freed by reference counting the
-    moment the page is done. With the collector running they outlive a few young collections,
-    reach the oldest generation, and set off full collections over everything the process
-    holds, each a pause of every thread of a few hundred milliseconds at 50,000 pods. Paused
-    for the page (tens of milliseconds), none of them is ever promoted.
-    """
-    with _collector_lock:
-        if _collector_holders[0] == 0:
-            _collector_holders[1] = gc.isenabled()
-            gc.disable()
-        _collector_holders[0] += 1
-    try:
-        yield
-    finally:
-        with _collector_lock:
-            _collector_holders[0] -= 1
-            if _collector_holders[0] == 0 and _collector_holders[1]:
-                gc.enable()
+    def watch_closed(self, resource: str, gap: bool) -> None:
+        # Any end counts: until the next watch opens no pod can show and take a choice over.
+        self._streaming.discard(resource)
 
 
 def _tolerant(reader, obj: dict, policy: Policy):
@@ -656,17 +426,3 @@ def _tolerant(reader, obj: dict, policy: Policy):
     except Exception:  # noqa: BLE001
         log.exception("gpushard: the view skipped an object it could not read")
         return None
-
-
-def _lines(response, stop: threading.Event) -> Iterator[bytes]:
-    """The newline-separated events of a watch response, each as soon as it arrives."""
-    buffer = b""
-    while not stop.is_set():
-        chunk = response.read1(65536)
-        if not chunk:
-            return
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            if line.strip():
-                yield line

@@ -8,7 +8,8 @@ import datetime
 import logging
 import threading
 
-from webhook.cluster import kube
+from webhook import settings as settings_mod
+from webhook.cluster import informing, kube
 from webhook.core import findings as f
 from webhook.core import names, objects, placement, replacement
 from webhook.core import policy as policy_mod
@@ -87,43 +88,74 @@ def assemble(nodes, pinned, now: float) -> tuple[placement.View, list[replacemen
     return view, waiting, ending
 
 
-class Cache(kube.KubeView):
+class Cache:
     """The shared nodes and pinned pods, listed once and then followed by watch: what the leader plans over.
 
-    The list, watch, relist and backoff machinery is the live view's (``kube.KubeView``: pages of
-    500, bookmarks, resume from the last resourceVersion, 410 Gone means list again); this class
-    keeps only what a pass reads (nodes as placement reads them, pods as ``Pinned``). It is
-    *current* while both resources have been listed and followed without a gap since: from a
-    410 Gone until the relist is in, and from a failed watch until one is open again from the
-    last resourceVersion, it is not, and the leader does not plan over it.
+    A sink of one ``informing.Informer`` (``informer``: pages of 500, bookmarks, resume from the
+    last resourceVersion, 410 Gone means list again), as the live view is; it keeps only what a
+    pass reads (nodes as placement reads them, pods as ``Pinned``). It is *current* while both
+    resources have been listed and followed without a gap since: from a 410 Gone until the
+    relist is in, and from a failed watch until one is open again from the last
+    resourceVersion, it is not, and the leader does not plan over it.
     """
 
-    def __init__(self, api_client, policy: policy_mod.Policy, **options):
-        super().__init__(api_client, policy, **options)
+    def __init__(self, api_client, policy: policy_mod.Policy, *, watch_timeout: int = informing.WATCH_TIMEOUT_S,
+                 backoff: tuple[float, float] = informing.BACKOFF_S, page_size: int = informing.LIST_PAGE):
+        self.informer = informing.Informer(api_client, self, watch_timeout=watch_timeout, backoff=backoff,
+                                           page_size=page_size)
+        self._policy = policy
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._listed: set[str] = set()
         self._nodes: dict[str, placement.Node] = {}
         self._pinned: dict[str, Pinned] = {}
         self._following: set[str] = set()
-        self._changed = threading.Condition(self._lock)
+        self.lists = self.informer.lists  # lists made, by resource
+
+    @classmethod
+    def start(cls, settings: settings_mod.Settings | None = None, api_client=None, **options) -> Cache:
+        """A cache of the API server (in-cluster, else kubeconfig) with its watch threads running."""
+        settings = settings or settings_mod.Settings()
+        cache = cls(api_client if api_client is not None else kube.default_api_client(), settings.policy, **options)
+        cache.informer.start()
+        return cache
+
+    def close(self) -> None:
+        """Stop the watch threads."""
+        self.informer.close()
+
+    def synced(self) -> bool:
+        """True once nodes and pods have both been listed (it stays True through gaps and relists)."""
+        with self._lock:
+            return self._listed >= {informing.NODES, informing.PODS}
 
     def current(self) -> bool:
         """Both listed, and every watch since resumed without losing an event."""
         with self._lock:
-            return self._following >= {kube.NODES, kube.PODS}
+            return self._following >= {informing.NODES, informing.PODS}
 
     def wait_current(self, timeout: float) -> bool:
         with self._changed:
-            return self._changed.wait_for(lambda: self._following >= {kube.NODES, kube.PODS}, timeout)
+            return self._changed.wait_for(lambda: self._following >= {informing.NODES, informing.PODS}, timeout)
 
     def contents(self) -> tuple[list[placement.Node], list[Pinned], set[str]]:
         """The nodes, the pinned pods, and the uids of the pods, as the cache holds them now."""
         with self._lock:
             return list(self._nodes.values()), list(self._pinned.values()), set(self._pinned)
 
-    # --- the live view's hooks: what a list page or a watch event leaves in the cache ------------
+    # --- the informer's sink: what a list page or a watch event leaves in the cache ------------
 
-    def _reduce(self, resource: str, items, into: dict) -> dict:
-        if resource == kube.NODES:
-            return super()._reduce(resource, items, into)
+    def reduce(self, resource: str, items, into: dict) -> dict:
+        if resource == informing.NODES:
+            for obj in items:
+                try:
+                    node = kube.read_node(obj, self._policy)
+                except Exception:  # noqa: BLE001 - one odd object must not keep the cache from syncing
+                    log.exception("gpushard: the view skipped an object it could not read")
+                    continue
+                if node is not None:
+                    into[node.name] = node
+            return into
         for obj in items:
             try:
                 pod = read_pinned(obj, self._policy)
@@ -134,11 +166,12 @@ class Cache(kube.KubeView):
                 into[objects.key(obj)] = pod
         return into
 
-    def _apply_list(self, resource: str, fresh) -> None:
+    def apply_list(self, resource: str, fresh: dict | list) -> None:
+        """Replace what is held of ``resource`` with ``fresh``: as ``reduce`` reads it, or the raw objects."""
         if isinstance(fresh, list):
-            fresh = self._reduce(resource, fresh, {})
+            fresh = self.reduce(resource, fresh, {})
         with self._changed:
-            if resource == kube.NODES:
+            if resource == informing.NODES:
                 self._nodes = fresh
             else:
                 self._pinned = fresh
@@ -146,8 +179,8 @@ class Cache(kube.KubeView):
             self._following.add(resource)
             self._changed.notify_all()
 
-    def _apply_event(self, resource: str, kind: str, obj: dict) -> None:
-        if resource == kube.NODES:
+    def apply_event(self, resource: str, kind: str, obj: dict) -> None:
+        if resource == informing.NODES:
             name = str((obj.get("metadata") or {}).get("name"))
             node = None if kind == "DELETED" else kube.read_node(obj, self._policy)
             table, key, value = self._nodes, name, node
@@ -160,26 +193,18 @@ class Cache(kube.KubeView):
             else:
                 table[key] = value
 
-    def _call(self, resource: str, **kwargs):
-        response = super()._call(resource, **kwargs)
-        if kwargs.get("watch"):
-            # A watch from the last resourceVersion replays what a gap missed. After a 410 Gone the
-            # API server answers this very watch with an error event, or with 410 itself: the
-            # resource then waits for its relist (``_watch`` below). Between this reply and the
-            # replay (or the error event) the cache is taken as current: milliseconds, in which a
-            # pass could miss the gap's changes; the evictions' preconditions still hold.
-            with self._changed:
-                if resource in self._listed:
-                    self._following.add(resource)
-                    self._changed.notify_all()
-        return response
+    def watch_opened(self, resource: str) -> None:
+        # A watch from the last resourceVersion replays what a gap missed. After a 410 Gone the
+        # API server answers this very watch with an error event, or with 410 itself: the
+        # resource then waits for its relist (``watch_closed`` with a gap). Between this reply and
+        # the replay (or the error event) the cache is taken as current: milliseconds, in which a
+        # pass could miss the gap's changes; the evictions' preconditions still hold.
+        with self._changed:
+            if resource in self._listed:
+                self._following.add(resource)
+                self._changed.notify_all()
 
-    def _watch(self, resource: str, version: str) -> str:
-        try:
-            return super()._watch(resource, version)
-        except BaseException:
+    def watch_closed(self, resource: str, gap: bool) -> None:
+        if gap:
             with self._lock:
                 self._following.discard(resource)
-            raise
-
-

@@ -5,8 +5,8 @@ The loop runs in its own Deployment, not in `gpushard serve`: the webhook stays 
 lean on the admission path (no eviction rights, no full pod list per worker), and a replacer
 that is down only delays re-placement, never an admission. Replicas and rollouts may overlap:
 a ``coordination.k8s.io/v1`` Lease elects the one that acts (``lease``). The leader lists shared nodes and
-pinned pods once, then follows them by watch (``cache.Cache``, on the live view's list/watch code in
-``cluster.kube``), so a pass reads no list: it asks ``core.replacement`` what to evict over the
+pinned pods once, then follows them by watch (``cache.Cache``, a sink of the informer the live view uses,
+``cluster.informing``), so a pass reads no list: it asks ``core.replacement`` what to evict over the
 cache, looks up the owners it names, evicts through the Eviction API (``policy/v1``; a 429 from
 a disruption budget means skip) and records a core/v1 Event on each evicted pod that says why.
 A standby holds no watch; a new leader plans only once its cache is in sync.

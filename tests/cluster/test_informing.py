@@ -1,0 +1,73 @@
+"""The informer on its own: what it hands a sink, and in which order, over a real HTTP API server."""
+
+from __future__ import annotations
+
+import threading
+
+from tests.cluster import kubeobjects as o
+from webhook.cluster import informing
+
+
+class Recorder:
+    """A sink that keeps pods by uid and writes down every call it gets."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+        self.lock = threading.Lock()
+
+    def _note(self, *call) -> None:
+        with self.lock:
+            self.calls.append(call)
+
+    def seen(self) -> list[tuple]:
+        with self.lock:
+            return list(self.calls)
+
+    def reduce(self, resource, items, into):
+        for obj in items:
+            into[obj["metadata"]["name"]] = obj["spec"].get("nodeName")
+        self._note("page", resource, len(items))
+        return into
+
+    def apply_list(self, resource, fresh):
+        self._note("list", resource, dict(fresh))
+
+    def apply_event(self, resource, kind, obj):
+        self._note("event", resource, kind, obj["metadata"]["name"])
+
+    def watch_opened(self, resource):
+        self._note("opened", resource)
+
+    def watch_closed(self, resource, gap):
+        self._note("closed", resource, gap)
+
+
+def test_pages_a_list_then_watches_then_relists_after_410_gone(fake):
+    for i in range(3):
+        fake.put("pods", o.pod(f"p{i}", 0, 10, "gpu-a"))
+    sink = Recorder()
+    informer = informing.Informer(fake.api_client(), sink, page_size=2, watch_timeout=5, backoff=(0.05, 0.3),
+                                  resources=(informing.PODS,))
+    informer.start()
+    try:
+        o.wait_for(lambda: ("opened", "pods") in sink.seen(), what="the watch")
+        calls = sink.seen()
+        assert calls[:4] == [("page", "pods", 2), ("page", "pods", 1),
+                             ("list", "pods", {"p0": "gpu-a", "p1": "gpu-a", "p2": "gpu-a"}), ("opened", "pods")]
+        assert informer.lists["pods"] == 1 and informer.watches["pods"] == 1
+
+        fake.put("pods", o.pod("p3", 0, 10, "gpu-a"))
+        o.wait_for(lambda: ("event", "pods", "ADDED", "p3") in sink.seen(), what="the event")
+
+        # History compacted and the watch dropped: resuming gets 410 Gone, a gap, and a new list.
+        fake.expire_history()
+        fake.put("namespaces", {"metadata": {"name": "moved-on"}})
+        fake.drop_watches()
+        o.wait_for(lambda: informer.lists["pods"] == 2, what="the relist")
+        calls = sink.seen()
+        after = calls[calls.index(("event", "pods", "ADDED", "p3")) + 1:]
+        relisted = after.index(("list", "pods", {f"p{i}": "gpu-a" for i in range(4)}))
+        assert ("closed", "pods", True) in after[:relisted]  # the sink heard of the gap before the list
+    finally:
+        informer.close()
+    assert not any(t.is_alive() for t in informer.threads)

@@ -1,0 +1,293 @@
+"""One informer: list a resource in pages, watch it from the list's resourceVersion, list again on
+410 Gone, and reconnect with backoff when the API fails or drops the connection.
+
+It only watches; what the objects mean is a sink's business, as in kopf, where watching and
+handling are separate. A sink reduces a listed page to what it keeps, takes a whole list in
+place of what it held, takes one watch event at a time, and hears when a watch opens and
+closes (a closed watch that failed is a gap: events may be missing until the next watch
+resumes, or the next list replaces everything). The live view (``kube.KubeView``) and the
+re-placement cache (``relocation.cache.Cache``) are two such sinks, each composed with one
+informer following shared nodes and gpushard pods.
+
+A daemon thread per resource runs the loop. Lists come in pages, each parsed and reduced
+before the next is fetched, with the cyclic garbage collector held off while a page is parsed.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import gc
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+import kubernetes
+
+from webhook import connecting
+from webhook.core import names
+
+log = logging.getLogger(__name__)
+
+# Server-side watch length; the API server ends watches itself too, and we resume from the last
+# resourceVersion. The read timeout above it catches connections that died silently.
+WATCH_TIMEOUT_S = 300
+LIST_TIMEOUT_S = 120
+# Lists come in pages: each is read and parsed on its own, and only the fields a sink needs are
+# kept, so neither memory nor the interpreter lock held by one json.loads grows with the
+# cluster. 500 realistic pods are a few MiB of JSON, parsed in tens of milliseconds.
+LIST_PAGE = 500
+# A continue token the API server no longer honours (410 Gone) restarts the list; a list that
+# keeps losing its token (history compacted faster than we read) is an error that backs off.
+LIST_RESTARTS = 3
+CONNECT_TIMEOUT_S = 10
+BACKOFF_S = (0.5, 30.0)
+NODES, PODS = "nodes", "pods"
+
+
+class Sink(Protocol):
+    """What an informer feeds. Called from the informer's threads, one per resource."""
+
+    def reduce(self, resource: str, items, into: dict) -> dict:
+        """Read one page of listed objects into ``into`` (what the sink keeps, by key); return it."""
+
+    def apply_list(self, resource: str, fresh: dict) -> None:
+        """Replace everything held of ``resource`` with a whole list, as ``reduce`` read it."""
+
+    def apply_event(self, resource: str, kind: str, obj: dict) -> None:
+        """One watch event: ADDED, MODIFIED or DELETED, with the object."""
+
+    def watch_opened(self, resource: str) -> None:
+        """A watch is open from the last resourceVersion: it replays whatever a gap missed."""
+
+    def watch_closed(self, resource: str, gap: bool) -> None:
+        """The watch ended; ``gap``: it failed (or history expired), so events may be missing
+        until the next watch opens, or the next list replaces everything."""
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old (410 Gone): list again."""
+
+
+class _ContinueGone(Exception):
+    """A list's continue token expired between two pages (410 Gone): start the list over."""
+
+
+class Informer:
+    """Lists then watches shared nodes and gpushard pods, feeding one sink."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient | None, sink: Sink, *,
+                 watch_timeout: int = WATCH_TIMEOUT_S, backoff: tuple[float, float] = BACKOFF_S,
+                 page_size: int = LIST_PAGE, resources: tuple[str, ...] = (NODES, PODS)):
+        self.api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
+        self._sink = sink
+        self._watch_timeout = watch_timeout
+        self._backoff = backoff
+        self._page_size = page_size
+        self._resources = resources
+        self._stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self._responses: dict[str, object] = {}  # open watch responses, to cut on close()
+        # For the webhook's metrics, by resource: lists and watches made, watches that failed, and
+        # the wall-clock time the API server last said anything (a list, an event, a bookmark).
+        self.lists: collections.Counter = collections.Counter()
+        self.watches: collections.Counter = collections.Counter()
+        self.watch_errors: collections.Counter = collections.Counter()
+        self.heard_at: dict[str, float] = {}
+
+    def start(self) -> None:
+        """One daemon thread per resource; none without an API client."""
+        if self.api is None:
+            return
+        for resource in self._resources:
+            thread = threading.Thread(target=self.run, args=(resource,), daemon=True,
+                                      name=f"gpushard-watch-{resource}")
+            self.threads.append(thread)
+            thread.start()
+
+    def close(self) -> None:
+        """Stop the threads."""
+        self._stop.set()
+        for response in list(self._responses.values()):
+            try:
+                response.shutdown()  # wakes a thread blocked reading the stream
+            except Exception:  # already closed or never connected: nothing to wake
+                pass
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+    # --- talking to the API server --------------------------------------------------------------
+
+    def _call(self, resource: str, **kwargs):
+        if resource == NODES:
+            # Only nodes the agent has published on offer cards; the rest of a large cluster
+            # would cost every worker memory and watch traffic for nothing.
+            return self.api.list_node(label_selector=names.CARDS_LABEL, _preload_content=False, **kwargs)
+        selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
+        return self.api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False, **kwargs)
+
+    def _list(self, resource: str) -> str:
+        """List ``resource`` page by page and hand it to the sink; the resourceVersion to watch from."""
+        for _attempt in range(LIST_RESTARTS):
+            try:
+                fresh, version = self._read_pages(resource)
+            except _ContinueGone:
+                log.info("gpushard: the %s list's continue token expired; listing again", resource)
+                continue
+            self._sink.apply_list(resource, fresh)
+            self.lists[resource] += 1
+            self.heard_at[resource] = time.time()
+            # What the list built lives until the next list: moved out of the collector's sight,
+            # later full collections (set off by admissions' garbage) walk only newer objects.
+            gc.freeze()
+            return version
+        raise RuntimeError(f"the {resource} list lost its continue token {LIST_RESTARTS} times in a row")
+
+    def _read_pages(self, resource: str) -> tuple[dict, str]:
+        """Every page of a list, each parsed and reduced by the sink before the next is fetched.
+
+        The sink keeps what it held meanwhile (the live view's admissions keep choosing over
+        the last good snapshot) until the whole list is in.
+        """
+        fresh: dict = {}
+        token = None
+        version = ""
+        while True:
+            kwargs = {"limit": self._page_size, "_request_timeout": (CONNECT_TIMEOUT_S, LIST_TIMEOUT_S)}
+            if token:
+                kwargs["_continue"] = token
+            try:
+                response = self._call(resource, **kwargs)
+            except kubernetes.client.ApiException as exc:
+                if exc.status == 410 and token:
+                    raise _ContinueGone() from exc
+                raise
+            with collector_paused():
+                try:
+                    body = json.loads(response.data)
+                finally:
+                    response.release_conn()
+                self._sink.reduce(resource, body.get("items") or (), fresh)
+                meta = body.get("metadata") or {}
+                del body  # the page's objects go before the next page arrives
+            # Every page of one list carries the resourceVersion of the list's snapshot.
+            version = str(meta.get("resourceVersion") or version)
+            token = meta.get("continue")
+            if not token:
+                return fresh, version
+
+    def _watch(self, resource: str, version: str) -> str:
+        """Hand a watch's events to the sink until it ends; the last resourceVersion seen."""
+        try:
+            response = self._call(resource, watch=True, resource_version=version, allow_watch_bookmarks=True,
+                                  timeout_seconds=self._watch_timeout,
+                                  _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout + 30))
+            self._sink.watch_opened(resource)
+            self._responses[resource] = response
+            self.watches[resource] += 1
+            try:
+                version = self._stream(resource, response, version)
+            finally:
+                self._responses.pop(resource, None)
+                response.release_conn()
+        except BaseException:
+            self._sink.watch_closed(resource, True)
+            raise
+        self._sink.watch_closed(resource, False)
+        return version
+
+    def _stream(self, resource: str, response, version: str) -> str:
+        for line in _lines(response, self._stop):
+            self.heard_at[resource] = time.time()
+            event = json.loads(line)
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:
+                    raise _Gone(obj.get("message", ""))
+                raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            if kind in ("ADDED", "MODIFIED", "DELETED"):
+                try:
+                    self._sink.apply_event(resource, kind, obj)
+                except Exception:  # noqa: BLE001
+                    # One object the sink cannot read must not stop the watch: resuming from
+                    # the same version would replay it for ever and freeze the sink.
+                    log.exception("gpushard: skipped a %s event the view could not read", resource)
+        return version
+
+    def run(self, resource: str) -> None:
+        """List, then watch, until ``close``: the loop of one resource's thread."""
+        version: str | None = None
+        delay = self._backoff[0]
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    version = self._list(resource)
+                started = time.monotonic()
+                version = self._watch(resource, version)
+                delay = self._backoff[0]
+                if time.monotonic() - started < 1:  # a watch that ends at once: do not spin
+                    self._stop.wait(self._backoff[0])
+            except _Gone:
+                version = None  # history expired: list again right away
+            except Exception as exc:  # noqa: BLE001 - any failure: back off and start over
+                if self._stop.is_set():
+                    break
+                self.watch_errors[resource] += 1
+                status = getattr(exc, "status", None)
+                if status == 410:
+                    version = None
+                    continue
+                # What failed, in words an operator can act on (the API server's own message, or
+                # what went wrong on the wire); a failure that is no API's is a bug: its traceback.
+                api_side = status is not None or connecting.is_transport_failure(exc)
+                log.warning("gpushard: listing or watching %s failed: %s; retrying in %.1fs (until then card "
+                            "choice uses what the view last saw)", resource, connecting.failure_text(exc), delay,
+                            exc_info=not api_side)
+                self._stop.wait(delay)
+                delay = min(delay * 2, self._backoff[1])
+
+
+_collector_lock = threading.Lock()
+_collector_holders = [0, False]  # threads inside collector_paused(); whether the collector was on
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Hold off the cyclic garbage collector while one page is parsed and reduced.
+
+    A page is a few hundred thousand short-lived containers, freed by reference counting the
+    moment the page is done. With the collector running they outlive a few young collections,
+    reach the oldest generation, and set off full collections over everything the process
+    holds, each a pause of every thread of a few hundred milliseconds at 50,000 pods. Paused
+    for the page (tens of milliseconds), none of them is ever promoted.
+    """
+    with _collector_lock:
+        if _collector_holders[0] == 0:
+            _collector_holders[1] = gc.isenabled()
+            gc.disable()
+        _collector_holders[0] += 1
+    try:
+        yield
+    finally:
+        with _collector_lock:
+            _collector_holders[0] -= 1
+            if _collector_holders[0] == 0 and _collector_holders[1]:
+                gc.enable()
+
+
+def _lines(response, stop: threading.Event) -> Iterator[bytes]:
+    """The newline-separated events of a watch response, each as soon as it arrives."""
+    buffer = b""
+    while not stop.is_set():
+        chunk = response.read1(65536)
+        if not chunk:
+            return
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line

@@ -1,0 +1,81 @@
+"""The remembered choices of the live view: each counted on its node until a pod accounts for it or it expires.
+
+The ledger only keeps the entries in order and finds them; the view (``kube.KubeView``) counts
+their shares on its cards, decides when one expires, and calls it under its own lock. Entries
+share one time to live, so they expire in the order they were made: the oldest is the next due,
+found in constant time however many went before it.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Entry:
+    """A choice counted on its node until a pod accounts for it or it expires."""
+
+    node: str
+    card: int
+    shares: int
+    deadline: float
+    held_deadline: float = math.inf  # how long it counts while the pods watch is down
+    number: int = 0  # its place among the remembered choices, oldest first
+
+
+class Ledger:
+    """Remembered choices, oldest first, and the same by (card, shares) and by (node, card, shares),
+    for a pod to find its own. Not thread-safe: its owner holds a lock around every call."""
+
+    def __init__(self):
+        # OrderedDicts: their first item is found in constant time however many went before it,
+        # where a plain dict scans the slots of the items deleted from its front.
+        self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()
+        self._by_ask: dict[tuple, collections.OrderedDict[int, Entry]] = {}
+        self._by_place: dict[tuple, collections.OrderedDict[int, Entry]] = {}
+        self._numbers = 0
+        self.next_deadline = math.inf  # the oldest entry's deadline; inf with none
+
+    def oldest(self) -> Entry:
+        return next(iter(self.entries.values()))
+
+    def add(self, entry: Entry) -> None:
+        self._numbers += 1
+        entry.number = self._numbers
+        self.entries[entry.number] = entry
+        for table, key in ((self._by_ask, (entry.card, entry.shares)),
+                           (self._by_place, (entry.node, entry.card, entry.shares))):
+            group = table.get(key)
+            if group is None:  # not setdefault: that would build an OrderedDict on every call
+                group = table[key] = collections.OrderedDict()
+            group[entry.number] = entry
+        self.next_deadline = min(self.next_deadline, entry.deadline)
+
+    def drop(self, entry: Entry) -> None:
+        del self.entries[entry.number]
+        for table, key in ((self._by_ask, (entry.card, entry.shares)),
+                           (self._by_place, (entry.node, entry.card, entry.shares))):
+            group = table[key]
+            del group[entry.number]
+            if not group:
+                del table[key]
+        # Entries are kept in the order they expire: the oldest left is the next due.
+        self.next_deadline = next(iter(self.entries.values())).deadline if self.entries else math.inf
+
+    def entry_for(self, shares: dict[int, int], preferred: str | None, node: str | None) -> Entry | None:
+        """The oldest remembered choice that a pod holding ``shares`` accounts for, if any.
+
+        A pod with gpushard's preferred term (``preferred``) was chosen on that node: only an
+        entry there can be its own (another replica's pod of the same size must not take this
+        process's entry). A pod without one takes the oldest entry of its card and shares,
+        preferring its node.
+        """
+        card, count = min(shares.items())
+        if preferred:
+            group = self._by_place.get((preferred, card, count))
+        else:
+            group = self._by_place.get((node, card, count)) if node else None
+            group = group or self._by_ask.get((card, count))
+        return next(iter(group.values())) if group else None
