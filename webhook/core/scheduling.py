@@ -8,7 +8,7 @@ carry a choice to the scheduler (the preferred hint, the required node, a card's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from webhook.core import findings as f
@@ -224,13 +224,20 @@ def without_required_node(ask: Ask, node_name: str | None) -> Ask:
     if node_name is None or not ask.required_terms:
         return ask
     expression = required_node_expression(node_name)
+    return _without(ask, "matchFields", lambda e: e == expression)
+
+
+def _without(ask: Ask, part: str, gpushards: Callable[[object], bool]) -> Ask:
+    """``ask`` without the requirements under ``part`` (matchFields or matchExpressions) of its
+    required terms that ``gpushards`` says gpushard wrote; a term left with none of the author's
+    requirements goes too, since gpushard made it whole."""
     terms, changed = [], False
     for term in ask.required_terms:
-        fields = term.get("matchFields")
-        if isinstance(fields, list) and expression in fields:
+        found = term.get(part)
+        if isinstance(found, list) and any(gpushards(e) for e in found):
             changed = True
-            kept = [e for e in fields if e != expression]
-            term = {k: v for k, v in term.items() if k != "matchFields"} | ({"matchFields": kept} if kept else {})
+            kept = [e for e in found if not gpushards(e)]
+            term = {k: v for k, v in term.items() if k != part} | ({part: kept} if kept else {})
             if not term.get("matchExpressions") and not term.get("matchFields"):
                 continue  # the term gpushard made: nothing of the author's is left in it
         terms.append(term)
@@ -280,17 +287,4 @@ def without_card_memory(ask: Ask, index: int) -> Ask:
     """``ask`` without the expressions on card ``index``'s memory label in its required terms, as a pod
     made again from the same template would ask (a memory ask is sized afresh when it is created)."""
     key = names.card_memory_label(index)
-    terms, changed = [], False
-    for term in ask.required_terms:
-        exprs = term.get("matchExpressions")
-        if isinstance(exprs, list) and any(isinstance(e, dict) and e.get("key") == key for e in exprs):
-            changed = True
-            kept = [e for e in exprs if not (isinstance(e, dict) and e.get("key") == key)]
-            term = {k: v for k, v in term.items() if k != "matchExpressions"} | (
-                {"matchExpressions": kept} if kept else {})
-            if not term.get("matchExpressions") and not term.get("matchFields"):
-                continue  # the term gpushard made: nothing of the author's is left in it
-        terms.append(term)
-    if not changed:
-        return ask
-    return Ask(ask.shares, ask.pin, ask.node_name, ask.node_selector, tuple(terms), ask.tolerations)
+    return _without(ask, "matchExpressions", lambda e: isinstance(e, dict) and e.get("key") == key)
