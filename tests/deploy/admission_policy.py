@@ -432,6 +432,14 @@ def _message(validation: dict, message: _Expression | None, activation: dict, me
     return f"failed expression: {validation['expression'].strip()}"
 
 
+def shipped(objects: list[dict], name: str) -> tuple[dict, dict]:
+    """The ValidatingAdmissionPolicy ``name`` among rendered ``objects``, and its one binding."""
+    policy, = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == name]
+    binding, = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"
+                and o["spec"]["policyName"] == name]
+    return policy, binding
+
+
 def _params(policy: dict, binding: dict, params: dict | None) -> tuple[dict | None, Outcome | None]:
     """The object ``params`` stands for, or the outcome when the binding's paramRef finds none."""
     kind = policy["spec"].get("paramKind")

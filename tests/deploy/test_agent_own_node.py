@@ -28,12 +28,7 @@ NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 
 @pytest.fixture(scope="module")
 def shipped():
-    objects = rendering.render(BASE)
-    policy, = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
-               and o["metadata"]["name"] == "gpushard-agent-own-node"]
-    binding, = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"
-                and o["spec"]["policyName"] == "gpushard-agent-own-node"]
-    return policy, binding
+    return admission_policy.shipped(rendering.render(BASE), "gpushard-agent-own-node")
 
 
 def node(name: str, **spec) -> dict:

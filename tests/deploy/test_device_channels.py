@@ -52,11 +52,7 @@ def rendered():
 
 @pytest.fixture(scope="module")
 def policy(rendered):
-    found, = [o for o in rendered if o["kind"] == "ValidatingAdmissionPolicy"
-              and o["metadata"]["name"] == "gpushard-device-channels"]
-    binding, = [o for o in rendered if o["kind"] == "ValidatingAdmissionPolicyBinding"
-                and o["spec"]["policyName"] == "gpushard-device-channels"]
-    return found, binding
+    return admission_policy.shipped(rendered, "gpushard-device-channels")
 
 
 @pytest.fixture(scope="module")

@@ -40,11 +40,7 @@ def rendered():
 
 @pytest.fixture(scope="module")
 def policy(rendered):
-    found, = [o for o in rendered if o["kind"] == "ValidatingAdmissionPolicy"
-              and o["metadata"]["name"] == "gpushard-device-claims"]
-    binding, = [o for o in rendered if o["kind"] == "ValidatingAdmissionPolicyBinding"
-                and o["spec"]["policyName"] == "gpushard-device-claims"]
-    return found, binding
+    return admission_policy.shipped(rendered, "gpushard-device-claims")
 
 
 @pytest.fixture(scope="module")

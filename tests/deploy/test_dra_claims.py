@@ -301,10 +301,7 @@ def test_without_the_dra_overlay_gpushards_class_is_one_more_class_not_allowed()
 def test_the_dra_claims_policy_itself_denies_a_tenants_claim(objects):
     """gpushard-dra-claims alone, not the base policy beside it, refuses a tenant's claim of gpushard's
     class in a namespace that does not enforce gpushard (where the base policy does not look)."""
-    policy, = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
-               and o["metadata"]["name"] == "gpushard-dra-claims"]
-    binding, = [b for b in objects if b["kind"] == "ValidatingAdmissionPolicyBinding"
-                and b["spec"]["policyName"] == "gpushard-dra-claims"]
+    policy, binding = admission_policy.shipped(objects, "gpushard-dra-claims")
     namespace = NOT_OPTED_IN[0]
     obj = tenant_claim(shares_request(), namespace=namespace)
     request = {"operation": "CREATE", "namespace": namespace["metadata"]["name"],

@@ -33,12 +33,7 @@ RESOURCES = {"Pod": ("", "pods"), "PodTemplate": ("", "podtemplates"),
 
 @pytest.fixture(scope="module")
 def guard():
-    objects = rendering.render(BASE)
-    policy, = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] ==
-               "gpushard-opt-in"]
-    binding, = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding" and
-                o["spec"]["policyName"] == "gpushard-opt-in"]
-    return policy, binding
+    return admission_policy.shipped(rendering.render(BASE), "gpushard-opt-in")
 
 
 def container(name: str, resources: dict | None = None, part: str = "limits", **extra) -> dict:
