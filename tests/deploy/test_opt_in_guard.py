@@ -85,6 +85,8 @@ BYPASSES = {
     "card-k alone": pod_spec(container("train", {"gpushard.io/card-1": "25"})),
     "card-k in requests only": pod_spec(container("train", {"gpushard.io/card-0": "100"}, part="requests")),
     "shares alone": pod_spec(container("train", {"gpushard.io/gpu": "50"})),
+    # Sized to a card only by the webhook: unrewritten, it names no card and no quota counts it.
+    "a memory ask": pod_spec(container("train", {"gpushard.io/memory": "12Gi"})),
     "in an init container": pod_spec(container("app"), init=[container("train", {"gpushard.io/card-1": "5"})]),
     "in a sidecar": pod_spec(container("app"), init=[container("train", {"gpushard.io/gpu": "5"},
                                                                restartPolicy="Always")]),
