@@ -14,6 +14,14 @@ the standard library and allows it, in alternating rounds under wrk; prints each
 medians, and p50/p99 at --rate.
 
     python bench/admission.py --cpu [--baseline DIR] [--rounds 3] [--seconds 4] [--rate 200]
+
+With --instructions: the same servers and review, each run under valgrind's callgrind and sent
+reviews one after another on one kept-alive TLS connection; prints the instructions the server's
+processes (gunicorn's master and worker, TLS and HTTP included) execute per answered review, from
+two runs that differ only in the number of reviews. Unlike CPU time, the count does not move with
+the machine's other load (it leaves out what instructions cost: cache misses, mispredictions).
+
+    python bench/admission.py --instructions [--baseline DIR] [--reviews 400]
 """
 
 from __future__ import annotations
@@ -304,11 +312,11 @@ class Server:
             time.sleep(0.1)
         raise SystemExit("gpushard: bench server did not start")
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 30) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGTERM)
         try:
-            self.proc.wait(30)
+            self.proc.wait(grace)
         except subprocess.TimeoutExpired:
             pass
         try:
@@ -447,6 +455,80 @@ def cpu_compare(args, tmp: Path, ca: str, serve: list[str]) -> int:
     return 1 if errors else 0
 
 
+# --- instructions per answered request: the servers under valgrind, counted, not timed -------------
+
+def _callgrind_total(log: Path) -> int:
+    """The instructions every process of a server executed, from callgrind's lines in its log."""
+    counts = [int(x) for x in re.findall(r"^==\d+== Collected : (\d+)$", log.read_text(), re.M)]
+    if not counts:
+        raise SystemExit(f"gpushard: no instruction count in {log}:\n{log.read_text()[-2000:]}")
+    return sum(counts)
+
+
+def _counted_run(cmd: list[str], cwd: Path, port: int, ca: str, body: bytes, reviews: int, log: Path) -> int:
+    """Total instructions of one server run under callgrind that answers ``reviews`` reviews in a row."""
+    server = Server(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd], port, ca, log, cwd=cwd)
+    try:
+        server.wait_ready(within=900)  # imports under valgrind take a minute or more
+        conn = _connect(port, ssl.create_default_context(cafile=ca))
+        uid = json.loads(body)["request"]["uid"]
+        for _ in range(reviews):
+            conn.request("POST", "/mutate", body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+            if resp.status != 200 or json.loads(data)["response"]["uid"] != uid:
+                raise SystemExit(f"gpushard: unexpected answer under valgrind: {resp.status} {data[:300]!r}")
+        conn.close()
+    finally:
+        server.stop(grace=600)  # callgrind writes its counts as each process exits
+    return _callgrind_total(log)
+
+
+def instructions_compare(args, tmp: Path, ca: str, serve: list[str]) -> int:
+    """Instructions per answered review of gpushard (and a baseline checkout) and the trivial endpoint."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("gpushard: --instructions needs valgrind on the PATH (e.g. apt-get install valgrind)")
+    body = realistic_review()
+    names = ["gpushard", *(["baseline"] if args.baseline else []), "trivial"]
+    # Two runs per server, the second with more reviews: the difference is the reviews alone, without
+    # the start and the shutdown. All runs at once (each valgrind runs one thread at a time).
+    few, many = 20, 20 + args.reviews
+    results: dict[tuple[str, int], int] = {}
+    errors: list[BaseException] = []
+
+    def one(name: str, count: int) -> None:
+        port = _free_port()
+        bind = ["--bind", f"127.0.0.1:{port}"]
+        if name == "trivial":
+            cmd, cwd = [sys.executable, str(Path(__file__).resolve()), "--ceiling-server", *serve, *bind], ROOT
+        else:
+            cmd = [sys.executable, "-m", "webhook.cli", "serve", *serve, *bind, "--cluster", str(tmp / "cluster.yaml")]
+            cwd = Path(args.baseline).resolve() if name == "baseline" else ROOT
+        try:
+            results[(name, count)] = _counted_run(cmd, cwd, port, ca, body, count, tmp / f"{name}-{count}.log")
+        except BaseException as exc:  # noqa: BLE001 - reported after every run has ended
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(name, count)) for name in names for count in (few, many)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    per = {name: (results[(name, many)] - results[(name, few)]) / args.reviews for name in names}
+    print(f"Instructions per answered request (valgrind callgrind, every process of the server: gunicorn, TLS, "
+          f"HTTP, the app), realistic review, {args.reviews} reviews in a row on one kept-alive connection, "
+          f"gunicorn gthread {args.workers_used} worker x {args.threads_used} threads")
+    print(f"{'server':10} {'instructions/req':>17}")
+    for name in names:
+        print(f"{name:10} {per[name]:17,.0f}")
+    for name in names[:-1]:
+        print(f"{name} / trivial: {per['trivial'] / per[name]:.3f} of the trivial endpoint's requests per "
+              f"instruction ({per[name] - per['trivial']:+,.0f} instructions per request)")
+    return 0
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -466,6 +548,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare the servers' own CPU per request on the realistic review (needs wrk)")
     parser.add_argument("--baseline", metavar="DIR", help="with --cpu: also serve another checkout, e.g. a git "
                         "worktree of an older commit")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count the servers' instructions per request on the realistic review (needs valgrind)")
+    parser.add_argument("--reviews", type=int, default=400,
+                        help="with --instructions: reviews counted per server (default: 400)")
     parser.add_argument("--rounds", type=int, default=3, help="with --cpu: alternating rounds (default: 3)")
     parser.add_argument("--wrk-connections", type=int, default=8, help="with --cpu: wrk connections (default: 8)")
     parser.add_argument("--ceiling-server", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -486,11 +572,15 @@ def main(argv: list[str] | None = None) -> int:
                        capture_output=True, cwd=ROOT)
         (tmp / "cluster.yaml").write_text(cluster_yaml())
         ca = str(tmp / "certs" / "ca.crt")
-        if args.cpu:
+        if args.cpu or args.instructions:
             args.workers_used, args.threads_used = workers, threads
-            return cpu_compare(args, tmp, ca, ["--cert", str(tmp / "certs" / "tls.crt"), "--key",
-                                               str(tmp / "certs" / "tls.key"), "--workers", str(workers),
-                                               "--threads", str(threads)])
+            serve = ["--cert", str(tmp / "certs" / "tls.crt"), "--key", str(tmp / "certs" / "tls.key"),
+                     "--workers", str(workers), "--threads", str(threads)]
+            if args.instructions:
+                # Under valgrind a worker boots and stops many times slower: gunicorn must not take
+                # it for a stuck one, nor kill it before callgrind has written its count.
+                return instructions_compare(args, tmp, ca, [*serve, "--timeout", "900", "--graceful-timeout", "600"])
+            return cpu_compare(args, tmp, ca, serve)
         for name in ("gpushard", "ceiling"):
             if args.only and name != args.only:
                 continue
