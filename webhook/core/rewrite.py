@@ -68,7 +68,11 @@ def env_value(container: dict, name: str) -> list[object]:
     env = container.get("env")
     if not isinstance(env, list):
         return []  # no env, or one that is no list (set_env replaces it)
-    return [e.get("value", e.get("valueFrom")) for e in env if isinstance(e, dict) and e.get("name") == name]
+    values = []
+    for e in env:  # a loop, not a comprehension: env lists are short, and a comprehension is a call
+        if isinstance(e, dict) and e.get("name") == name:
+            values.append(e.get("value", e.get("valueFrom")))
+    return values
 
 
 def set_env(container: dict, name: str, value: str, ops: Ops | None = None, at: str = "") -> None:
@@ -78,9 +82,14 @@ def set_env(container: dict, name: str, value: str, ops: Ops | None = None, at: 
     """
     env = container.get("env")
     listed = isinstance(env, list)
-    if not listed:
+    same = []
+    if listed:
+        # A loop, not a comprehension: env lists are short, and a comprehension is a call.
+        for e in env:
+            if isinstance(e, dict) and e.get("name") == name:
+                same.append(e)
+    else:
         env = []
-    same = [e for e in env if isinstance(e, dict) and e.get("name") == name]
     entry = {"name": name, "value": value}
     if not same:  # the usual case: nothing to drop, one walk of the list
         container["env"] = [*env, entry]
@@ -122,15 +131,20 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str], ops:
                    at: str = "") -> None:
     """Replace every GPU resource in limits and requests by ``wanted``, keeping the rest."""
     res = policy.resources
+    ours, prefix = res.gpu_names, res.card_prefix
     whole = not isinstance(container.get("resources"), dict)  # then recorded as one value at the end
     resources = _own(container, "resources")
     for part in ("limits", "requests"):
         was = resources.get(part)
-        current = dict(was) if isinstance(was, dict) else {}
-        for key in list(current):
-            if key in (res.fraction, res.shares, res.memory) or (
-                    isinstance(key, str) and key.startswith(res.card_prefix) and res.card_index(key) is not None):
-                del current[key]
+        # The names kept, in their order, then ``wanted``: as deleting the GPU names from a copy
+        # and updating it would leave them, in one walk of the names.
+        current = {}
+        if isinstance(was, dict):
+            for key, value in was.items():
+                if key in ours or (isinstance(key, str) and key.startswith(prefix)
+                                   and res.card_index(key) is not None):
+                    continue
+                current[key] = value
         current.update(wanted)
         resources[part] = current
         if ops is None or whole:
@@ -162,13 +176,16 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     if node is not None and not spec.get("nodeName") and placement.preferred_node(spec) is None:
         _prefer_node(spec, node, ops, required=policy.node_affinity == "required")
     res = policy.resources
+    card_text = card_resource = None  # the same for every container that holds a share
     for ask in asks:
         at = f"/spec/{ask.list_key}/{ask.position}" if ops is not None else ""
         if ask.holds_share:
+            if card_resource is None:
+                card_text, card_resource = str(card), res.card(card)
             container = _own_container(spec, ask)
             count = str(ask.shares)
-            _set_resources(container, policy, {res.shares: count, res.card(card): count}, ops, at)
-            set_env(container, names.VISIBLE_DEVICES_ENV, str(card), ops, at)
+            _set_resources(container, policy, {res.shares: count, card_resource: count}, ops, at)
+            set_env(container, names.VISIBLE_DEVICES_ENV, card_text, ops, at)
             set_env(container, names.FRACTION_ENV, quantities.fraction_text(ask.shares, policy.shares_per_card),
                     ops, at)
         elif ask.passthrough:
@@ -210,7 +227,13 @@ def _record_keys(ops: Ops, where: str, was: object, now: dict, set_keys: dict[st
         return
     for key, value in set_keys.items():
         if not _same_text(was.get(key), value):
-            ops.add(f"{where}/{pointer_token(key)}", value)
+            token = _TOKENS.get(key)
+            ops.add(f"{where}/{token if token is not None else pointer_token(key)}", value)
+
+
+# The reference tokens of the names gpushard sets on a pod, escaped once ("/" in each).
+_TOKENS = {key: pointer_token(key) for key in (names.CARD_ANNOTATION, names.SHARES_ANNOTATION,
+                                               names.MEMORY_ANNOTATION, names.SHARED_LABEL)}
 
 
 def _prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool = False) -> None:
