@@ -107,6 +107,27 @@ def set_env(container: dict, name: str, value: str, ops: Ops | None = None, at: 
         ops.add(f"{at}/env", container["env"])
 
 
+def _set_envs(container: dict, entries: dict[str, str], ops: Ops | None, at: str) -> None:
+    """``set_env`` for each name and value of ``entries`` in turn, with one walk of the env list and
+    one new list when it holds none of the names, which is the usual case."""
+    env = container.get("env")
+    if isinstance(env, list):
+        wanted = tuple(entries)  # compared with ==: a bad name (a list, say) is no key to look up
+        for e in env:
+            if isinstance(e, dict) and e.get("name") in wanted:
+                break
+        else:
+            env = container["env"] = list(env)
+            for name, value in entries.items():
+                entry = {"name": name, "value": value}
+                env.append(entry)
+                if ops is not None:
+                    ops.add(f"{at}/env/-", entry)
+            return
+    for name, value in entries.items():
+        set_env(container, name, value, ops, at)
+
+
 def remove_env(container: dict, name: str, ops: Ops | None = None, at: str = "") -> None:
     env = container.get("env")
     if isinstance(env, list):
@@ -173,7 +194,9 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     spec = _own_spec(new)
     if sized is not None and card is not None:
         _require_card_memory(spec, card, sized[0], ops)
-    if node is not None and not spec.get("nodeName") and placement.preferred_node(spec) is None:
+    # Without an affinity there is no preferred term to look for (most pods).
+    if node is not None and not spec.get("nodeName") and (
+            spec.get("affinity") is None or placement.preferred_node(spec) is None):
         _prefer_node(spec, node, ops, required=policy.node_affinity == "required")
     res = policy.resources
     card_text = card_resource = None  # the same for every container that holds a share
@@ -185,9 +208,9 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
             container = _own_container(spec, ask)
             count = str(ask.shares)
             _set_resources(container, policy, {res.shares: count, card_resource: count}, ops, at)
-            set_env(container, names.VISIBLE_DEVICES_ENV, card_text, ops, at)
-            set_env(container, names.FRACTION_ENV, quantities.fraction_text(ask.shares, policy.shares_per_card),
-                    ops, at)
+            _set_envs(container, {names.VISIBLE_DEVICES_ENV: card_text,
+                                  names.FRACTION_ENV: quantities.fraction_text(ask.shares, policy.shares_per_card)},
+                      ops, at)
         elif ask.passthrough:
             # Whole cards from another device plugin: its value must reach the container, not a
             # user's "all" (the container's own env wins over the plugin's).
