@@ -278,6 +278,14 @@ def size(asks: list[ContainerAsk], card_mib: int, shares_per_card: int) -> int:
     return effective_shares(asks)
 
 
+def asks_memory(asks: list[ContainerAsk]) -> bool:
+    """Whether any container asks GPU memory (a loop: cheaper than any() over a generator)."""
+    for a in asks:
+        if a.memory_mib is not None:
+            return True
+    return False
+
+
 def memory_mib(asks: list[ContainerAsk]) -> int:
     """The pod's memory ask in MiB, counted as Kubernetes counts a pod's requests (as ``effective_shares``)."""
     return effective_shares([ContainerAsk(a.name, a.group, a.list_key, a.position, shares=a.memory_mib)

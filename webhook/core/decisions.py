@@ -360,7 +360,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         # A reinvocation (another webhook changed the pod after gpushard did): keep the card,
         # and neither place nor count the pod again.
         card = pin
-    elif any(a.memory_mib is not None for a in asks):
+    elif req.asks_memory(asks):
         decided = _place_memory(request, asks, scheduling, policy, view, found)
         if isinstance(decided, Decision):
             return decided

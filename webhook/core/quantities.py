@@ -27,6 +27,11 @@ class QuantityError(ValueError):
 
 def parse(value: object) -> Fraction:
     """Read a quantity as written in a manifest or an AdmissionReview, exactly."""
+    if type(value) is str:  # the usual case, first: text, as every quantity is on the wire
+        text = value.strip()
+        if len(text) > MAX_TEXT:
+            raise QuantityError(f"{text[:20]!r}... is too long to be a quantity")
+        return _parse_text(text)
     if isinstance(value, bool) or value is None:
         raise QuantityError(f"{value!r} is not a quantity")
     if isinstance(value, int):
