@@ -94,6 +94,9 @@ def _deny(ask: ContainerAsk, rule: str, message: str) -> None:
     ask.findings.append(f.Finding(rule, f.DENY, f"gpushard: {_where(ask.name)} {message}", ask.name))
 
 
+_ABSENT = (None, "")
+
+
 def _one_value(ask: ContainerAsk, limits: dict, requests: dict, resource: str, res) -> tuple[Fraction | None, str]:
     """The resource's value, requiring requests == limits; (None, "") when absent or bad."""
     lim, req = limits.get(resource), requests.get(resource)
@@ -176,8 +179,13 @@ def _read_gpu(ask: ContainerAsk, limits: dict, requests: dict, card_keys: list[s
     """The rest of ``read``, for a container that names one of gpushard's resources."""
     res = policy.resources
     fraction, fraction_text = _one_value(ask, limits, requests, res.fraction, res)
-    shares_q, shares_text = _one_value(ask, limits, requests, res.shares, res)
-    memory, memory_text = _one_value(ask, limits, requests, res.memory, res)
+    # Most asks name one form: the others are absent, and looked for without a call.
+    resource = res.shares
+    shares_q, shares_text = _one_value(ask, limits, requests, resource, res) if (
+        resource in limits or resource in requests) else _ABSENT
+    resource = res.memory
+    memory, memory_text = _one_value(ask, limits, requests, resource, res) if (
+        resource in limits or resource in requests) else _ABSENT
     # Sorting just the card names keeps the order of the findings, since every one of them is
     # text. Most asks name no card at all.
     if len(card_keys) > 1:
