@@ -225,10 +225,13 @@ def _read_gpu(ask: ContainerAsk, limits: dict, requests: dict, card_keys: list[s
 
     spc = policy.shares_per_card
     name = ask.name
-    if fraction is not None and fraction.numerator != 0:
+    # In integers, read with one call (a Fraction's numerator and denominator are each a property
+    # call, and its comparisons cost more still).
+    numerator, denominator = fraction.as_integer_ratio() if fraction is not None else (0, 1)
+    if numerator != 0:
         ask.fraction, ask.fraction_text = fraction, fraction_text
-        if fraction.numerator < fraction.denominator:  # below 1, without Fraction comparisons
-            ask.shares, rounded = quantities.to_shares(fraction, spc)
+        if numerator < denominator:  # below 1
+            ask.shares, rounded = quantities.shares_of(numerator, denominator, spc)
             if rounded:
                 ask.findings.append(f.Finding(
                     f.ROUNDED, f.WARN,

@@ -84,9 +84,13 @@ def _parse_text(text: str) -> Fraction:
 
 def to_shares(quantity: Fraction, shares_per_card: int) -> tuple[int, bool]:
     """Shares for a fraction of a card: ceil(q x sharesPerCard), and whether ceil rounded."""
-    # In integers (a Fraction's denominator is positive): Fraction arithmetic costs microseconds.
-    scaled = quantity.numerator * shares_per_card
-    shares, rest = divmod(scaled, quantity.denominator)
+    return shares_of(quantity.numerator, quantity.denominator, shares_per_card)
+
+
+def shares_of(numerator: int, denominator: int, shares_per_card: int) -> tuple[int, bool]:
+    """``to_shares`` of numerator/denominator (denominator > 0), for a caller that has the two."""
+    # In integers: Fraction arithmetic costs microseconds.
+    shares, rest = divmod(numerator * shares_per_card, denominator)
     return (shares + 1, True) if rest else (shares, False)
 
 
