@@ -226,21 +226,22 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     if card is not None:
         meta_was = new.get("metadata")
         meta = _own(new, "metadata")
-        annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-        labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+        annotations, labels = meta.get("annotations"), meta.get("labels")  # as in meta_was, when a mapping
         ours = {names.CARD_ANNOTATION: str(card), names.SHARES_ANNOTATION: str(pod_shares)}
         if sized is not None:
             ours[names.MEMORY_ANNOTATION] = str(sized[1])
-        meta["annotations"] = {**annotations, **ours}
-        meta["labels"] = {**labels, names.SHARED_LABEL: names.SHARED_LABEL_VALUE}
+        meta["annotations"] = {**annotations, **ours} if isinstance(annotations, dict) else {**ours}
+        meta["labels"] = {**labels, **_SHARED} if isinstance(labels, dict) else {**_SHARED}
         if ops is not None:
             if not isinstance(meta_was, dict):
                 ops.add("/metadata", meta)
             else:
-                _record_keys(ops, "/metadata/annotations", meta_was.get("annotations"), meta["annotations"], ours)
-                _record_keys(ops, "/metadata/labels", meta_was.get("labels"), meta["labels"],
-                             {names.SHARED_LABEL: names.SHARED_LABEL_VALUE})
+                _record_keys(ops, "/metadata/annotations", annotations, meta["annotations"], ours)
+                _record_keys(ops, "/metadata/labels", labels, meta["labels"], _SHARED)
     return new
+
+
+_SHARED = {names.SHARED_LABEL: names.SHARED_LABEL_VALUE}  # read, never changed
 
 
 def _record_keys(ops: Ops, where: str, was: object, now: dict, set_keys: dict[str, str]) -> None:
@@ -249,7 +250,8 @@ def _record_keys(ops: Ops, where: str, was: object, now: dict, set_keys: dict[st
         ops.add(where, now)
         return
     for key, value in set_keys.items():
-        if not _same_text(was.get(key), value):
+        old = was.get(key)
+        if type(old) is not str or old != value:  # _same_text, inline: one call fewer for each name
             token = _TOKENS.get(key)
             ops.add(f"{where}/{token if token is not None else pointer_token(key)}", value)
 
