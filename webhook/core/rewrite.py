@@ -37,10 +37,6 @@ class Ops:
         self.items.append({"op": "add", "path": path, "value": value})
 
 
-def _same_text(value: object, text: str) -> bool:
-    return type(value) is str and value == text
-
-
 def _own(holder: dict, key: str) -> dict:
     """Give ``holder`` its own shallow copy of the mapping under ``key`` (a new one if absent)."""
     value = holder.get(key)
@@ -251,7 +247,7 @@ def _record_keys(ops: Ops, where: str, was: object, now: dict, set_keys: dict[st
         return
     for key, value in set_keys.items():
         old = was.get(key)
-        if type(old) is not str or old != value:  # _same_text, inline: one call fewer for each name
+        if type(old) is not str or old != value:  # not already this text
             token = _TOKENS.get(key)
             ops.add(f"{where}/{token if token is not None else pointer_token(key)}", value)
 
