@@ -32,6 +32,8 @@ class Ops:
     def __init__(self) -> None:
         self.items: list[dict] = []
 
+    # The changes every pod gets append to ``items`` directly, in this same form: a method call
+    # for each operation cost more than building it.
     def add(self, path: str, value: object) -> None:
         # "add" on a member that exists replaces it (RFC 6902 4.1), as a walk's "replace" would.
         self.items.append({"op": "add", "path": path, "value": value})
@@ -91,7 +93,7 @@ def set_env(container: dict, name: str, value: str, ops: Ops | None = None, at: 
         container["env"] = [*env, entry]
         if ops is not None:
             if listed:
-                ops.add(f"{at}/env/-", entry)
+                ops.items.append({"op": "add", "path": f"{at}/env/-", "value": entry})
             else:
                 ops.add(f"{at}/env", container["env"])
         return
@@ -118,7 +120,7 @@ def _set_envs(container: dict, entries: dict[str, str], ops: Ops | None, at: str
                 entry = {"name": name, "value": value}
                 env.append(entry)
                 if ops is not None:
-                    ops.add(f"{at}/env/-", entry)
+                    ops.items.append({"op": "add", "path": f"{at}/env/-", "value": entry})
             return
     for name, value in entries.items():
         set_env(container, name, value, ops, at)
@@ -170,7 +172,7 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str], ops:
         # and limits and requests hold a handful of names. Python's == is JSON's here: the values
         # that can differ are gpushard's text, and "25" equals neither 25 nor True.
         if not isinstance(was, dict) or current != was:
-            ops.add(f"{at}/resources/{part}", current)
+            ops.items.append({"op": "add", "path": f"{at}/resources/{part}", "value": current})
     if ops is not None and whole:
         ops.add(f"{at}/resources", resources)
 
@@ -243,13 +245,14 @@ _SHARED = {names.SHARED_LABEL: names.SHARED_LABEL_VALUE}  # read, never changed
 def _record_keys(ops: Ops, where: str, was: object, now: dict, set_keys: dict[str, str]) -> None:
     """Record ``set_keys`` set in the mapping at ``where`` (``was`` before, ``now`` after)."""
     if not isinstance(was, dict):
-        ops.add(where, now)
+        ops.items.append({"op": "add", "path": where, "value": now})
         return
     for key, value in set_keys.items():
         old = was.get(key)
         if type(old) is not str or old != value:  # not already this text
             token = _TOKENS.get(key)
-            ops.add(f"{where}/{token if token is not None else pointer_token(key)}", value)
+            path = f"{where}/{token if token is not None else pointer_token(key)}"
+            ops.items.append({"op": "add", "path": path, "value": value})
 
 
 # The reference tokens of the names gpushard sets on a pod, escaped once ("/" in each).
@@ -274,7 +277,7 @@ def _prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool =
     if ops is None:
         return
     if affinity is None:
-        ops.add("/spec/affinity", spec["affinity"])
+        ops.items.append({"op": "add", "path": "/spec/affinity", "value": spec["affinity"]})
     elif node_aff is None:
         ops.add("/spec/affinity/nodeAffinity", new_aff)
     else:
