@@ -298,7 +298,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
     try:
         if not isinstance(obj, dict):
             raise f.ObjectError("object", f"expected a mapping, got {type(obj).__name__}")
-        if not isinstance(obj.get("metadata", {}), dict):
+        if "metadata" in obj and not isinstance(obj["metadata"], dict):  # absent is fine, null is not
             raise f.ObjectError("metadata", f"expected a mapping, got {type(obj['metadata']).__name__}")
         spec = spec_of(obj, kind)
         if spec is None:
