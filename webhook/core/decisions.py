@@ -29,7 +29,7 @@ class Request:
     seed: str = ""  # draws the card among the best few (the request's uid); "" picks the best
 
 
-@dataclass
+@dataclass(slots=True)
 class Decision:
     allowed: bool
     obj: dict | None = None  # the object as gpushard would admit it (enforce), else None
@@ -114,31 +114,43 @@ def spec_of(obj: dict, kind: str) -> dict | None:
 def pod_rules(asks: list[req.ContainerAsk], policy: Policy) -> tuple[list[f.Finding], int, int | None]:
     """Pod-wide rules over readable asks: one card, one pin, no mixing. (findings, shares, pin)."""
     found: list[f.Finding] = []
-    holders = [a for a in asks if a.holds_share]
-    passthrough = [a for a in asks if a.passthrough]
-    if holders and passthrough:
+    # One walk of the asks gathers what every rule below looks at.
+    holders: list[req.ContainerAsk] = []
+    passthrough = by_memory = by_share = None  # the first of each
+    pins = set()
+    for a in asks:
+        if a.passthrough:
+            if passthrough is None:
+                passthrough = a
+        elif a.holds_share:
+            holders.append(a)
+            if a.pin is not None:
+                pins.add(a.pin)
+            if a.memory_mib is not None:
+                if by_memory is None:
+                    by_memory = a
+            elif by_share is None:
+                by_share = a
+    if holders and passthrough is not None:
         found.append(f.Finding(f.MIXED_PASSTHROUGH, f.DENY, (
-            f"gpushard: container \"{passthrough[0].name}\" passes whole cards through while "
-            f"\"{holders[0].name}\" holds shares; split them into separate pods"), passthrough[0].name))
-    pins = sorted({a.pin for a in holders if a.pin is not None})
+            f"gpushard: container \"{passthrough.name}\" passes whole cards through while "
+            f"\"{holders[0].name}\" holds shares; split them into separate pods"), passthrough.name))
     if len(pins) > 1:
         found.append(f.Finding(f.CONFLICTING_PINS, f.DENY, (
-            f"gpushard: containers pin cards {', '.join(map(str, pins))}; all GPU containers of a pod "
+            f"gpushard: containers pin cards {', '.join(map(str, sorted(pins)))}; all GPU containers of a pod "
             "share one card"), None))
-    by_memory = [a for a in holders if a.memory_mib is not None]
-    by_share = [a for a in holders if a.memory_mib is None]
-    if by_memory and by_share:
+    if by_memory is not None and by_share is not None:
         found.append(f.Finding(f.MIXED_MEMORY, f.DENY, (
-            f"gpushard: container \"{by_memory[0].name}\" asks {policy.resources.memory} {by_memory[0].memory_text} "
-            f"while \"{by_share[0].name}\" asks a share of a card; ask GPU memory in every GPU container of the "
-            "pod, or a fraction in every one"), by_memory[0].name))
-    shares = req.effective_shares(asks)
+            f"gpushard: container \"{by_memory.name}\" asks {policy.resources.memory} {by_memory.memory_text} "
+            f"while \"{by_share.name}\" asks a share of a card; ask GPU memory in every GPU container of the "
+            "pod, or a fraction in every one"), by_memory.name))
+    shares = req.held_shares(holders)
     spc = policy.shares_per_card
     if shares > spc:
         found.append(f.Finding(f.POD_OVER_CARD, f.DENY, (
             f"gpushard: the pod needs {shares} shares but a card has {spc}; all GPU containers of a pod "
             "share one card"), None))
-    return found, shares, (pins[0] if len(pins) == 1 else None)
+    return found, shares, (pins.pop() if len(pins) == 1 else None)
 
 
 def _shown(value: object) -> str:
@@ -286,7 +298,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
     try:
         if not isinstance(obj, dict):
             raise f.ObjectError("object", f"expected a mapping, got {type(obj).__name__}")
-        if not isinstance(obj.get("metadata", {}), dict):
+        if "metadata" in obj and not isinstance(obj["metadata"], dict):  # absent is fine, null is not
             raise f.ObjectError("metadata", f"expected a mapping, got {type(obj['metadata']).__name__}")
         spec = spec_of(obj, kind)
         if spec is None:
@@ -307,9 +319,12 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
             return Decision(allowed=True, findings=[finding])
         return Decision(allowed=False, code=400, message=str(exc), findings=[finding])
 
-    found = [x for a in asks for x in a.findings]
+    found = []
+    for a in asks:
+        if a.findings:  # most asks have none
+            found += a.findings
     found += _host_access(request, spec, asks, policy)
-    denied = any(x.severity == f.DENY for x in found)
+    denied = bool(found) and any(x.severity == f.DENY for x in found)
     shares, pin = 0, None
     if not denied:
         pod_found, shares, pin = pod_rules(asks, policy)
@@ -317,8 +332,9 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         denied = bool(pod_found)
     if not denied:
         limit_found = isolation.env_findings(spec, asks, request.mode, policy)
-        found += limit_found if kind == names.POD_KIND else [x for x in limit_found if x.severity == f.DENY]
-        denied = any(x.severity == f.DENY for x in limit_found)
+        if limit_found:  # most pods write no limit variable: nothing to add or look at
+            found += limit_found if kind == names.POD_KIND else [x for x in limit_found if x.severity == f.DENY]
+            denied = any(x.severity == f.DENY for x in limit_found)
     if denied:
         if audit:
             return Decision(allowed=True, findings=found)
@@ -344,7 +360,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         # A reinvocation (another webhook changed the pod after gpushard did): keep the card,
         # and neither place nor count the pod again.
         card = pin
-    elif any(a.memory_mib is not None for a in asks):
+    elif req.asks_memory(asks):
         decided = _place_memory(request, asks, scheduling, policy, view, found)
         if isinstance(decided, Decision):
             return decided
@@ -361,7 +377,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
     ops = rewrite.Ops()
     new = rewrite.pod(obj, asks, card, shares, policy, node=node, ops=ops, sized=sized)
     patch = ops.items
-    if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):  # else strip_env has nothing to remove
+    if limit_found and any(x.rule == f.LIMIT_ENV_SET for x in limit_found):  # else strip_env has nothing to remove
         new, patch = isolation.strip_env(new, asks), None
     return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares, patch=patch,
                     memory_mib=sized[1] if sized else 0, card_memory_mib=sized[0] if sized else 0)

@@ -132,7 +132,10 @@ def container_findings(spec: dict, where: str, only: Iterable[tuple[str, int]] |
     chosen = set(only) if only is not None else None
     found = []
     for key, label in CONTAINER_LISTS:
-        for i, container in enumerate(_list(spec.get(key))):
+        items = spec.get(key)
+        if not isinstance(items, list):
+            continue
+        for i, container in enumerate(items):
             # Only a security context or a mount can hold a finding: skip the rest without a look.
             if (isinstance(container, dict) and (chosen is None or (key, i) in chosen)
                     and (container.get("securityContext") is not None or container.get("volumeMounts") is not None)):
@@ -215,11 +218,17 @@ def pod_findings(spec: dict, annotations: object, where: str, annotations_where:
         found.append(_deny(f.HOST_PID, (
             f"gpushard: the pod shares the node's process namespace ({where}.hostPID), "
             "so it could reach other pods' cards through their processes")))
-    found += _volumes(spec, where, policy)
-    found += _annotations(_dict(annotations), annotations_where)
+    # Most pods have no volumes, annotations or passthrough containers: each check below is
+    # skipped on one look when there is nothing for it to see.
+    if spec.get("volumes") is not None:
+        found += _volumes(spec, where, policy)
+    if isinstance(annotations, dict) and annotations:
+        found += _annotations(annotations, annotations_where)
     found += container_findings(spec, where)
-    if any(ask.passthrough for ask in asks):
-        found += _env_from(spec, asks, where)
+    for ask in asks:
+        if ask.passthrough:
+            found += _env_from(spec, asks, where)
+            break
     return found
 
 

@@ -58,9 +58,17 @@ def env_findings(spec: dict, asks: list[req.ContainerAsk], mode: str, policy: Po
             continue
         container = spec[ask.list_key][ask.position]
         env = container.get("env")
-        written = sorted({e.get("name") for e in env if isinstance(e, dict) and guarded(e.get("name"))}
-                         ) if isinstance(env, list) else []
+        written = None
+        if isinstance(env, list):
+            # A loop, not a comprehension: env lists are short, and a comprehension is a call.
+            for e in env:
+                if isinstance(e, dict) and guarded(name := e.get("name")):
+                    if written is None:
+                        written = {name}
+                    else:
+                        written.add(name)
         if written:
+            written = sorted(written)
             shown = ", ".join(written[:3]) + (", ..." if len(written) > 3 else "")
             found.append(f.Finding(f.LIMIT_ENV_SET, f.WARN, (
                 f"gpushard: container \"{ask.name}\" sets {shown}; {verb}: the device plugin sets GPU limits"),

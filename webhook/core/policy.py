@@ -36,6 +36,11 @@ class Resources:
     shares: str = names.SHARES_RESOURCE
     card_prefix: str = names.CARD_PREFIX
     memory: str = names.MEMORY_RESOURCE
+    # The three names above, for one set lookup per resource name when reading a container.
+    gpu_names: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpu_names", frozenset((self.fraction, self.shares, self.memory)))
 
     def card(self, index: int) -> str:
         return names.card_resource(self.card_prefix, index)

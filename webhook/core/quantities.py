@@ -27,6 +27,11 @@ class QuantityError(ValueError):
 
 def parse(value: object) -> Fraction:
     """Read a quantity as written in a manifest or an AdmissionReview, exactly."""
+    if type(value) is str:  # the usual case, first: text, as every quantity is on the wire
+        text = value.strip()
+        if len(text) > MAX_TEXT:
+            raise QuantityError(f"{text[:20]!r}... is too long to be a quantity")
+        return _parse_text(text)
     if isinstance(value, bool) or value is None:
         raise QuantityError(f"{value!r} is not a quantity")
     if isinstance(value, int):
@@ -79,9 +84,13 @@ def _parse_text(text: str) -> Fraction:
 
 def to_shares(quantity: Fraction, shares_per_card: int) -> tuple[int, bool]:
     """Shares for a fraction of a card: ceil(q x sharesPerCard), and whether ceil rounded."""
-    # In integers (a Fraction's denominator is positive): Fraction arithmetic costs microseconds.
-    scaled = quantity.numerator * shares_per_card
-    shares, rest = divmod(scaled, quantity.denominator)
+    return shares_of(quantity.numerator, quantity.denominator, shares_per_card)
+
+
+def shares_of(numerator: int, denominator: int, shares_per_card: int) -> tuple[int, bool]:
+    """``to_shares`` of numerator/denominator (denominator > 0), for a caller that has the two."""
+    # In integers: Fraction arithmetic costs microseconds.
+    shares, rest = divmod(numerator * shares_per_card, denominator)
     return (shares + 1, True) if rest else (shares, False)
 
 

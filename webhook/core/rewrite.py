@@ -32,13 +32,11 @@ class Ops:
     def __init__(self) -> None:
         self.items: list[dict] = []
 
+    # The changes every pod gets append to ``items`` directly, in this same form: a method call
+    # for each operation cost more than building it.
     def add(self, path: str, value: object) -> None:
         # "add" on a member that exists replaces it (RFC 6902 4.1), as a walk's "replace" would.
         self.items.append({"op": "add", "path": path, "value": value})
-
-
-def _same_text(value: object, text: str) -> bool:
-    return type(value) is str and value == text
 
 
 def _own(holder: dict, key: str) -> dict:
@@ -68,7 +66,11 @@ def env_value(container: dict, name: str) -> list[object]:
     env = container.get("env")
     if not isinstance(env, list):
         return []  # no env, or one that is no list (set_env replaces it)
-    return [e.get("value", e.get("valueFrom")) for e in env if isinstance(e, dict) and e.get("name") == name]
+    values = []
+    for e in env:  # a loop, not a comprehension: env lists are short, and a comprehension is a call
+        if isinstance(e, dict) and e.get("name") == name:
+            values.append(e.get("value", e.get("valueFrom")))
+    return values
 
 
 def set_env(container: dict, name: str, value: str, ops: Ops | None = None, at: str = "") -> None:
@@ -78,15 +80,20 @@ def set_env(container: dict, name: str, value: str, ops: Ops | None = None, at: 
     """
     env = container.get("env")
     listed = isinstance(env, list)
-    if not listed:
+    same = []
+    if listed:
+        # A loop, not a comprehension: env lists are short, and a comprehension is a call.
+        for e in env:
+            if isinstance(e, dict) and e.get("name") == name:
+                same.append(e)
+    else:
         env = []
-    same = [e for e in env if isinstance(e, dict) and e.get("name") == name]
     entry = {"name": name, "value": value}
     if not same:  # the usual case: nothing to drop, one walk of the list
         container["env"] = [*env, entry]
         if ops is not None:
             if listed:
-                ops.add(f"{at}/env/-", entry)
+                ops.items.append({"op": "add", "path": f"{at}/env/-", "value": entry})
             else:
                 ops.add(f"{at}/env", container["env"])
         return
@@ -96,6 +103,27 @@ def set_env(container: dict, name: str, value: str, ops: Ops | None = None, at: 
     container["env"].append(entry)
     if ops is not None:
         ops.add(f"{at}/env", container["env"])
+
+
+def _set_envs(container: dict, entries: dict[str, str], ops: Ops | None, at: str) -> None:
+    """``set_env`` for each name and value of ``entries`` in turn, with one walk of the env list and
+    one new list when it holds none of the names, which is the usual case."""
+    env = container.get("env")
+    if isinstance(env, list):
+        wanted = tuple(entries)  # compared with ==: a bad name (a list, say) is no key to look up
+        for e in env:
+            if isinstance(e, dict) and e.get("name") in wanted:
+                break
+        else:
+            env = container["env"] = list(env)
+            for name, value in entries.items():
+                entry = {"name": name, "value": value}
+                env.append(entry)
+                if ops is not None:
+                    ops.items.append({"op": "add", "path": f"{at}/env/-", "value": entry})
+            return
+    for name, value in entries.items():
+        set_env(container, name, value, ops, at)
 
 
 def remove_env(container: dict, name: str, ops: Ops | None = None, at: str = "") -> None:
@@ -122,15 +150,20 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str], ops:
                    at: str = "") -> None:
     """Replace every GPU resource in limits and requests by ``wanted``, keeping the rest."""
     res = policy.resources
+    ours, prefix = res.gpu_names, res.card_prefix
     whole = not isinstance(container.get("resources"), dict)  # then recorded as one value at the end
     resources = _own(container, "resources")
     for part in ("limits", "requests"):
         was = resources.get(part)
-        current = dict(was) if isinstance(was, dict) else {}
-        for key in list(current):
-            if key in (res.fraction, res.shares, res.memory) or (
-                    isinstance(key, str) and key.startswith(res.card_prefix) and res.card_index(key) is not None):
-                del current[key]
+        # The names kept, in their order, then ``wanted``: as deleting the GPU names from a copy
+        # and updating it would leave them, in one walk of the names.
+        current = {}
+        if isinstance(was, dict):
+            for key, value in was.items():
+                if key in ours or (isinstance(key, str) and key.startswith(prefix)
+                                   and res.card_index(key) is not None):
+                    continue
+                current[key] = value
         current.update(wanted)
         resources[part] = current
         if ops is None or whole:
@@ -139,7 +172,7 @@ def _set_resources(container: dict, policy: Policy, wanted: dict[str, str], ops:
         # and limits and requests hold a handful of names. Python's == is JSON's here: the values
         # that can differ are gpushard's text, and "25" equals neither 25 nor True.
         if not isinstance(was, dict) or current != was:
-            ops.add(f"{at}/resources/{part}", current)
+            ops.items.append({"op": "add", "path": f"{at}/resources/{part}", "value": current})
     if ops is not None and whole:
         ops.add(f"{at}/resources", resources)
 
@@ -159,18 +192,23 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     spec = _own_spec(new)
     if sized is not None and card is not None:
         _require_card_memory(spec, card, sized[0], ops)
-    if node is not None and not spec.get("nodeName") and placement.preferred_node(spec) is None:
+    # Without an affinity there is no preferred term to look for (most pods).
+    if node is not None and not spec.get("nodeName") and (
+            spec.get("affinity") is None or placement.preferred_node(spec) is None):
         _prefer_node(spec, node, ops, required=policy.node_affinity == "required")
     res = policy.resources
+    card_text = card_resource = None  # the same for every container that holds a share
     for ask in asks:
         at = f"/spec/{ask.list_key}/{ask.position}" if ops is not None else ""
         if ask.holds_share:
+            if card_resource is None:
+                card_text, card_resource = str(card), res.card(card)
             container = _own_container(spec, ask)
             count = str(ask.shares)
-            _set_resources(container, policy, {res.shares: count, res.card(card): count}, ops, at)
-            set_env(container, names.VISIBLE_DEVICES_ENV, str(card), ops, at)
-            set_env(container, names.FRACTION_ENV, quantities.fraction_text(ask.shares, policy.shares_per_card),
-                    ops, at)
+            _set_resources(container, policy, {res.shares: count, card_resource: count}, ops, at)
+            _set_envs(container, {names.VISIBLE_DEVICES_ENV: card_text,
+                                  names.FRACTION_ENV: quantities.fraction_text(ask.shares, policy.shares_per_card)},
+                      ops, at)
         elif ask.passthrough:
             # Whole cards from another device plugin: its value must reach the container, not a
             # user's "all" (the container's own env wins over the plugin's).
@@ -186,31 +224,40 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     if card is not None:
         meta_was = new.get("metadata")
         meta = _own(new, "metadata")
-        annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-        labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+        annotations, labels = meta.get("annotations"), meta.get("labels")  # as in meta_was, when a mapping
         ours = {names.CARD_ANNOTATION: str(card), names.SHARES_ANNOTATION: str(pod_shares)}
         if sized is not None:
             ours[names.MEMORY_ANNOTATION] = str(sized[1])
-        meta["annotations"] = {**annotations, **ours}
-        meta["labels"] = {**labels, names.SHARED_LABEL: names.SHARED_LABEL_VALUE}
+        meta["annotations"] = {**annotations, **ours} if isinstance(annotations, dict) else {**ours}
+        meta["labels"] = {**labels, **_SHARED} if isinstance(labels, dict) else {**_SHARED}
         if ops is not None:
             if not isinstance(meta_was, dict):
                 ops.add("/metadata", meta)
             else:
-                _record_keys(ops, "/metadata/annotations", meta_was.get("annotations"), meta["annotations"], ours)
-                _record_keys(ops, "/metadata/labels", meta_was.get("labels"), meta["labels"],
-                             {names.SHARED_LABEL: names.SHARED_LABEL_VALUE})
+                _record_keys(ops, "/metadata/annotations", annotations, meta["annotations"], ours)
+                _record_keys(ops, "/metadata/labels", labels, meta["labels"], _SHARED)
     return new
+
+
+_SHARED = {names.SHARED_LABEL: names.SHARED_LABEL_VALUE}  # read, never changed
 
 
 def _record_keys(ops: Ops, where: str, was: object, now: dict, set_keys: dict[str, str]) -> None:
     """Record ``set_keys`` set in the mapping at ``where`` (``was`` before, ``now`` after)."""
     if not isinstance(was, dict):
-        ops.add(where, now)
+        ops.items.append({"op": "add", "path": where, "value": now})
         return
     for key, value in set_keys.items():
-        if not _same_text(was.get(key), value):
-            ops.add(f"{where}/{pointer_token(key)}", value)
+        old = was.get(key)
+        if type(old) is not str or old != value:  # not already this text
+            token = _TOKENS.get(key)
+            path = f"{where}/{token if token is not None else pointer_token(key)}"
+            ops.items.append({"op": "add", "path": path, "value": value})
+
+
+# The reference tokens of the names gpushard sets on a pod, escaped once ("/" in each).
+_TOKENS = {key: pointer_token(key) for key in (names.CARD_ANNOTATION, names.SHARES_ANNOTATION,
+                                               names.MEMORY_ANNOTATION, names.SHARED_LABEL)}
 
 
 def _prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool = False) -> None:
@@ -230,7 +277,7 @@ def _prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool =
     if ops is None:
         return
     if affinity is None:
-        ops.add("/spec/affinity", spec["affinity"])
+        ops.items.append({"op": "add", "path": "/spec/affinity", "value": spec["affinity"]})
     elif node_aff is None:
         ops.add("/spec/affinity/nodeAffinity", new_aff)
     else:
