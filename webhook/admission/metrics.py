@@ -38,9 +38,9 @@ class Metrics:
     prometheus_client metrics by ``flush()``: when this process serves a scrape, at exit, and, in
     multiprocess mode, every ``flush_interval`` seconds from a daemon thread, so that other
     workers' scrapes see this worker's counts at most that late. In multiprocess mode each
-    prometheus_client update takes a global lock and writes an mmap'ed file (~10 us a review for
-    the counter and the histogram together); counting in process costs about a tenth of that,
-    and a flush writes each changed series once, whatever the number of reviews since the last.
+    prometheus_client update takes a global lock and writes an mmap'ed file (5 to 10 us a review for
+    the counter and the histogram together); counting in process costs about 1 us, and a flush
+    writes each changed series once, whatever the number of reviews since the last.
     The admission metrics must be written only through these methods: a flush sets the latency
     sum to the total counted here.
     """

@@ -111,17 +111,10 @@ def denial(uid: str, code: int, message: str, **extra: object) -> dict:
     return envelope(uid, allowed=False, status={"code": code, "message": message}, **extra)
 
 
-def _request_kind(request: dict) -> object:
-    kind = request.get("kind")
-    return kind.get("kind") if isinstance(kind, dict) else None
-
-
-def _kind_label(kind: object) -> str:
-    return kind if isinstance(kind, str) and kind in KNOWN_KINDS else "other"
-
-
 def metric_kind(request: dict) -> str:
-    return _kind_label(_request_kind(request))
+    kind = request.get("kind")
+    kind = kind.get("kind") if isinstance(kind, dict) else None
+    return kind if isinstance(kind, str) and kind in KNOWN_KINDS else "other"
 
 
 def answer(request: dict, mode: str, policy: Policy, view: View | None, templates: Templates | None = None) -> Answer:
@@ -133,8 +126,10 @@ def answer(request: dict, mode: str, policy: Policy, view: View | None, template
     allowed answer with a warning in audit mode, which must never block anything.
     """
     uid = request["uid"]
-    kind = _request_kind(request)
-    kind_label = _kind_label(kind)
+    # As metric_kind reads it; kind.kind is needed again for the decision.
+    kind = request.get("kind")
+    kind = kind.get("kind") if isinstance(kind, dict) else None
+    kind_label = kind if isinstance(kind, str) and kind in KNOWN_KINDS else "other"
     try:
         result = _answer(request, uid, kind, kind_label, mode, policy, view, templates)
         response = result.review["response"]
