@@ -2,8 +2,10 @@
 - a client that trusts only the CA and checks the Service's name reviews a pod and a Deployment through
   /mutate and a pod through /audit, several reviews on one kept-alive connection, the uid echoed;
 - a client trusting another CA, or checking another name, is refused at the handshake;
-- /healthz, /readyz, and /metrics summed over both workers, reflecting the requests made, with the
-  view's state and the certificate's expiry;
+- /healthz, /readyz, and /metrics summed over both workers, reflecting the requests made (the other
+  worker's within its flush interval), with the view's state and the certificate's expiry;
+- with one worker (the default) a scrape counts every review answered before it, and the counts
+  survive a restart of the workers (SIGHUP), as the latency histogram does;
 - a body that is no AdmissionReview is a 400, one announced over the size limit a 413, over the wire;
 - bad certificate, key, bind or cluster arguments stop `serve` with a message naming the problem.
 """
@@ -11,10 +13,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import ssl
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -82,20 +87,50 @@ def test_metrics_add_up_over_every_worker(server):
     for _ in range(3):
         _review(server, "/audit", objects.pod(objects.container("t", "0.1")))
     server.request("POST", "/mutate", b"[]")
-    after = _admissions(server)
+    want = {("Pod", "enforce", "patched"): 12, ("Pod", "audit", "allowed"): 3, ("unknown", "enforce", "invalid"): 1}
 
-    def delta(key):
-        return after.get(key, 0) - before.get(key, 0)
+    def deltas():
+        after = _admissions(server)
+        return {key: after.get(key, 0) - before.get(key, 0) for key in want}
 
-    assert delta(("Pod", "enforce", "patched")) == 12
-    assert delta(("Pod", "audit", "allowed")) == 3
-    assert delta(("unknown", "enforce", "invalid")) == 1
+    # The worker that does not answer the scrape publishes its counts every second.
+    deadline = time.monotonic() + 30  # a bound for a loaded machine, not a measure of the interval
+    while (got := deltas()) != want:
+        assert time.monotonic() < deadline, got
+        time.sleep(0.1)
     status, _, body = server.request("GET", "/metrics")
     assert b"gpushard_admission_seconds_bucket" in body
     # The worker that answers adds its view's state and the serving certificate's expiry.
     assert b"\ngpushard_view_synced 1.0\n" in body
     expiry = float(body.split(b"\ngpushard_certificate_expiry_seconds ")[1].split(b"\n")[0])
     assert 300 * 86400 < expiry <= 366 * 86400
+
+
+def test_one_worker_counts_at_once_and_keeps_its_counts_over_a_restart(certs, module_cluster):
+    srv = objects.Server(certs, module_cluster, workers=1).start()
+    try:
+        for _ in range(5):
+            _review(srv, "/mutate", objects.pod(objects.container("t", "0.1")), dry_run=True)
+        assert _admissions(srv) == {("Pod", "enforce", "patched"): 5.0}
+        _, _, body = srv.request("GET", "/metrics")
+        assert b'gpushard_admission_seconds_count{mode="enforce"} 5.0' in body
+        # gunicorn starts a new worker and stops the old one, which has counted since the last scrape.
+        _review(srv, "/mutate", objects.pod(objects.container("t", "0.1")), dry_run=True)
+        srv.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while not (old := re.findall(r"Worker exiting \(pid: (\d+)\)", srv.output())):
+            assert time.monotonic() < deadline, srv.output()
+            time.sleep(0.1)
+        while os.path.exists(f"/proc/{old[0]}"):  # until the master has reaped it
+            assert time.monotonic() < deadline, srv.output()
+            time.sleep(0.1)
+        assert _admissions(srv) == {("Pod", "enforce", "patched"): 6.0}
+        _, _, body = srv.request("GET", "/metrics")
+        assert b'gpushard_admission_seconds_count{mode="enforce"} 6.0' in body
+        _review(srv, "/mutate", objects.pod(objects.container("t", "0.1")), dry_run=True)
+        assert _admissions(srv) == {("Pod", "enforce", "patched"): 7.0}
+    finally:
+        srv.stop()
 
 
 def test_bad_bodies_over_the_wire(server):

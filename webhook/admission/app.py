@@ -114,13 +114,13 @@ class ReviewFastPath:
         length = environ.get("CONTENT_LENGTH") if mode is not None else None
         # Nine digits at most: int() refuses a string of thousands, and every length past the limit
         # that Flask must answer has eight or more.
-        if (not length or len(length) > 9 or not length.isascii() or not length.isdigit() or int(length) > MAX_BODY
-                or "HTTP_TRANSFER_ENCODING" in environ):
+        if (not length or len(length) > 9 or not length.isascii() or not length.isdigit()
+                or (size := int(length)) > MAX_BODY or "HTTP_TRANSFER_ENCODING" in environ):
             return self.wsgi_app(environ, start_response)
         metrics = self.state["metrics"]
         started = time.perf_counter()
         try:
-            body = _read(environ, int(length))
+            body = _read(environ, size)
             if body is None:
                 status, content_type, data = 400, _TEXT, _UNREADABLE
             else:

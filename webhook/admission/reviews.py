@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import base64
+import binascii
 import json
 import logging
 from dataclasses import dataclass
@@ -55,7 +55,7 @@ class BadReview(ValueError):
     """A body that is no AdmissionReview: answered with HTTP 400 and this short reason."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Answer:
     """What one review led to: the AdmissionReview to send, and labels for the metrics."""
 
@@ -90,7 +90,8 @@ def parse(body: bytes) -> dict:
 
 def encode_patch(patch: list[dict]) -> str:
     """The ``patch`` field of a response: the JSONPatch as compact JSON, base64-encoded."""
-    return base64.b64encode(wirejson.dumps(patch)).decode()
+    # What base64.b64encode returns, without its Python frame.
+    return binascii.b2a_base64(wirejson.dumps(patch), newline=False).decode("ascii")
 
 
 def _short(value: object, limit: int = 40) -> str:
@@ -125,9 +126,12 @@ def answer(request: dict, mode: str, policy: Policy, view: View | None, template
     allowed answer with a warning in audit mode, which must never block anything.
     """
     uid = request["uid"]
-    kind_label = metric_kind(request)
+    # As metric_kind reads it; kind.kind is needed again for the decision.
+    kind = request.get("kind")
+    kind = kind.get("kind") if isinstance(kind, dict) else None
+    kind_label = kind if isinstance(kind, str) and kind in KNOWN_KINDS else "other"
     try:
-        result = _answer(request, uid, kind_label, mode, policy, view, templates)
+        result = _answer(request, uid, kind, kind_label, mode, policy, view, templates)
         response = result.review["response"]
         if mode == names.MODE_AUDIT and not response["allowed"]:
             # Audit mode never blocks: a review it cannot read is said as a warning.
@@ -155,10 +159,8 @@ def _snapshot(view: View | None) -> placement.View | None:
         return None
 
 
-def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy, view: View | None,
+def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, policy: Policy, view: View | None,
             templates: Templates | None = None) -> Answer:
-    kind = request.get("kind")
-    kind = kind.get("kind") if isinstance(kind, dict) else None
     if not isinstance(kind, str) or not kind:
         return Answer(denial(uid, 400, "gpushard: the AdmissionReview request has no kind.kind"), INVALID,
                       kind_label)
@@ -187,52 +189,58 @@ def _answer(request: dict, uid: str, kind_label: str, mode: str, policy: Policy,
     if audit and not decision.allowed:
         # Audit mode never denies: what enforce would deny comes back as a finding.
         decision = decisions.Decision(allowed=True, findings=[f.Finding(f.UNREADABLE, f.DENY, decision.message)])
-    extra: dict = {}
-    annotations = {key: _clip(value) for key, value in decision.audit_annotations.items()}
+    # The response is built in place, its keys in the order the API server's answer has always had
+    # (uid, allowed, status, auditAnnotations, warnings, patchType, patch): the same bytes on the wire.
+    annotations = decision.audit_annotations
     if annotations:
-        extra["auditAnnotations"] = annotations
+        annotations = {key: _clip(value) for key, value in annotations.items()}
     if not decision.allowed and not audit:
-        # The denial message already says every denying finding; warn only about the rest.
-        warnings = decisions.warnings_for([x for x in decision.findings if x.severity != f.DENY])
-        if warnings:
-            extra["warnings"] = warnings
         code = decision.code if decision.code in (400, 403) else 403
         message = decision.message or "gpushard: denied"
         if not message.startswith("gpushard:"):
             message = f"gpushard: {message}"
+        response = {"uid": uid, "allowed": False, "status": {"code": code, "message": _clip(message)}}
+        if annotations:
+            response["auditAnnotations"] = annotations
+        # The denial message already says every denying finding; warn only about the rest.
+        warnings = decisions.warnings_for([x for x in decision.findings if x.severity != f.DENY])
+        if warnings:
+            response["warnings"] = warnings
         outcome = INVALID if code == 400 else DENIED
         rules = tuple(dict.fromkeys(x.rule for x in decision.findings if x.severity == f.DENY))
-        return Answer(denial(uid, code, _clip(message), **extra), outcome, kind_label,
+        return Answer({"apiVersion": API_VERSION, "kind": KIND, "response": response}, outcome, kind_label,
                       rules or ((f.UNREADABLE,) if code == 400 else ()))
 
+    response = {"uid": uid, "allowed": True}
+    if annotations:
+        response["auditAnnotations"] = annotations
     warnings = decision.warnings
     if warnings:
-        extra["warnings"] = warnings
+        response["warnings"] = warnings
     outcome = ALLOWED
     if not audit and decision.obj is not None and isinstance(obj, dict):
         patch = decision.patch if decision.patch is not None else patches.make(obj, decision.obj)
         if patch:
-            extra["patchType"] = "JSONPatch"
-            extra["patch"] = encode_patch(patch)
+            response["patchType"] = "JSONPatch"
+            response["patch"] = encode_patch(patch)
             outcome = PATCHED
-    if (outcome == PATCHED and not dry_run and kind == names.POD_KIND and templates is not None
-            and policy.backend == policy_mod.DRA and decision.shares > 0):
-        # The pod's claim comes from a template in its namespace: make sure it is there before the pod is.
-        warning = templates.ensure(request.get("namespace") or "", decision.shares)
-        if warning:
-            extra["warnings"] = [*extra.get("warnings", ()), _clip(warning, decisions.WARNING_MAX)]
-    # Only a pod gpushard just rewrote is new to the view: a reinvocation over its own output
-    # (an empty patch) must not count the same pod twice.
-    if (outcome == PATCHED and not dry_run and kind == names.POD_KIND and decision.node is not None
-            and decision.card is not None and view is not None):
-        try:
-            view.remember(decision.node, decision.card, decision.shares)
-        except Exception:
-            # Packing gets a little worse until the view catches up; the answer stays right.
-            log.exception("gpushard: the cluster view could not record a placement")
+    if outcome == PATCHED and not dry_run and kind == names.POD_KIND:
+        if templates is not None and policy.backend == policy_mod.DRA and decision.shares > 0:
+            # The pod's claim comes from a template in its namespace: make sure it is there before the pod is.
+            warning = templates.ensure(request.get("namespace") or "", decision.shares)
+            if warning:
+                response["warnings"] = [*response.get("warnings", ()), _clip(warning, decisions.WARNING_MAX)]
+        # Only a pod gpushard just rewrote is new to the view: a reinvocation over its own output
+        # (an empty patch) must not count the same pod twice.
+        if decision.node is not None and decision.card is not None and view is not None:
+            try:
+                view.remember(decision.node, decision.card, decision.shares)
+            except Exception:
+                # Packing gets a little worse until the view catches up; the answer stays right.
+                log.exception("gpushard: the cluster view could not record a placement")
     memory = (decision.card_memory_mib, decision.memory_mib) \
         if outcome == PATCHED and not dry_run and decision.memory_mib else None
-    return Answer(envelope(uid, allowed=True, **extra), outcome, kind_label, memory=memory)
+    return Answer({"apiVersion": API_VERSION, "kind": KIND, "response": response}, outcome, kind_label, memory=memory)
 
 
 def review(body: bytes, mode: str, policy: Policy, view: View | None, templates: Templates | None = None) -> Answer:

@@ -278,8 +278,12 @@ def serve(args: argparse.Namespace) -> int:
     prom_dir = tempfile.mkdtemp(prefix="gpushard-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
     os.environ[CERT_ENV] = os.path.abspath(args.cert)
+    master = os.getpid()
     try:
         _Server(gunicorn_options(args, context), args.config, args.cluster).run()
     finally:
-        shutil.rmtree(prom_dir, ignore_errors=True)
+        # An exiting worker comes back through here too (gunicorn ends it with SystemExit): only
+        # the master removes the folder, whose files of exited workers still count.
+        if os.getpid() == master:
+            shutil.rmtree(prom_dir, ignore_errors=True)
     return 0
