@@ -343,7 +343,8 @@ def test_a_drawn_choice_equals_the_plain_scan_draw(view, pods, strategy, seed):
 def test_derived_views_draw_as_the_plain_scan(data, view, strategy):
     """Remembered choices (one card), node changes, nodes added past the index's room for them and
     card indexes it has no slot for, each followed by drawn choices against the plain scan."""
-    pods = [placement.Ask(shares=5), placement.Ask(shares=40, pin=2), placement.Ask(shares=10, node_selector={"pool": "b"})]
+    pods = [placement.Ask(shares=5), placement.Ask(shares=40, pin=2),
+            placement.Ask(shares=10, node_selector={"pool": "b"})]
     placement.choose(view, pods[0], strategy)  # the indexes exist, so derived views carry them
     for step in range(data.draw(st.integers(1, 8))):
         kind = data.draw(st.sampled_from(["card", "card", "node", "add", "new index", "remove"]))

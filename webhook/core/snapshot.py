@@ -25,7 +25,7 @@ import json
 import threading
 from collections.abc import Mapping
 
-from webhook.core.scheduling import Ask, Card, Node, card_memory_mib, eligible, same_scheduling
+from webhook.core.scheduling import Ask, Node, card_memory_mib, eligible, same_scheduling
 
 # Distinct constraint sets whose eligible nodes a view family keeps; pods of one workload share
 # one set, so a few hundred cover a large cluster, and each entry is one big integer.
