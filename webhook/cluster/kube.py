@@ -291,9 +291,7 @@ class KubeView:
         used = self._used.get(key, 0) + self._tentative.get(key, 0)
         if used == c.used:
             return
-        card = placement.Card(c.index, c.capacity, used, c.uuid, c.model, c.memory_mib)
-        node = placement.Node(current.name, current.labels, current.taints, current.ready, current.unschedulable,
-                              (*cards[:j], card, *cards[j + 1:]))
+        node = current.with_card(j, c.with_used(used))
         self._current[name] = node
         self._view = placement.replace_card(self._view, node, j)
 
