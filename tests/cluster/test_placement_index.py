@@ -186,8 +186,9 @@ def test_preferred_term_round_trips():
 def _usage_state(usage) -> tuple:
     """The index's content as (card index, free shares) -> nodes, whatever its layout: slots of
     card indexes with no card left (a rebuild never makes them) and the stride aside."""
-    low = (1 << usage.stride) - 1
-    cards = {(k, free): (bits >> (s * usage.stride)) & low
+    stride = usage.layout.stride
+    low = (1 << stride) - 1
+    cards = {(k, free): (bits >> (s * stride)) & low
              for free, bits in usage.levels.items() for s, k in enumerate(usage.ks)}
     assert usage.fs == sorted(usage.levels) and all(usage.levels.values())
     return ({key: nodes for key, nodes in cards.items() if nodes}, {k: b for k, b in usage.has_k.items() if b},

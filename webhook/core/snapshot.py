@@ -248,18 +248,18 @@ class _Usage:
     ``stride`` leaves room past the last node, so that a node added at the end keeps the layout.
     """
 
-    __slots__ = ("levels", "fs", "ks", "slot", "stride", "rep", "has_k", "has_any")
+    __slots__ = ("levels", "fs", "layout", "has_k", "has_any")
 
-    def __init__(self, levels: dict[int, int], fs: list[int], ks: list[int], stride: int,
-                 has_k: dict[int, int], has_any: int):
+    def __init__(self, levels: dict[int, int], fs: list[int], layout: _Layout, has_k: dict[int, int], has_any: int):
         self.levels = levels  # free shares -> cards that free, over (card index, node) slots
         self.fs = fs  # the levels' free shares, ascending
-        self.ks = ks  # card indexes with a slot, ascending (some may have no card left)
-        self.slot = {k: s for s, k in enumerate(ks)}
-        self.stride = stride
-        self.rep = sum(1 << (s * stride) for s in range(len(ks)))  # a node bitset times rep: every slot
+        self.layout = layout  # the slots: shared by every index derived without a rebuild
         self.has_k = has_k  # card index -> nodes that have such a card
         self.has_any = has_any  # nodes with any card
+
+    @property
+    def ks(self) -> list[int]:
+        return self.layout.ks
 
     @classmethod
     def build(cls, nodes: tuple[Node, ...]) -> _Usage:
@@ -283,22 +283,17 @@ class _Usage:
         for s, k in enumerate(ks):
             for free, bits in by_kf[k].items():
                 levels[free] = levels.get(free, 0) | (bits << (s * stride))
-        return cls(levels, sorted(levels), ks, stride, has_k, has_any)
+        return cls(levels, sorted(levels), _Layout(ks, stride), has_k, has_any)
 
     def _with_levels(self, levels: dict[int, int], resort: bool) -> _Usage:
-        usage = _Usage.__new__(_Usage)
-        usage.levels = levels
-        usage.fs = sorted(levels) if resort else self.fs
-        usage.ks, usage.slot, usage.stride, usage.rep = self.ks, self.slot, self.stride, self.rep
-        usage.has_k, usage.has_any = self.has_k, self.has_any
-        return usage
+        return _Usage(levels, sorted(levels) if resort else self.fs, self.layout, self.has_k, self.has_any)
 
     def derive(self, old: Mapping[int, Node], new: Mapping[int, Node], view: View) -> _Usage:
         """The index of ``view``, whose nodes at ``old``'s positions became ``new``'s (which may add
         positions at the end). Built anew when a node lands past the stride or brings a card
         index without a slot; otherwise only the changed cards' bits move, in a copy of the
         levels table. The result equals ``_Usage.build`` over the new nodes."""
-        stride, slot = self.stride, self.slot
+        stride, slot = self.layout.stride, self.layout.slot
         for i, node in new.items():
             if i >= stride or any(c.index not in slot for c in node.cards):
                 return _Usage.build(view.nodes)
@@ -357,7 +352,7 @@ class _Usage:
         ``was`` to ``now`` free shares: one bit moves between two levels."""
         if was == now:
             return self  # never changed once made: the same index serves both views
-        b = 1 << (self.slot[k] * self.stride + i)
+        b = 1 << (self.layout.slot[k] * self.layout.stride + i)
         levels = dict(self.levels)
         resort = False
         bits = levels.get(was, 0) & ~b
@@ -377,18 +372,26 @@ class _Usage:
     def _wide(self, mask: int, pin: int | None, masks: Mapping[int, int] | None = None) -> int:
         """The slots of ``mask``'s nodes' cards (card ``pin`` only, when given); with ``masks``, the
         slots of each card index's own nodes."""
-        stride = self.stride
+        layout = self.layout
         if masks is not None:
             wide = 0
             for k, bits in masks.items():
-                s = self.slot.get(k)
+                s = layout.slot.get(k)
                 if s is not None:
-                    wide |= (bits & self.has_any) << (s * stride)
+                    wide |= (bits & self.has_any) << (s * layout.stride)
             return wide
-        if pin is None:
-            return (mask & self.has_any) * self.rep  # the node bitset repeated in every slot
-        s = self.slot.get(pin)
-        return 0 if s is None else (mask & self.has_any) << (s * stride)
+        mask &= self.has_any
+        if pin is not None:
+            s = layout.slot.get(pin)
+            return 0 if s is None else mask << (s * layout.stride)
+        # The node bitset repeated in every slot: a multiplication of big integers, so kept per node
+        # set (pods of one workload ask for the same nodes) for every index of the same layout.
+        wide = layout.wide.get(mask)
+        if wide is None:
+            if len(layout.wide) >= MASK_CACHE_SIZE:
+                layout.wide.clear()
+            wide = layout.wide[mask] = mask * layout.rep
+        return wide
 
     def _order(self, shares: int, strategy: str) -> range:
         """Positions in ``fs`` of the levels with room for ``shares``, best first."""
@@ -415,8 +418,8 @@ class _Usage:
             for j in order:
                 found = levels[fs[j]] & wide
                 if found:
-                    s, i = divmod((found & -found).bit_length() - 1, self.stride)
-                    return i, self.ks[s]
+                    s, i = divmod((found & -found).bit_length() - 1, self.layout.stride)
+                    return i, self.layout.ks[s]
         return None
 
     def draw(self, mask: int, pin: int | None, shares: int, strategy: str, slack: int, count: int,
@@ -455,21 +458,38 @@ class _Usage:
 
     def _locate(self, found: int, r: int) -> tuple[int, int]:
         """(node position, card index) of the ``r``-th card (from 0) of ``found``."""
-        stride = self.stride
-        low = (1 << stride) - 1
-        s = 0
-        while True:
-            part = found & low
-            if part:
-                n = part.bit_count()
-                if r < n:
-                    while r:
-                        part &= part - 1  # drop the lowest node: the r-th is then the lowest
-                        r -= 1
-                    return lowest_node(part), self.ks[s]
-                r -= n
-            found >>= stride
-            s += 1
+        layout = self.layout
+        below = layout.below  # below[s]: the slots before slot s
+        lo, hi, before = 0, len(layout.ks), 0  # the card is in a slot in [lo, hi); before: cards before lo
+        while hi - lo > 1:  # halve by counting the cards before the middle slot
+            mid = (lo + hi) // 2
+            n = (found & below[mid]).bit_count()
+            if r < n:
+                hi = mid
+            else:
+                lo, before = mid, n
+        r -= before
+        part = (found >> (lo * layout.stride)) & layout.low
+        while r:
+            part &= part - 1  # drop the lowest node: the r-th is then the lowest
+            r -= 1
+        return lowest_node(part), layout.ks[lo]
+
+
+class _Layout:
+    """The slots of an index: card indexes ``ks`` (ascending; slot s is ``ks[s]``) of ``stride`` bits,
+    with what a choice derives from them, shared by the indexes derived from one another."""
+
+    __slots__ = ("ks", "slot", "stride", "rep", "low", "below", "wide")
+
+    def __init__(self, ks: list[int], stride: int):
+        self.ks = ks
+        self.slot = {k: s for s, k in enumerate(ks)}
+        self.stride = stride
+        self.rep = sum(1 << (s * stride) for s in range(len(ks)))  # a node bitset times rep: in every slot
+        self.low = (1 << stride) - 1
+        self.below = [(1 << (s * stride)) - 1 for s in range(len(ks) + 1)]
+        self.wide: dict[int, int] = {}  # node bitset -> the same in every slot (see _Usage._wide)
 
 
 def _stride(size: int) -> int:
