@@ -189,8 +189,9 @@ def _usage_state(usage) -> tuple:
     stride = usage.layout.stride
     low = (1 << stride) - 1
     cards = {(k, free): (bits >> (s * stride)) & low
-             for free, bits in usage.levels.items() for s, k in enumerate(usage.ks)}
-    assert usage.fs == sorted(usage.levels) and all(usage.levels.values())
+             for free, (bits, _count) in usage.levels.items() for s, k in enumerate(usage.ks)}
+    assert usage.fs == sorted(usage.levels)
+    assert all(bits and count == bits.bit_count() for bits, count in usage.levels.values())
     return ({key: nodes for key, nodes in cards.items() if nodes}, {k: b for k, b in usage.has_k.items() if b},
             usage.has_any)
 

@@ -240,18 +240,21 @@ class _Topology:
 class _Usage:
     """Per free-share count, the cards that free, as one bitset over (card index, node) slots.
 
-    Bit ``s * stride + i`` of ``levels[free]`` stands for the card of index ``ks[s]`` of the node at
-    position ``i``: within a level the bits run by card index, then by node, which is the order
-    the choice breaks ties in. A choice then reads a level with one AND and counts its cards with
-    one bit count, where a table per card index took a lookup per index and level (about 20 per
-    drawn choice), and a remembered choice moves one bit between two levels of one table.
-    ``stride`` leaves room past the last node, so that a node added at the end keeps the layout.
+    ``levels[free]`` is (bits, count): bit ``s * stride + i`` stands for the card of index ``ks[s]``
+    of the node at position ``i``, and count is how many bits are set. Within a level the bits run
+    by card index, then by node, which is the order the choice breaks ties in. A choice then
+    reads a level with one AND and counts its cards with one bit count (a pod that may run on
+    every node with cards, the usual pod of a pool of like GPU nodes, reads the count as kept),
+    where a table per card index took a lookup per index and level (about 20 per drawn choice);
+    a remembered choice moves one bit between two levels of one table. ``stride`` leaves room
+    past the last node, so that a node added at the end keeps the layout.
     """
 
     __slots__ = ("levels", "fs", "layout", "has_k", "has_any")
 
-    def __init__(self, levels: dict[int, int], fs: list[int], layout: _Layout, has_k: dict[int, int], has_any: int):
-        self.levels = levels  # free shares -> cards that free, over (card index, node) slots
+    def __init__(self, levels: dict[int, tuple[int, int]], fs: list[int], layout: _Layout, has_k: dict[int, int],
+                 has_any: int):
+        self.levels = levels  # free shares -> (cards that free over (card index, node) slots, how many)
         self.fs = fs  # the levels' free shares, ascending
         self.layout = layout  # the slots: shared by every index derived without a rebuild
         self.has_k = has_k  # card index -> nodes that have such a card
@@ -283,10 +286,8 @@ class _Usage:
         for s, k in enumerate(ks):
             for free, bits in by_kf[k].items():
                 levels[free] = levels.get(free, 0) | (bits << (s * stride))
-        return cls(levels, sorted(levels), _Layout(ks, stride), has_k, has_any)
-
-    def _with_levels(self, levels: dict[int, int], resort: bool) -> _Usage:
-        return _Usage(levels, sorted(levels) if resort else self.fs, self.layout, self.has_k, self.has_any)
+        return cls({free: (bits, bits.bit_count()) for free, bits in levels.items()}, sorted(levels),
+                   _Layout(ks, stride), has_k, has_any)
 
     def derive(self, old: Mapping[int, Node], new: Mapping[int, Node], view: View) -> _Usage:
         """The index of ``view``, whose nodes at ``old``'s positions became ``new``'s (which may add
@@ -297,9 +298,10 @@ class _Usage:
         for i, node in new.items():
             if i >= stride or any(c.index not in slot for c in node.cards):
                 return _Usage.build(view.nodes)
-        levels = dict(self.levels)
+        changed: dict[int, int] = {}  # free shares -> the level's bits as they become
+        levels = self.levels
         has_k, has_any = self.has_k, self.has_any
-        resort = fresh_k = False
+        fresh_k = False
         for i in set(old) | set(new):
             was_cards = old[i].cards if i in old else ()
             now_cards = new[i].cards if i in new else ()
@@ -314,25 +316,13 @@ class _Usage:
                     gone, came = [a for a, _b in pairs], [b for _a, b in pairs]
             bit = 1 << i
             for c in gone:
-                b = bit << (slot[c.index] * stride)
                 free = c.capacity - c.used
-                bits = levels.get(free, 0)
-                if bits & b:
-                    bits &= ~b
-                    if bits:
-                        levels[free] = bits
-                    else:
-                        del levels[free]
-                        resort = True
+                bits = changed[free] if free in changed else levels.get(free, (0, 0))[0]
+                changed[free] = bits & ~(bit << (slot[c.index] * stride))
             for c in came:
-                b = bit << (slot[c.index] * stride)
                 free = c.capacity - c.used
-                bits = levels.get(free)
-                if bits is None:
-                    levels[free] = b
-                    resort = True
-                else:
-                    levels[free] = bits | b
+                bits = changed[free] if free in changed else levels.get(free, (0, 0))[0]
+                changed[free] = bits | (bit << (slot[c.index] * stride))
             if gone is was_cards and {c.index for c in was_cards} != {c.index for c in now_cards}:
                 if not fresh_k:
                     has_k, fresh_k = dict(has_k), True
@@ -343,9 +333,16 @@ class _Usage:
                 for k in [k for k, bits in has_k.items() if not bits]:
                     del has_k[k]
             has_any = (has_any | bit) if now_cards else (has_any & ~bit)
-        usage = self._with_levels(levels, resort)
-        usage.has_k, usage.has_any = has_k, has_any
-        return usage
+        levels = dict(levels)
+        resort = False
+        for free, bits in changed.items():
+            if bits:
+                resort = resort or free not in levels
+                levels[free] = (bits, bits.bit_count())
+            elif free in levels:
+                del levels[free]
+                resort = True
+        return _Usage(levels, sorted(levels) if resort else self.fs, self.layout, has_k, has_any)
 
     def moved(self, i: int, k: int, was: int, now: int) -> _Usage:
         """The index after card ``k`` of the node at position ``i`` (its only card ``k``) went from
@@ -355,19 +352,19 @@ class _Usage:
         b = 1 << (self.layout.slot[k] * self.layout.stride + i)
         levels = dict(self.levels)
         resort = False
-        bits = levels.get(was, 0) & ~b
-        if bits:
-            levels[was] = bits
-        elif was in levels:
+        bits, n = levels[was]  # the card's bit is there, and not in level ``now``: its only card k
+        if n > 1:
+            levels[was] = (bits & ~b, n - 1)
+        else:
             del levels[was]
             resort = True
-        bits = levels.get(now)
-        if bits is None:
-            levels[now] = b
+        level = levels.get(now)
+        if level is None:
+            levels[now] = (b, 1)
             resort = True
         else:
-            levels[now] = bits | b
-        return self._with_levels(levels, resort)
+            levels[now] = (level[0] | b, level[1] + 1)
+        return _Usage(levels, sorted(levels) if resort else self.fs, self.layout, self.has_k, self.has_any)
 
     def _wide(self, mask: int, pin: int | None, masks: Mapping[int, int] | None = None) -> int:
         """The slots of ``mask``'s nodes' cards (card ``pin`` only, when given); with ``masks``, the
@@ -416,7 +413,7 @@ class _Usage:
         if wide:
             levels, fs = self.levels, self.fs
             for j in order:
-                found = levels[fs[j]] & wide
+                found = levels[fs[j]][0] & wide
                 if found:
                     s, i = divmod((found & -found).bit_length() - 1, self.layout.stride)
                     return i, self.layout.ks[s]
@@ -431,17 +428,21 @@ class _Usage:
         wide = self._wide(mask, pin, masks)
         if not wide:
             return None
+        # Every card of the level is the pod's when it may run on every node with cards.
+        every = masks is None and pin is None and mask & self.has_any == self.has_any
         levels, fs = self.levels, self.fs
         taken, total, best = [], 0, None
         for j in self._order(shares, strategy):
             free = fs[j]
             if best is not None and abs(free - best) > slack:
                 break
-            found = levels[free] & wide
-            if found:
+            found, n = levels[free]
+            if not every:
+                found &= wide
+                n = found.bit_count() if found else 0
+            if n:
                 if best is None:
                     best = free
-                n = found.bit_count()
                 taken.append((found, n))
                 total += n
                 if total >= count or rng is None:
