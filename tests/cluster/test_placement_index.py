@@ -15,7 +15,9 @@ We test:
 - a drawn choice (a random source) equals a draw over the plain scan's fitting cards, sorted best
   first, cut to the slack and to CHOICE_CANDIDATES, on crowded views where many cards tie, and on
   views derived from them (one card, a node changed, nodes added past the index's room, a card
-  index it had no slot for, a node removed), whose index stays the one a rebuild makes.
+  index it had no slot for, a node removed), whose index stays the one a rebuild makes;
+- levels that remembered choices leave empty stay until they are half the index, then go,
+  and the index keeps choosing as a rebuilt one.
 """
 
 from __future__ import annotations
@@ -185,13 +187,16 @@ def test_preferred_term_round_trips():
 
 def _usage_state(usage) -> tuple:
     """The index's content as (card index, free shares) -> nodes, whatever its layout: slots of
-    card indexes with no card left (a rebuild never makes them) and the stride aside."""
+    card indexes with no card left and empty levels (a rebuild makes neither) and the stride aside."""
     stride = usage.layout.stride
     low = (1 << stride) - 1
     cards = {(k, free): (bits >> (s * stride)) & low
              for free, (bits, _count) in usage.levels.items() for s, k in enumerate(usage.ks)}
+    # Levels left empty stay listed, and counted, until they are half the table.
     assert usage.fs == sorted(usage.levels)
-    assert all(bits and count == bits.bit_count() for bits, count in usage.levels.values())
+    assert all(count == bits.bit_count() for bits, count in usage.levels.values())
+    assert usage.empty == sum(1 for _bits, count in usage.levels.values() if not count)
+    assert usage.empty <= 8 or usage.empty * 2 <= len(usage.levels)
     return ({key: nodes for key, nodes in cards.items() if nodes}, {k: b for k, b in usage.has_k.items() if b},
             usage.has_any)
 
@@ -379,3 +384,24 @@ def test_derived_views_draw_as_the_plain_scan(data, view, strategy):
         for n, ask in enumerate(pods):
             got = placement.choose(view, ask, strategy, random.Random(seed + n))
             assert summary(got) == reference_draw(view, ask, strategy, random.Random(seed + n))
+
+
+def test_levels_left_empty_by_remembered_choices_are_dropped_once_they_are_half_the_table():
+    view = placement.View(nodes=tuple(_node_of(i, [10 * i, 5]) for i in range(3)))
+    pods = [placement.Ask(shares=s) for s in (1, 30, 90)]
+    placement.choose(view, pods[0])  # the indexes exist, so each remembered choice moves one card
+    sizes = []
+    for step in range(300):  # cards filled a share at a time, then emptied: level after level empties
+        i, j = step % 3, (step // 3) % 2
+        node = view.node(i)
+        c = node.cards[j]
+        used = (c.used + 1) % 101 if step < 240 else 0
+        view = placement.replace_card(view, node.with_card(j, c.with_used(used)), j)
+        sizes.append(len(view._usage.levels))
+        assert _usage_state(view._usage) == _usage_state(placement.View(nodes=view.nodes)._usage)
+        for ask in pods:
+            for seed in (1, 2):
+                got = placement.choose(view, ask, "binpack", random.Random(seed))
+                assert summary(got) == reference_draw(view, ask, "binpack", random.Random(seed))
+    live = {c.capacity - c.used for n in view.nodes for c in n.cards}
+    assert max(sizes) <= 2 * 6 + 9 and len(view._usage.levels) <= len(live) + 9

@@ -248,17 +248,30 @@ class _Usage:
     where a table per card index took a lookup per index and level (about 20 per drawn choice);
     a remembered choice moves one bit between two levels of one table. ``stride`` leaves room
     past the last node, so that a node added at the end keeps the layout.
+
+    A level whose last card leaves stays, empty, until empty levels are half the table: deleting
+    it would leave a hole in the dict, and the next copy of a dict with holes re-inserts every
+    entry, where one without copies its table whole; nor does ``fs`` need sorting again when a
+    card comes back to the level (a remembered choice, then its expiry).
     """
 
-    __slots__ = ("levels", "fs", "layout", "has_k", "has_any")
+    __slots__ = ("levels", "fs", "layout", "has_k", "has_any", "empty")
 
     def __init__(self, levels: dict[int, tuple[int, int]], fs: list[int], layout: _Layout, has_k: dict[int, int],
-                 has_any: int):
+                 has_any: int, empty: int = 0):
         self.levels = levels  # free shares -> (cards that free over (card index, node) slots, how many)
-        self.fs = fs  # the levels' free shares, ascending
+        self.fs = fs  # the levels' free shares, ascending, empty ones too
         self.layout = layout  # the slots: shared by every index derived without a rebuild
         self.has_k = has_k  # card index -> nodes that have such a card
         self.has_any = has_any  # nodes with any card
+        self.empty = empty  # how many levels are empty
+
+    def _compacted(self) -> _Usage:
+        """This index, without its empty levels once they are half the table."""
+        if self.empty <= 8 or self.empty * 2 <= len(self.levels):
+            return self
+        levels = {free: level for free, level in self.levels.items() if level[1]}
+        return _Usage(levels, [free for free in self.fs if free in levels], self.layout, self.has_k, self.has_any)
 
     @property
     def ks(self) -> list[int]:
@@ -334,15 +347,21 @@ class _Usage:
                     del has_k[k]
             has_any = (has_any | bit) if now_cards else (has_any & ~bit)
         levels = dict(levels)
-        resort = False
+        resort, empty = False, self.empty
         for free, bits in changed.items():
-            if bits:
-                resort = resort or free not in levels
-                levels[free] = (bits, bits.bit_count())
-            elif free in levels:
-                del levels[free]
+            level = levels.get(free)
+            if level is None:
+                if not bits:
+                    continue
                 resort = True
-        return _Usage(levels, sorted(levels) if resort else self.fs, self.layout, has_k, has_any)
+            elif not level[1]:
+                empty -= 1
+            if bits:
+                levels[free] = (bits, bits.bit_count())
+            else:
+                levels[free] = (0, 0)
+                empty += 1
+        return _Usage(levels, sorted(levels) if resort else self.fs, self.layout, has_k, has_any, empty)._compacted()
 
     def moved(self, i: int, k: int, was: int, now: int) -> _Usage:
         """The index after card ``k`` of the node at position ``i`` (its only card ``k``) went from
@@ -350,21 +369,21 @@ class _Usage:
         if was == now:
             return self  # never changed once made: the same index serves both views
         b = 1 << (self.layout.slot[k] * self.layout.stride + i)
-        levels = dict(self.levels)
-        resort = False
+        levels, fs, empty = dict(self.levels), self.fs, self.empty
         bits, n = levels[was]  # the card's bit is there, and not in level ``now``: its only card k
-        if n > 1:
-            levels[was] = (bits & ~b, n - 1)
-        else:
-            del levels[was]
-            resort = True
+        levels[was] = (bits & ~b, n - 1)
+        if n == 1:
+            empty += 1
         level = levels.get(now)
         if level is None:
             levels[now] = (b, 1)
-            resort = True
+            fs = fs.copy()
+            bisect.insort(fs, now)
         else:
             levels[now] = (level[0] | b, level[1] + 1)
-        return _Usage(levels, sorted(levels) if resort else self.fs, self.layout, self.has_k, self.has_any)
+            if not level[1]:
+                empty -= 1
+        return _Usage(levels, fs, self.layout, self.has_k, self.has_any, empty)._compacted()
 
     def _wide(self, mask: int, pin: int | None, masks: Mapping[int, int] | None = None) -> int:
         """The slots of ``mask``'s nodes' cards (card ``pin`` only, when given); with ``masks``, the
