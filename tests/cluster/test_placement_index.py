@@ -17,19 +17,21 @@ We test:
   views derived from them (one card, a node changed, nodes added past the index's room, a card
   index it had no slot for, a node removed), whose index stays the one a rebuild makes;
 - levels that remembered choices leave empty stay until they are half the index, then go,
-  and the index keeps choosing as a rebuilt one.
+  and the index keeps choosing as a rebuilt one;
+- equal scheduling constraints, however spelled, share one eligibility key; different ones do not.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+import types
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook.core import findings as f
-from webhook.core import placement
+from webhook.core import placement, snapshot
 
 # --- the reference: every card of every eligible node, looked at one by one ---------------------
 
@@ -405,3 +407,18 @@ def test_levels_left_empty_by_remembered_choices_are_dropped_once_they_are_half_
                 assert summary(got) == reference_draw(view, ask, "binpack", random.Random(seed))
     live = {c.capacity - c.used for n in view.nodes for c in n.cards}
     assert max(sizes) <= 2 * 6 + 9 and len(view._usage.levels) <= len(live) + 9
+
+
+def test_equal_scheduling_constraints_share_one_key_and_different_ones_do_not():
+    key = snapshot._constraints_key
+    gpu = ({"key": "gpu", "operator": "Exists"},)
+    assert key(placement.Ask(1, tolerations=gpu)) == key(placement.Ask(5, pin=2, tolerations=(
+        {"operator": "Exists", "key": "gpu"},)))  # the same toleration, its fields in another order
+    assert key(placement.Ask(1)) == key(placement.Ask(1, node_selector={}, required_terms=(), tolerations=()))
+    no_schedule = ({"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},)
+    assert len({key(placement.Ask(1)), key(placement.Ask(1, tolerations=gpu)),
+                key(placement.Ask(1, node_selector={"pool": "a"})), key(placement.Ask(1, node_selector={"pool": "b"})),
+                key(placement.Ask(1, required_terms=({"matchExpressions": [{"key": "pool", "operator": "Exists"}]},))),
+                key(placement.Ask(1, tolerations=no_schedule))}) == 6
+    proxied = placement.Ask(1, node_selector=types.MappingProxyType({"pool": "a"}))
+    assert key(proxied) == key(placement.Ask(1, node_selector={"pool": "a"}))

@@ -148,13 +148,21 @@ KEYS_KEPT = 1024
 KEY_TEXT_KEPT = 2048
 
 
+_NO_CONSTRAINTS = _KEY_ENCODER.encode([{}, [], []])
+
+
 def _constraints_key(ask: Ask) -> str:
     """One string per distinct set of scheduling constraints (the node name aside)."""
-    parts = [dict(ask.node_selector), list(ask.required_terms), list(ask.tolerations)]
-    spelled = repr(parts)
+    selector, terms, tolerations = ask.node_selector, ask.required_terms, ask.tolerations
+    if not selector and not terms and not tolerations:
+        return _NO_CONSTRAINTS
+    # Spelled as the pod holds them (a selector that is not a dict made one first, so that its
+    # repr cannot pass for another's): only the cache's key, so no copies into lists for it.
+    spelled = repr((selector if type(selector) is dict else dict(selector), terms, tolerations))
     key = _KEYS.get(spelled)
     if key is not None:
         return key
+    parts = [dict(selector), list(terms), list(tolerations)]
     try:
         key = _KEY_ENCODER.encode(parts)
     except (TypeError, ValueError):  # keys of mixed types cannot be sorted: fall back to repr
