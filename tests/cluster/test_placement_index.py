@@ -194,8 +194,8 @@ def _usage_state(usage) -> tuple:
     low = (1 << stride) - 1
     cards = {(k, free): (bits >> (s * stride)) & low
              for free, (bits, _count) in usage.levels.items() for s, k in enumerate(usage.ks)}
-    # Levels left empty stay listed, and counted, until they are half the table.
-    assert usage.fs == sorted(usage.levels)
+    # Levels left empty stay in the table, counted, until they are half of it; fs lists the others.
+    assert usage.fs == sorted(free for free, (_bits, count) in usage.levels.items() if count)
     assert all(count == bits.bit_count() for bits, count in usage.levels.values())
     assert usage.empty == sum(1 for _bits, count in usage.levels.values() if not count)
     assert usage.empty <= 8 or usage.empty * 2 <= len(usage.levels)

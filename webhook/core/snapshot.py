@@ -257,10 +257,10 @@ class _Usage:
     a remembered choice moves one bit between two levels of one table. ``stride`` leaves room
     past the last node, so that a node added at the end keeps the layout.
 
-    A level whose last card leaves stays, empty, until empty levels are half the table: deleting
-    it would leave a hole in the dict, and the next copy of a dict with holes re-inserts every
-    entry, where one without copies its table whole; nor does ``fs`` need sorting again when a
-    card comes back to the level (a remembered choice, then its expiry).
+    A level whose last card leaves stays in the table, empty, until empty levels are half of it:
+    deleting it would leave a hole in the dict, and the next copy of a dict with holes re-inserts
+    every entry, where one without copies its table whole. ``fs`` lists only the levels with
+    cards, kept in order by inserting and removing one level, not by sorting them all.
     """
 
     __slots__ = ("levels", "fs", "layout", "has_k", "has_any", "empty")
@@ -268,7 +268,7 @@ class _Usage:
     def __init__(self, levels: dict[int, tuple[int, int]], fs: list[int], layout: _Layout, has_k: dict[int, int],
                  has_any: int, empty: int = 0):
         self.levels = levels  # free shares -> (cards that free over (card index, node) slots, how many)
-        self.fs = fs  # the levels' free shares, ascending, empty ones too
+        self.fs = fs  # the free shares of the levels with cards, ascending
         self.layout = layout  # the slots: shared by every index derived without a rebuild
         self.has_k = has_k  # card index -> nodes that have such a card
         self.has_any = has_any  # nodes with any card
@@ -279,7 +279,7 @@ class _Usage:
         if self.empty <= 8 or self.empty * 2 <= len(self.levels):
             return self
         levels = {free: level for free, level in self.levels.items() if level[1]}
-        return _Usage(levels, [free for free in self.fs if free in levels], self.layout, self.has_k, self.has_any)
+        return _Usage(levels, self.fs, self.layout, self.has_k, self.has_any)
 
     @property
     def ks(self) -> list[int]:
@@ -364,12 +364,15 @@ class _Usage:
                 resort = True
             elif not level[1]:
                 empty -= 1
+                resort = resort or bool(bits)
             if bits:
                 levels[free] = (bits, bits.bit_count())
             else:
+                resort = resort or level is not None and bool(level[1])
                 levels[free] = (0, 0)
                 empty += 1
-        return _Usage(levels, sorted(levels) if resort else self.fs, self.layout, has_k, has_any, empty)._compacted()
+        fs = sorted(free for free, level in levels.items() if level[1]) if resort else self.fs
+        return _Usage(levels, fs, self.layout, has_k, has_any, empty)._compacted()
 
     def moved(self, i: int, k: int, was: int, now: int) -> _Usage:
         """The index after card ``k`` of the node at position ``i`` (its only card ``k``) went from
@@ -382,15 +385,17 @@ class _Usage:
         levels[was] = (bits & ~b, n - 1)
         if n == 1:
             empty += 1
-        level = levels.get(now)
-        if level is None:
-            levels[now] = (b, 1)
             fs = fs.copy()
+            del fs[bisect.bisect_left(fs, was)]
+        level = levels.get(now)
+        if level is None or not level[1]:
+            empty -= level is not None
+            levels[now] = (b, 1)
+            if fs is self.fs:
+                fs = fs.copy()
             bisect.insort(fs, now)
         else:
             levels[now] = (level[0] | b, level[1] + 1)
-            if not level[1]:
-                empty -= 1
         return _Usage(levels, fs, self.layout, self.has_k, self.has_any, empty)._compacted()
 
     def _wide(self, mask: int, pin: int | None, masks: Mapping[int, int] | None = None) -> int:
