@@ -435,17 +435,20 @@ class _Usage:
         Binpack wants the least free card with room, spread the most free; ties go to the lower
         card index, then to the earlier node, exactly as the plain scan breaks them.
         """
-        return self._first(self._order(shares, strategy), self._wide(mask, pin))
+        return self._first(self._order(shares, strategy), mask, pin)
 
     def most_free(self, mask: int, pin: int | None) -> tuple[int, int] | None:
         """(node position, card index) of the card with the most free shares, fitting or not."""
-        return self._first(range(len(self.fs) - 1, -1, -1), self._wide(mask, pin))
+        return self._first(range(len(self.fs) - 1, -1, -1), mask, pin)
 
-    def _first(self, order: range, wide: int) -> tuple[int, int] | None:
+    def _first(self, order: range, mask: int, pin: int | None) -> tuple[int, int] | None:
+        wide = self._wide(mask, pin)
         if wide:
             levels, fs = self.levels, self.fs
+            # Every card of a level is the pod's when it may run on every node with cards (see draw).
+            every = pin is None and mask & self.has_any == self.has_any
             for j in order:
-                found = levels[fs[j]][0] & wide
+                found = levels[fs[j]][0] if every else levels[fs[j]][0] & wide
                 if found:
                     s, i = divmod((found & -found).bit_length() - 1, self.layout.stride)
                     return i, self.layout.ks[s]
