@@ -11,18 +11,27 @@ We test:
   exactly the index a full rebuild makes, and the same choices;
 - preferred_affinity_term round-trips through preferred_node, which ignores other terms;
 - a view over several chunks of nodes, derived by one card, a few nodes, many nodes, a node added
-  or removed, stays the list of nodes it stands for, position by position, and chooses as the scan.
+  or removed, stays the list of nodes it stands for, position by position, and chooses as the scan;
+- a drawn choice (a random source) equals a draw over the plain scan's fitting cards, sorted best
+  first, cut to the slack and to CHOICE_CANDIDATES, on crowded views where many cards tie, and on
+  views derived from them (one card, a node changed, nodes added past the index's room, a card
+  index it had no slot for, a node removed), whose index stays the one a rebuild makes;
+- levels that remembered choices leave empty stay until they are half the index, then go,
+  and the index keeps choosing as a rebuilt one;
+- equal scheduling constraints, however spelled, share one eligibility key; different ones do not.
 """
 
 from __future__ import annotations
 
+import random
 import threading
+import types
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webhook.core import findings as f
-from webhook.core import placement
+from webhook.core import placement, snapshot
 
 # --- the reference: every card of every eligible node, looked at one by one ---------------------
 
@@ -179,9 +188,19 @@ def test_preferred_term_round_trips():
 
 
 def _usage_state(usage) -> tuple:
-    """The index's content, ignoring tables left empty (a rebuild never makes them)."""
-    by_kf = {k: dict(t) for k, t in usage.by_kf.items() if t}
-    return by_kf, dict(usage.by_f), {k: b for k, b in usage.has_k.items() if b}, usage.has_any, usage.ks, usage.fs
+    """The index's content as (card index, free shares) -> nodes, whatever its layout: slots of
+    card indexes with no card left and empty levels (a rebuild makes neither) and the stride aside."""
+    stride = usage.layout.stride
+    low = (1 << stride) - 1
+    cards = {(k, free): (bits >> (s * stride)) & low
+             for free, (bits, _count) in usage.levels.items() for s, k in enumerate(usage.ks)}
+    # Levels left empty stay in the table, counted, until they are half of it; fs lists the others.
+    assert usage.fs == sorted(free for free, (_bits, count) in usage.levels.items() if count)
+    assert all(count == bits.bit_count() for bits, count in usage.levels.values())
+    assert usage.empty == sum(1 for _bits, count in usage.levels.values() if not count)
+    assert usage.empty <= 8 or usage.empty * 2 <= len(usage.levels)
+    return ({key: nodes for key, nodes in cards.items() if nodes}, {k: b for k, b in usage.has_k.items() if b},
+            usage.has_any)
 
 
 @st.composite
@@ -272,3 +291,134 @@ def test_views_over_several_chunks_stay_the_list_they_stand_for(data, count, str
         assert view.nodes == tuple(model)
         for ask in pods:
             assert summary(placement.choose(view, ask, strategy)) == summary(reference(view, ask, strategy))
+
+
+# --- the drawn choice against a plain scan ----------------------------------------------------------
+
+
+def reference_draw(view: placement.View, ask: placement.Ask, strategy: str, rng) -> tuple:
+    """The drawn choice, card by card: every fitting card sorted best first (free shares, then card
+    index, then node position), those within CHOICE_SLACK of the best, the first CHOICE_CANDIDATES
+    of them, one drawn; when none fits, the waiting index drawn among the nodes' card indexes."""
+    nodes = [(i, node) for i, node in enumerate(view.nodes) if placement.eligible(node, ask) and node.cards]
+    cards = [(i, node, card) for i, node in nodes for card in node.cards if ask.pin is None or card.index == ask.pin]
+    if not cards:
+        k = ask.pin if ask.pin is not None else 0
+        return k, None, False, (f.NO_MATCHING_NODE,)
+    fitting = [(i, node, card) for i, node, card in cards if card.free >= ask.shares]
+    if not fitting:
+        if ask.pin is not None:
+            return ask.pin, None, False, (f.NO_ROOM,)
+        ks = sorted({card.index for _i, _node, card in cards})
+        return ks[rng.randrange(len(ks))], None, False, (f.NO_ROOM,)
+    sign = -1 if strategy == "spread" else 1
+    fitting.sort(key=lambda c: (sign * c[2].free, c[2].index, c[0]))
+    best = fitting[0][2].free
+    drawn = [c for c in fitting if abs(c[2].free - best) <= placement.CHOICE_SLACK][:placement.CHOICE_CANDIDATES]
+    _i, node, card = drawn[rng.randrange(len(drawn)) if len(drawn) > 1 else 0]
+    return card.index, node.name, True, ()
+
+
+@st.composite
+def crowded_views(draw) -> placement.View:
+    """Up to 150 nodes of up to 6 cards whose free shares fall on a few values, so that many cards
+    tie and a draw meets the CHOICE_CANDIDATES cap and the slack."""
+    count = draw(st.integers(1, 150))
+    used = st.sampled_from([0, 2, 5, 7, 40, 41, 44, 47, 90, 100])
+    out = []
+    for i in range(count):
+        indexes = draw(st.sets(st.integers(0, 5), max_size=6)) if i % 7 == 0 else range(draw(st.integers(0, 6)))
+        out.append(placement.Node(f"n{i}", {"pool": "a" if i % 3 else "b"}, (), True, i % 11 == 5,
+                                  tuple(placement.Card(k, 100, draw(used)) for k in sorted(indexes))))
+    return placement.View(nodes=tuple(out))
+
+
+crowded_asks = st.builds(placement.Ask, shares=st.sampled_from([1, 5, 10, 50, 60, 100]),
+                         pin=st.none() | st.integers(0, 6),
+                         node_selector=st.sampled_from([{}, {"pool": "a"}, {"pool": "b"}]),
+                         tolerations=st.sampled_from([(), ({"operator": "Exists"},)]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(crowded_views(), st.lists(crowded_asks, min_size=1, max_size=3), strategies, st.integers(0, 2**32))
+def test_a_drawn_choice_equals_the_plain_scan_draw(view, pods, strategy, seed):
+    for n, ask in enumerate(pods):
+        got = placement.choose(view, ask, strategy, random.Random(seed + n))
+        assert summary(got) == reference_draw(view, ask, strategy, random.Random(seed + n))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), crowded_views(), strategies)
+def test_derived_views_draw_as_the_plain_scan(data, view, strategy):
+    """Remembered choices (one card), node changes, nodes added past the index's room for them and
+    card indexes it has no slot for, each followed by drawn choices against the plain scan."""
+    pods = [placement.Ask(shares=5), placement.Ask(shares=40, pin=2),
+            placement.Ask(shares=10, node_selector={"pool": "b"})]
+    placement.choose(view, pods[0], strategy)  # the indexes exist, so derived views carry them
+    for step in range(data.draw(st.integers(1, 8))):
+        kind = data.draw(st.sampled_from(["card", "card", "node", "add", "new index", "remove"]))
+        names = [n.name for n in view.nodes]
+        if kind == "card" and names:
+            node = view.node(data.draw(st.integers(0, len(names) - 1)))
+            if node.cards:
+                j = data.draw(st.integers(0, len(node.cards) - 1))
+                c = node.cards[j]
+                cards = (*node.cards[:j], placement.Card(c.index, c.capacity, data.draw(st.integers(0, 100))),
+                         *node.cards[j + 1:])
+                view = placement.replace_card(view, placement.Node(node.name, node.labels, node.taints, node.ready,
+                                                                   node.unschedulable, cards), j)
+        elif kind == "node" and names:
+            name = data.draw(st.sampled_from(names))
+            view = placement.replace_nodes(view, {name: placement.Node(name, {"pool": "b"}, cards=tuple(
+                placement.Card(k, 100, data.draw(st.integers(0, 100))) for k in range(data.draw(st.integers(0, 4)))))})
+        elif kind == "add":
+            added = {f"a{step}-{i}": placement.Node(f"a{step}-{i}", cards=(placement.Card(0, 100, 50),))
+                     for i in range(data.draw(st.integers(1, 40)))}
+            view = placement.replace_nodes(view, added)
+        elif kind == "new index" and names:
+            name = data.draw(st.sampled_from(names))
+            view = placement.replace_nodes(view, {name: placement.Node(name, cards=(placement.Card(9, 100, 1),))})
+        elif kind == "remove" and len(names) > 1:
+            view = placement.replace_nodes(view, {data.draw(st.sampled_from(names)): None})
+        rebuilt = placement.View(nodes=view.nodes)
+        assert _usage_state(view._usage) == _usage_state(rebuilt._usage)
+        seed = data.draw(st.integers(0, 2**32))
+        for n, ask in enumerate(pods):
+            got = placement.choose(view, ask, strategy, random.Random(seed + n))
+            assert summary(got) == reference_draw(view, ask, strategy, random.Random(seed + n))
+
+
+def test_levels_left_empty_by_remembered_choices_are_dropped_once_they_are_half_the_table():
+    view = placement.View(nodes=tuple(_node_of(i, [10 * i, 5]) for i in range(3)))
+    pods = [placement.Ask(shares=s) for s in (1, 30, 90)]
+    placement.choose(view, pods[0])  # the indexes exist, so each remembered choice moves one card
+    sizes = []
+    for step in range(300):  # cards filled a share at a time, then emptied: level after level empties
+        i, j = step % 3, (step // 3) % 2
+        node = view.node(i)
+        c = node.cards[j]
+        used = (c.used + 1) % 101 if step < 240 else 0
+        view = placement.replace_card(view, node.with_card(j, c.with_used(used)), j)
+        sizes.append(len(view._usage.levels))
+        assert _usage_state(view._usage) == _usage_state(placement.View(nodes=view.nodes)._usage)
+        for ask in pods:
+            for seed in (1, 2):
+                got = placement.choose(view, ask, "binpack", random.Random(seed))
+                assert summary(got) == reference_draw(view, ask, "binpack", random.Random(seed))
+    live = {c.capacity - c.used for n in view.nodes for c in n.cards}
+    assert max(sizes) <= 2 * 6 + 9 and len(view._usage.levels) <= len(live) + 9
+
+
+def test_equal_scheduling_constraints_share_one_key_and_different_ones_do_not():
+    key = snapshot._constraints_key
+    gpu = ({"key": "gpu", "operator": "Exists"},)
+    assert key(placement.Ask(1, tolerations=gpu)) == key(placement.Ask(5, pin=2, tolerations=(
+        {"operator": "Exists", "key": "gpu"},)))  # the same toleration, its fields in another order
+    assert key(placement.Ask(1)) == key(placement.Ask(1, node_selector={}, required_terms=(), tolerations=()))
+    no_schedule = ({"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},)
+    assert len({key(placement.Ask(1)), key(placement.Ask(1, tolerations=gpu)),
+                key(placement.Ask(1, node_selector={"pool": "a"})), key(placement.Ask(1, node_selector={"pool": "b"})),
+                key(placement.Ask(1, required_terms=({"matchExpressions": [{"key": "pool", "operator": "Exists"}]},))),
+                key(placement.Ask(1, tolerations=no_schedule))}) == 6
+    proxied = placement.Ask(1, node_selector=types.MappingProxyType({"pool": "a"}))
+    assert key(proxied) == key(placement.Ask(1, node_selector={"pool": "a"}))

@@ -13,7 +13,9 @@ We test:
   takes its choice over and counts from then on; while the pods watch is down choices are held
   (no pod could show), up to the longer time to live;
 - the static view: the same burst, and expiry; a remembered choice changes its card alone (cards
-  listed out of order), and the view's indexes then choose as indexes built afresh do.
+  listed out of order), and the view's indexes then choose as indexes built afresh do; choices
+  that expire one or two at a time, or many at once, leave the shares and the choices of a view
+  built afresh.
 """
 
 from __future__ import annotations
@@ -261,3 +263,30 @@ def test_a_remembered_choice_on_the_static_view_changes_its_card_alone_and_the_i
             carried = placement.choose(after, ask)
             assert (carried.node, carried.card) == (fresh.node, fresh.card)
     assert (placement.choose(view.snapshot(), ask).node, placement.choose(view.snapshot(), ask).card) != (None, None)
+
+
+def test_static_choices_expire_one_by_one_or_in_a_burst_and_the_indexes_agree():
+    clock = Clock()
+    view = _static_view(clock)
+    placement.choose(view.snapshot(), placement.Ask(shares=1))  # the indexes exist, so expiries carry them
+    made = []  # (deadline, node, card, shares)
+    places = [(name, k) for name in ("gpu-a", "gpu-b", "gpu-c") for k in (0, 1)]
+    for i in range(40):  # a few a second, some on the same card, then a burst in one instant
+        clock.now = 1000.0 + (i if i < 20 else 20)
+        node, card = places[(i * 5) % len(places)]
+        view.remember(node, card, 1 + i % 3)
+        made.append((clock.now + 30, node, card, 1 + i % 3))
+    for step in [*range(1, 24), 60]:  # one or two due per snapshot, then the whole burst at once
+        clock.now = 1030.0 + step * 0.5 if step < 60 else 1060.0
+        snap = view.snapshot()
+        ledger = collections.Counter(INITIAL)
+        for deadline, node, card, shares in made:
+            if deadline > clock.now:
+                ledger[(node, card)] += shares
+        assert _used(snap) == ledger
+        for shares_asked in (1, 5, 15, 70):
+            ask = placement.Ask(shares=shares_asked)
+            fresh = placement.choose(placement.View(nodes=snap.nodes), ask)
+            carried = placement.choose(snap, ask)
+            assert (carried.node, carried.card, carried.fits) == (fresh.node, fresh.card, fresh.fits)
+    assert _used(view.snapshot()) == INITIAL

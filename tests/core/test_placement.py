@@ -4,7 +4,9 @@
 - taints and tolerations (Equal and Exists, empty key, effects; PreferNoSchedule never filters);
 - cordoned and not-ready nodes, reachable only with the matching toleration;
 - binpack takes the fullest card with room, spread the emptiest, ties by node order then index;
-- pins, nothing fits, nothing matches, and no view at all.
+- pins, nothing fits, nothing matches, and no view at all;
+- a card and a node made for a remembered choice (with_used, with_card) equal what the constructors
+  make, and stay frozen.
 """
 
 import pytest
@@ -93,3 +95,19 @@ def test_pins_fallbacks_and_no_view():
     assert missing_card.card == 7 and "card 7" in missing_card.findings[0].message
     blind = pl.choose(None, pl.Ask(shares=5), "binpack")
     assert blind.card == 0 and blind.findings[0].rule == "no-view"
+
+
+def test_a_card_and_node_made_for_a_remembered_choice_equal_those_the_constructors_make():
+    card = pl.Card(3, 100, 20, "GPU-x", "A100", 40960)
+    moved = card.with_used(45)
+    assert moved == pl.Card(3, 100, 45, "GPU-x", "A100", 40960)
+    assert hash(moved) == hash(pl.Card(3, 100, 45, "GPU-x", "A100", 40960)) and moved.free == 55
+    assert card.used == 20  # the card it came from is unchanged
+    node = pl.Node("a", {"zone": "z1"}, (pl.Taint("t"),), False, True, (pl.Card(0, 100), card, pl.Card(5, 100)))
+    changed = node.with_card(1, moved)
+    assert changed == pl.Node("a", {"zone": "z1"}, (pl.Taint("t"),), False, True,
+                              (pl.Card(0, 100), moved, pl.Card(5, 100)))
+    assert changed.effective_taints() == node.effective_taints() and node.cards[1] is card
+    for obj, field in ((moved, "used"), (changed, "cards")):
+        with pytest.raises(AttributeError):  # still frozen
+            setattr(obj, field, None)

@@ -148,6 +148,9 @@ class KubeView:
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
+        # Card index -> its place among the cards of each of _current (as of _built_from); None for a
+        # node with an index twice. A remembered choice finds its card here instead of scanning.
+        self._card_at: dict[str, dict[int, int] | None] = {}
         self._view: placement.View | None = None
         # For the webhook's metrics, by resource: the informer's lists and watches made, watches
         # that failed, and the wall-clock time the API server last said anything.
@@ -253,6 +256,8 @@ class KubeView:
                                + self._tentative.get((name, c.index), 0), c.uuid, c.model, c.memory_mib)
                 for c in base.cards))
             self._built_from[name] = base
+            at = {c.index: j for j, c in enumerate(base.cards)}
+            self._card_at[name] = at if len(at) == len(base.cards) else None
             return node
         cards = current.cards
         changed = None
@@ -280,20 +285,17 @@ class KubeView:
         if self._view is None or current is None or base is None or self._built_from.get(name) is not base:
             self._refresh({name})
             return
-        cards = current.cards
-        at = [j for j, c in enumerate(cards) if c.index == index]
-        if len(at) != 1:  # no such card, or the index twice: the general path decides
+        at = self._card_at.get(name)
+        j = at.get(index) if at is not None else None
+        if j is None:  # no such card, or the index twice: the general path decides
             self._refresh({name})
             return
-        j = at[0]
-        c = cards[j]
+        c = current.cards[j]
         key = (name, index)
         used = self._used.get(key, 0) + self._tentative.get(key, 0)
         if used == c.used:
             return
-        card = placement.Card(c.index, c.capacity, used, c.uuid, c.model, c.memory_mib)
-        node = placement.Node(current.name, current.labels, current.taints, current.ready, current.unschedulable,
-                              (*cards[:j], card, *cards[j + 1:]))
+        node = current.with_card(j, c.with_used(used))
         self._current[name] = node
         self._view = placement.replace_card(self._view, node, j)
 
@@ -315,6 +317,7 @@ class KubeView:
                 if node is None:
                     self._current.pop(name, None)
                     self._built_from.pop(name, None)
+                    self._card_at.pop(name, None)
                 else:
                     self._current[name] = node
         if changes:

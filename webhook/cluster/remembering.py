@@ -45,13 +45,10 @@ class Ledger:
         self._numbers += 1
         entry.number = self._numbers
         self.entries[entry.number] = entry
-        for table, key in ((self._by_ask, (entry.card, entry.shares)),
-                           (self._by_place, (entry.node, entry.card, entry.shares))):
-            group = table.get(key)
-            if group is None:  # not setdefault: that would build an OrderedDict on every call
-                group = table[key] = collections.OrderedDict()
-            group[entry.number] = entry
-        self.next_deadline = min(self.next_deadline, entry.deadline)
+        _file(self._by_ask, (entry.card, entry.shares), entry)
+        _file(self._by_place, (entry.node, entry.card, entry.shares), entry)
+        if entry.deadline < self.next_deadline:
+            self.next_deadline = entry.deadline
 
     def drop(self, entry: Entry) -> None:
         del self.entries[entry.number]
@@ -79,3 +76,11 @@ class Ledger:
             group = self._by_place.get((node, card, count)) if node else None
             group = group or self._by_ask.get((card, count))
         return next(iter(group.values())) if group else None
+
+
+def _file(table: dict[tuple, collections.OrderedDict[int, Entry]], key: tuple, entry: Entry) -> None:
+    """``entry`` in ``table``'s group for ``key``, made when it is the group's first."""
+    group = table.get(key)
+    if group is None:  # not setdefault: that would build an OrderedDict on every call
+        group = table[key] = collections.OrderedDict()
+    group[entry.number] = entry

@@ -112,6 +112,10 @@ class StaticView:
         self._placed: collections.Counter = collections.Counter()  # (node, card) -> shares
         self._view = view
         self._positions = {n.name: i for i, n in enumerate(view.nodes)}  # where each node sits in _view
+        # Where each card index sits among its node's cards, for nodes whose indexes do not repeat
+        # (a file's never do); the static view never changes which cards a node has.
+        self._card_at = {n.name: {c.index: j for j, c in enumerate(n.cards)} for n in view.nodes
+                         if len({c.index for c in n.cards}) == len(n.cards)}
 
     def synced(self) -> bool:
         return True
@@ -125,8 +129,14 @@ class StaticView:
                 while self._entries and self._entries[0][0] <= now:
                     _deadline, node, card, shares = self._entries.popleft()
                     self._placed[(node, card)] -= shares
-                    touched.add(node)
-                self._update(touched)
+                    touched.add((node, card))
+                # Expiries come one or two per snapshot at a steady rate: each moves one card back,
+                # as its remember moved it; a burst of them rebuilds the nodes at once.
+                if len(touched) <= placement.FEW_CHANGES:
+                    for node, card in touched:
+                        self._update_card(node, card)
+                else:
+                    self._update({node for node, _card in touched})
         return self._view
 
     def remember(self, node: str | None, card: int, shares: int) -> None:
@@ -147,20 +157,16 @@ class StaticView:
             self._positions = {n.name: i for i, n in enumerate(self._view.nodes)}
             self._update({name})
             return
-        at = [j for j, c in enumerate(current.cards) if c.index == index]
-        if len(at) != 1:  # no such card, or the index twice: the general path decides
+        j = self._card_at.get(name, {}).get(index)
+        if j is None:  # no such card, or the index twice: the general path decides
             self._update({name})
             return
-        j = at[0]
         base = self._base[name].cards[j]
         c = current.cards[j]
         used = base.used + self._placed[(name, index)]
         if used == c.used:
             return
-        card = placement.Card(c.index, c.capacity, used, c.uuid, c.model, c.memory_mib)
-        node = placement.Node(current.name, current.labels, current.taints, current.ready, current.unschedulable,
-                              (*current.cards[:j], card, *current.cards[j + 1:]))
-        self._view = placement.replace_card(self._view, node, j)
+        self._view = placement.replace_card(self._view, current.with_card(j, c.with_used(used)), j)
 
     def _update(self, touched: set[str]) -> None:
         changes = {}

@@ -10,7 +10,7 @@ their names are offered here too, as every caller of placement uses them.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from webhook.core import findings as f
@@ -74,34 +74,6 @@ CHOICE_CANDIDATES = 64
 CHOICE_SLACK = 5
 
 
-def _draw(groups: Iterable[tuple[int, int]], count: int, rng: random.Random | None) -> tuple[int, int] | None:
-    """(node position, card index) drawn uniformly among the first ``count`` cards of ``groups`` (the
-    first of them without ``rng``); None when there is none.
-
-    The cards are counted a bitset at a time and only the drawn one is looked for, so a draw among
-    many candidates costs about what a draw among a few did.
-    """
-    taken, total = [], 0
-    for k, bits in groups:
-        n = bits.bit_count()
-        taken.append((k, bits, n))
-        total += n
-        if total >= count or rng is None:
-            total = min(total, count)
-            break
-    if not total:
-        return None
-    r = rng.randrange(total) if rng is not None and total > 1 else 0
-    for k, bits, n in taken:
-        if r < n:
-            while r:
-                bits &= bits - 1  # drop the lowest node: the r-th of the bitset is then the lowest
-                r -= 1
-            return lowest_node(bits), k
-        r -= n
-    return None  # unreachable: r < total
-
-
 def _waiting_index(view: View, mask: int, rng: random.Random) -> int:
     """The card index a pod that fits nowhere waits on, drawn uniformly among the indexes of the nodes
     it may run on: waiting pods then spread over the indexes, and room freed on any index finds a pod
@@ -133,7 +105,7 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
         return Choice(k, findings=(_warn(f.NO_MATCHING_NODE, f"{why}; card {k} chosen, the pod may stay Pending"),))
     if rng is not None:
         # The candidates start with search's answer, and there are none exactly when it has none.
-        hit = _draw(view.fitting(mask, ask.pin, ask.shares, strategy, CHOICE_SLACK), CHOICE_CANDIDATES, rng)
+        hit = view.draw(mask, ask.pin, ask.shares, strategy, CHOICE_SLACK, CHOICE_CANDIDATES, rng)
     else:
         hit = view.best(mask, ask.pin, ask.shares, strategy)
     if hit is None:
@@ -199,8 +171,8 @@ def choose_sized(view: View, ask: Ask, shares_for: Callable[[int], int], shares_
         if not masks:
             continue
         shares = shares_for(mib)
-        hit = _draw(view.fitting(0, None, shares, strategy, CHOICE_SLACK if rng is not None else 0, masks),
-                    CHOICE_CANDIDATES, rng)
+        hit = view.draw(0, None, shares, strategy, CHOICE_SLACK if rng is not None else 0, CHOICE_CANDIDATES,
+                        rng, masks)
         if hit is not None:
             pos, k = hit
             return SizedChoice(k, mib, shares, node=view.node(pos).name, fits=True)

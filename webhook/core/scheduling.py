@@ -19,6 +19,10 @@ PREFERRED_WEIGHT = 100
 NODE_NAME_FIELD = "metadata.name"
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
 @dataclass(frozen=True)
 class Taint:
     key: str
@@ -39,6 +43,14 @@ class Card:
     def free(self) -> int:
         return self.capacity - self.used
 
+    def with_used(self, used: int) -> Card:
+        """This card with ``used`` shares held. A remembered choice makes one per review: its fields
+        are set as one dict, where the frozen ``__init__`` sets each through object.__setattr__."""
+        card = _new(Card)
+        _set(card, "__dict__", {"index": self.index, "capacity": self.capacity, "used": used, "uuid": self.uuid,
+                                "model": self.model, "memory_mib": self.memory_mib})
+        return card
+
 
 @dataclass(frozen=True)
 class Node:
@@ -57,6 +69,14 @@ class Node:
         if not self.ready:
             extra.append(Taint(names.NOT_READY_TAINT, "", "NoSchedule"))
         return self.taints + tuple(extra)
+
+    def with_card(self, j: int, card: Card) -> Node:
+        """This node with ``card`` in place of its ``j``-th card, made as ``Card.with_used`` is."""
+        cards = self.cards
+        node = _new(Node)
+        _set(node, "__dict__", {"name": self.name, "labels": self.labels, "taints": self.taints, "ready": self.ready,
+                                "unschedulable": self.unschedulable, "cards": (*cards[:j], card, *cards[j + 1:])})
+        return node
 
 
 def same_scheduling(a: Node, b: Node) -> bool:

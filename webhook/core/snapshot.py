@@ -6,10 +6,10 @@ indexes, built lazily and cached on the frozen object:
 - who may run where: for each distinct set of scheduling constraints (node selector, required
   node affinity, tolerations), the eligible nodes as a bitset over node positions. It depends
   only on labels, taints, readiness and cordon, so views that differ only in shares share it.
-- what is free where: for each card index k and each free-share count, the bitset of nodes
-  whose card k has exactly that many shares free.
+- what is free where: for each free-share count, the cards that have exactly that many shares
+  free, as one bitset over (card index, node) slots.
 
-Placement asks them through the view's queries (``candidates``, ``best``, ``fitting``,
+Placement asks them through the view's queries (``candidates``, ``best``, ``draw``,
 ``most_free``, ``card_indexes``, ``sizes``), which answer in bitsets over node positions
 (``node(i)``; ``lowest_node(bits)``). ``replace_nodes`` derives a new view from an old one by
 updating the indexes for the changed nodes only, as a live view needs on every watch event.
@@ -23,9 +23,9 @@ import collections
 import functools
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
-from webhook.core.scheduling import Ask, Card, Node, card_memory_mib, eligible, same_scheduling
+from webhook.core.scheduling import Ask, Node, card_memory_mib, eligible, same_scheduling
 
 # Distinct constraint sets whose eligible nodes a view family keeps; pods of one workload share
 # one set, so a few hundred cover a large cluster, and each entry is one big integer.
@@ -116,10 +116,13 @@ class View:
         """(node position, card index) of the card among ``nodes`` with the most free shares."""
         return self._usage.most_free(nodes, pin)
 
-    def fitting(self, nodes: int, pin: int | None, shares: int, strategy: str, slack: int,
-                masks: Mapping[int, int] | None = None) -> Iterator[tuple[int, int]]:
-        """(card index, bitset of nodes) of the cards that fit, best first; see ``_fitting``."""
-        return _fitting(self._usage, nodes, pin, shares, strategy, slack, masks)
+    def draw(self, nodes: int, pin: int | None, shares: int, strategy: str, slack: int, count: int, rng,
+             masks: Mapping[int, int] | None = None) -> tuple[int, int] | None:
+        """(node position, card index) drawn uniformly with ``rng`` among the first ``count`` cards
+        among ``nodes`` with ``shares`` free, in ``best``'s order, whose free shares are within
+        ``slack`` of the best one's (without ``rng``, the first of them); None when none fits.
+        ``masks``: per card index, the nodes to look at instead of ``nodes`` and ``pin``."""
+        return self._usage.draw(nodes, pin, shares, strategy, slack, count, rng, masks)
 
     def card_indexes(self, nodes: int) -> list[int]:
         """The card indexes that some of ``nodes`` have, in order."""
@@ -145,13 +148,21 @@ KEYS_KEPT = 1024
 KEY_TEXT_KEPT = 2048
 
 
+_NO_CONSTRAINTS = _KEY_ENCODER.encode([{}, [], []])
+
+
 def _constraints_key(ask: Ask) -> str:
     """One string per distinct set of scheduling constraints (the node name aside)."""
-    parts = [dict(ask.node_selector), list(ask.required_terms), list(ask.tolerations)]
-    spelled = repr(parts)
+    selector, terms, tolerations = ask.node_selector, ask.required_terms, ask.tolerations
+    if not selector and not terms and not tolerations:
+        return _NO_CONSTRAINTS
+    # Spelled as the pod holds them (a selector that is not a dict made one first, so that its
+    # repr cannot pass for another's): only the cache's key, so no copies into lists for it.
+    spelled = repr((selector if type(selector) is dict else dict(selector), terms, tolerations))
     key = _KEYS.get(spelled)
     if key is not None:
         return key
+    parts = [dict(selector), list(terms), list(tolerations)]
     try:
         key = _KEY_ENCODER.encode(parts)
     except (TypeError, ValueError):  # keys of mixed types cannot be sorted: fall back to repr
@@ -235,173 +246,188 @@ class _Topology:
 
 
 class _Usage:
-    """Per card index and per free-share count, the bitset of nodes whose card is that free."""
+    """Per free-share count, the cards that free, as one bitset over (card index, node) slots.
 
-    __slots__ = ("by_kf", "by_f", "has_k", "has_any", "ks", "fs")
+    ``levels[free]`` is (bits, count): bit ``s * stride + i`` stands for the card of index ``ks[s]``
+    of the node at position ``i``, and count is how many bits are set. Within a level the bits run
+    by card index, then by node, which is the order the choice breaks ties in. A choice then
+    reads a level with one AND and counts its cards with one bit count (a pod that may run on
+    every node with cards, the usual pod of a pool of like GPU nodes, reads the count as kept),
+    where a table per card index took a lookup per index and level (about 20 per drawn choice);
+    a remembered choice moves one bit between two levels of one table. ``stride`` leaves room
+    past the last node, so that a node added at the end keeps the layout.
 
-    def __init__(self, by_kf: dict[int, dict[int, int]], by_f: dict[int, int], has_k: dict[int, int],
-                 has_any: int):
-        self.by_kf = by_kf  # card index -> free shares -> nodes
-        self.by_f = by_f  # free shares -> nodes with some card that free
+    A level whose last card leaves stays in the table, empty, until empty levels are half of it:
+    deleting it would leave a hole in the dict, and the next copy of a dict with holes re-inserts
+    every entry, where one without copies its table whole. ``fs`` lists only the levels with
+    cards, kept in order by inserting and removing one level, not by sorting them all.
+    """
+
+    __slots__ = ("levels", "fs", "layout", "has_k", "has_any", "empty")
+
+    def __init__(self, levels: dict[int, tuple[int, int]], fs: list[int], layout: _Layout, has_k: dict[int, int],
+                 has_any: int, empty: int = 0):
+        self.levels = levels  # free shares -> (cards that free over (card index, node) slots, how many)
+        self.fs = fs  # the free shares of the levels with cards, ascending
+        self.layout = layout  # the slots: shared by every index derived without a rebuild
         self.has_k = has_k  # card index -> nodes that have such a card
         self.has_any = has_any  # nodes with any card
-        self.ks: list[int] = []
-        self.fs: list[int] = []
+        self.empty = empty  # how many levels are empty
+
+    def _compacted(self) -> _Usage:
+        """This index, without its empty levels once they are half the table."""
+        if self.empty <= 8 or self.empty * 2 <= len(self.levels):
+            return self
+        levels = {free: level for free, level in self.levels.items() if level[1]}
+        return _Usage(levels, self.fs, self.layout, self.has_k, self.has_any)
+
+    @property
+    def ks(self) -> list[int]:
+        return self.layout.ks
 
     @classmethod
     def build(cls, nodes: tuple[Node, ...]) -> _Usage:
-        usage = cls({}, {}, {}, 0)
+        by_kf: dict[int, dict[int, int]] = {}  # card index -> free shares -> nodes
+        has_k: dict[int, int] = {}
+        has_any = 0
         for i, node in enumerate(nodes):
-            usage._add(i, node)
-        usage._sort()
-        return usage
+            bit = 1 << i
+            for card in node.cards:
+                free = card.capacity - card.used
+                table = by_kf.get(card.index)
+                if table is None:
+                    table = by_kf[card.index] = {}
+                table[free] = table.get(free, 0) | bit
+                has_k[card.index] = has_k.get(card.index, 0) | bit
+            if node.cards:
+                has_any |= bit
+        stride = _stride(len(nodes))
+        ks = sorted(by_kf)
+        levels: dict[int, int] = {}
+        for s, k in enumerate(ks):
+            for free, bits in by_kf[k].items():
+                levels[free] = levels.get(free, 0) | (bits << (s * stride))
+        return cls({free: (bits, bits.bit_count()) for free, bits in levels.items()}, sorted(levels),
+                   _Layout(ks, stride), has_k, has_any)
 
-    def _sort(self) -> None:
-        self.ks = sorted(k for k, bits in self.has_k.items() if bits)
-        self.fs = sorted(self.by_f)
-
-    def _add(self, i: int, node: Node) -> None:
-        bit = 1 << i
-        for card in node.cards:
-            free = card.capacity - card.used
-            by_f = self.by_kf.get(card.index)
-            if by_f is None:
-                by_f = self.by_kf[card.index] = {}
-            by_f[free] = by_f.get(free, 0) | bit
-            self.by_f[free] = self.by_f.get(free, 0) | bit
-            self.has_k[card.index] = self.has_k.get(card.index, 0) | bit
-        if node.cards:
-            self.has_any |= bit
-
-    def derive(self, old: Mapping[int, Node], new: Mapping[int, Node]) -> _Usage:
-        """The index after the nodes at ``old``'s positions became ``new``'s (which may add positions).
-
-        Copy on write: only the tables a changed card moves in are copied, so a remembered
-        choice (one card's free shares) costs a few small dict copies, not the whole index.
-        The result equals ``_Usage.build`` over the new nodes.
-        """
-        if len(old) == 1 and len(new) == 1:
-            moved = self._one_card(old, new)
-            if moved is not None:
-                return moved
-        usage = _Usage(dict(self.by_kf), self.by_f, self.has_k, self.has_any)
-        copied: set[int] = set()  # card indexes whose free-share table is already ours
-        fresh_f = fresh_k = False  # whether by_f, has_k are already ours
-        resort_f = resort_k = False
+    def derive(self, old: Mapping[int, Node], new: Mapping[int, Node], view: View) -> _Usage:
+        """The index of ``view``, whose nodes at ``old``'s positions became ``new``'s (which may add
+        positions at the end). Built anew when a node lands past the stride or brings a card
+        index without a slot; otherwise only the changed cards' bits move, in a copy of the
+        levels table. The result equals ``_Usage.build`` over the new nodes."""
+        stride, slot = self.layout.stride, self.layout.slot
+        for i, node in new.items():
+            if i >= stride or any(c.index not in slot for c in node.cards):
+                return _Usage.build(view.nodes)
+        changed: dict[int, int] = {}  # free shares -> the level's bits as they become
+        levels = self.levels
+        has_k, has_any = self.has_k, self.has_any
+        fresh_k = False
         for i in set(old) | set(new):
             was_cards = old[i].cards if i in old else ()
             now_cards = new[i].cards if i in new else ()
             if was_cards is now_cards:
                 continue
+            gone, came = was_cards, now_cards
             if len(was_cards) == len(now_cards):
-                # The common case (a remembered choice, a pod event): the same cards, a few of them
-                # new objects. Unchanged cards are the same objects and are skipped outright.
+                # The common case (a pod event): the same cards, a few of them new objects. Only
+                # those move, unless an index repeats on the node (its bit is shared then).
                 pairs = [(a, b) for a, b in zip(was_cards, now_cards, strict=True) if a is not b]
-                if all(a.index == b.index for a, b in pairs):
-                    before = {a.index: a.capacity - a.used for a, _b in pairs}
-                    after = {b.index: b.capacity - b.used for _a, b in pairs}
-                else:
-                    before = {c.index: c.capacity - c.used for c in was_cards}
-                    after = {c.index: c.capacity - c.used for c in now_cards}
-            else:
-                before = {c.index: c.capacity - c.used for c in was_cards}
-                after = {c.index: c.capacity - c.used for c in now_cards}
-            if before == after:
-                continue
+                if all(a.index == b.index for a, b in pairs) and len({c.index for c in now_cards}) == len(now_cards):
+                    gone, came = [a for a, _b in pairs], [b for _a, b in pairs]
             bit = 1 << i
-            frees: set[int] = set()  # free-share counts whose "some card that free" bit may change
-            for k in set(before) | set(after):
-                was, now = before.get(k), after.get(k)
-                if was == now:
+            for c in gone:
+                free = c.capacity - c.used
+                bits = changed[free] if free in changed else levels.get(free, (0, 0))[0]
+                changed[free] = bits & ~(bit << (slot[c.index] * stride))
+            for c in came:
+                free = c.capacity - c.used
+                bits = changed[free] if free in changed else levels.get(free, (0, 0))[0]
+                changed[free] = bits | (bit << (slot[c.index] * stride))
+            if gone is was_cards and {c.index for c in was_cards} != {c.index for c in now_cards}:
+                if not fresh_k:
+                    has_k, fresh_k = dict(has_k), True
+                for c in was_cards:
+                    has_k[c.index] &= ~bit
+                for c in now_cards:
+                    has_k[c.index] = has_k.get(c.index, 0) | bit
+                for k in [k for k, bits in has_k.items() if not bits]:
+                    del has_k[k]
+            has_any = (has_any | bit) if now_cards else (has_any & ~bit)
+        levels = dict(levels)
+        resort, empty = False, self.empty
+        for free, bits in changed.items():
+            level = levels.get(free)
+            if level is None:
+                if not bits:
                     continue
-                if k not in copied:
-                    usage.by_kf[k] = dict(usage.by_kf.get(k, {}))
-                    copied.add(k)
-                table = usage.by_kf[k]
-                if was is not None:
-                    frees.add(was)
-                    bits = table.get(was, 0) & ~bit
-                    if bits:
-                        table[was] = bits
-                    else:
-                        table.pop(was, None)
-                if now is not None:
-                    frees.add(now)
-                    table[now] = table.get(now, 0) | bit
-                if (was is None) != (now is None):
-                    if not fresh_k:
-                        usage.has_k = dict(usage.has_k)
-                        fresh_k = True
-                    usage.has_k[k] = (usage.has_k.get(k, 0) | bit) if now is not None else (usage.has_k[k] & ~bit)
-                    resort_k = True
-            if not fresh_f:
-                usage.by_f = dict(usage.by_f)
-                fresh_f = True
-            held = {c.capacity - c.used for c in now_cards}
-            for free in frees:
-                had = free in usage.by_f
-                bits = usage.by_f.get(free, 0)
-                bits = (bits | bit) if free in held else (bits & ~bit)
-                if bits:
-                    usage.by_f[free] = bits
-                else:
-                    usage.by_f.pop(free, None)
-                resort_f = resort_f or had != bool(bits)
-            usage.has_any = (usage.has_any | bit) if now_cards else (usage.has_any & ~bit)
-        usage.ks = sorted(k for k, bits in usage.has_k.items() if bits) if resort_k else self.ks
-        usage.fs = sorted(usage.by_f) if resort_f else self.fs
-        return usage
-
-    def _one_card(self, old: Mapping[int, Node], new: Mapping[int, Node]) -> _Usage | None:
-        """``derive`` for one node whose cards are the same but one, which changed its free shares
-        (a remembered choice, most pod events); None for any other change."""
-        ((i, was_node),), ((j, now_node),) = old.items(), new.items()
-        was_cards, now_cards = was_node.cards, now_node.cards
-        if i != j or len(was_cards) != len(now_cards) or was_cards is now_cards:
-            return None
-        changed = [n for n, card in enumerate(now_cards) if card is not was_cards[n]]
-        if len(changed) != 1:
-            return None
-        a, b = was_cards[changed[0]], now_cards[changed[0]]
-        k = a.index
-        if b.index != k or any(c.index == k for c in now_cards if c is not b):
-            return None  # a card index twice on one node: leave it to the general walk
-        return self.moved(i, k, a.capacity - a.used, b.capacity - b.used, now_cards)
-
-    def moved(self, i: int, k: int, was: int, now: int, now_cards: tuple[Card, ...]) -> _Usage:
-        """The index after card ``k`` of the node at position ``i`` (its only card ``k``) went from
-        ``was`` to ``now`` free shares, the node's cards now being ``now_cards``."""
-        by_kf = dict(self.by_kf)
-        if was == now:
-            return _Usage(by_kf, self.by_f, self.has_k, self.has_any)._sorted_as(self)
-        bit = 1 << i
-        table = by_kf[k] = dict(by_kf.get(k, {}))
-        bits = table.get(was, 0) & ~bit
-        if bits:
-            table[was] = bits
-        else:
-            table.pop(was, None)
-        table[now] = table.get(now, 0) | bit
-        by_f = dict(self.by_f)
-        held = {c.capacity - c.used for c in now_cards}
-        resort = False
-        for free in (was, now):
-            had = free in by_f
-            bits = by_f.get(free, 0)
-            bits = (bits | bit) if free in held else (bits & ~bit)
+                resort = True
+            elif not level[1]:
+                empty -= 1
+                resort = resort or bool(bits)
             if bits:
-                by_f[free] = bits
+                levels[free] = (bits, bits.bit_count())
             else:
-                by_f.pop(free, None)
-            resort = resort or had != bool(bits)
-        usage = _Usage(by_kf, by_f, self.has_k, self.has_any | bit)
-        usage.ks = self.ks
-        usage.fs = sorted(by_f) if resort else self.fs
-        return usage
+                resort = resort or level is not None and bool(level[1])
+                levels[free] = (0, 0)
+                empty += 1
+        fs = sorted(free for free, level in levels.items() if level[1]) if resort else self.fs
+        return _Usage(levels, fs, self.layout, has_k, has_any, empty)._compacted()
 
-    def _sorted_as(self, other: _Usage) -> _Usage:
-        self.ks, self.fs = other.ks, other.fs
-        return self
+    def moved(self, i: int, k: int, was: int, now: int) -> _Usage:
+        """The index after card ``k`` of the node at position ``i`` (its only card ``k``) went from
+        ``was`` to ``now`` free shares: one bit moves between two levels."""
+        if was == now:
+            return self  # never changed once made: the same index serves both views
+        b = 1 << (self.layout.slot[k] * self.layout.stride + i)
+        levels, fs, empty = dict(self.levels), self.fs, self.empty
+        bits, n = levels[was]  # the card's bit is there, and not in level ``now``: its only card k
+        levels[was] = (bits & ~b, n - 1)
+        if n == 1:
+            empty += 1
+            fs = fs.copy()
+            del fs[bisect.bisect_left(fs, was)]
+        level = levels.get(now)
+        if level is None or not level[1]:
+            empty -= level is not None
+            levels[now] = (b, 1)
+            if fs is self.fs:
+                fs = fs.copy()
+            bisect.insort(fs, now)
+        else:
+            levels[now] = (level[0] | b, level[1] + 1)
+        return _Usage(levels, fs, self.layout, self.has_k, self.has_any, empty)._compacted()
+
+    def _wide(self, mask: int, pin: int | None, masks: Mapping[int, int] | None = None) -> int:
+        """The slots of ``mask``'s nodes' cards (card ``pin`` only, when given); with ``masks``, the
+        slots of each card index's own nodes."""
+        layout = self.layout
+        if masks is not None:
+            wide = 0
+            for k, bits in masks.items():
+                s = layout.slot.get(k)
+                if s is not None:
+                    wide |= (bits & self.has_any) << (s * layout.stride)
+            return wide
+        mask &= self.has_any
+        if pin is not None:
+            s = layout.slot.get(pin)
+            return 0 if s is None else mask << (s * layout.stride)
+        # The node bitset repeated in every slot: a multiplication of big integers, so kept per node
+        # set (pods of one workload ask for the same nodes) for every index of the same layout.
+        wide = layout.wide.get(mask)
+        if wide is None:
+            if len(layout.wide) >= MASK_CACHE_SIZE:
+                layout.wide.clear()
+            wide = layout.wide[mask] = mask * layout.rep
+        return wide
+
+    def _order(self, shares: int, strategy: str) -> range:
+        """Positions in ``fs`` of the levels with room for ``shares``, best first."""
+        fs = self.fs
+        if strategy == "spread":
+            return range(len(fs) - 1, bisect.bisect_left(fs, shares) - 1, -1)
+        return range(bisect.bisect_left(fs, shares), len(fs))
 
     def search(self, mask: int, pin: int | None, shares: int, strategy: str) -> tuple[int, int] | None:
         """(node position, card index) of the best card for ``shares``, or None when none fits.
@@ -409,35 +435,101 @@ class _Usage:
         Binpack wants the least free card with room, spread the most free; ties go to the lower
         card index, then to the earlier node, exactly as the plain scan breaks them.
         """
-        fs = self.fs
-        if strategy == "spread":
-            order = range(len(fs) - 1, bisect.bisect_left(fs, shares) - 1, -1)
-        else:
-            order = range(bisect.bisect_left(fs, shares), len(fs))
-        return self._first(order, mask, pin)
+        return self._first(self._order(shares, strategy), mask, pin)
 
     def most_free(self, mask: int, pin: int | None) -> tuple[int, int] | None:
         """(node position, card index) of the card with the most free shares, fitting or not."""
         return self._first(range(len(self.fs) - 1, -1, -1), mask, pin)
 
     def _first(self, order: range, mask: int, pin: int | None) -> tuple[int, int] | None:
-        fs, by_f = self.fs, self.by_f
-        if pin is not None:
-            column = self.by_kf.get(pin, {})
+        wide = self._wide(mask, pin)
+        if wide:
+            levels, fs = self.levels, self.fs
+            # Every card of a level is the pod's when it may run on every node with cards (see draw).
+            every = pin is None and mask & self.has_any == self.has_any
             for j in order:
-                hit = column.get(fs[j], 0) & mask
-                if hit:
-                    return lowest_node(hit), pin
-            return None
-        for j in order:
-            free = fs[j]
-            hit = by_f[free] & mask
-            if hit:
-                for k in self.ks:
-                    found = self.by_kf[k].get(free, 0) & hit
-                    if found:
-                        return lowest_node(found), k
+                found = levels[fs[j]][0] if every else levels[fs[j]][0] & wide
+                if found:
+                    s, i = divmod((found & -found).bit_length() - 1, self.layout.stride)
+                    return i, self.layout.ks[s]
         return None
+
+    def draw(self, mask: int, pin: int | None, shares: int, strategy: str, slack: int, count: int,
+             rng, masks: Mapping[int, int] | None = None) -> tuple[int, int] | None:
+        """(node position, card index) drawn uniformly among the first ``count`` cards that fit, in
+        ``search``'s order, whose free shares are within ``slack`` of the best one's (the first of
+        them without ``rng``); None when none fits. ``masks``: per card index, the nodes to look
+        at instead of ``mask`` and ``pin`` (cards of one size)."""
+        wide = self._wide(mask, pin, masks)
+        if not wide:
+            return None
+        # Every card of the level is the pod's when it may run on every node with cards.
+        every = masks is None and pin is None and mask & self.has_any == self.has_any
+        levels, fs = self.levels, self.fs
+        taken, total, best = [], 0, None
+        for j in self._order(shares, strategy):
+            free = fs[j]
+            if best is not None and abs(free - best) > slack:
+                break
+            found, n = levels[free]
+            if not every:
+                found &= wide
+                n = found.bit_count() if found else 0
+            if n:
+                if best is None:
+                    best = free
+                taken.append((found, n))
+                total += n
+                if total >= count or rng is None:
+                    break
+        if not total:
+            return None
+        total = min(total, count)
+        r = rng.randrange(total) if rng is not None and total > 1 else 0
+        for found, n in taken:
+            if r < n:
+                return self._locate(found, r)
+            r -= n
+        return None  # unreachable: r < total
+
+    def _locate(self, found: int, r: int) -> tuple[int, int]:
+        """(node position, card index) of the ``r``-th card (from 0) of ``found``."""
+        layout = self.layout
+        stride, low = layout.stride, layout.low
+        s = 0
+        # Slot by slot, counting each slot's part alone: a bit count over the whole level per step
+        # (halving the slots) counted up to 5 levels' worth of bits for 2,000 nodes.
+        while True:
+            part = found & low
+            n = part.bit_count() if part else 0
+            if r < n:
+                while r:
+                    part &= part - 1  # drop the lowest node: the r-th is then the lowest
+                    r -= 1
+                return lowest_node(part), layout.ks[s]
+            r -= n
+            found >>= stride
+            s += 1
+
+
+class _Layout:
+    """The slots of an index: card indexes ``ks`` (ascending; slot s is ``ks[s]``) of ``stride`` bits,
+    with what a choice derives from them, shared by the indexes derived from one another."""
+
+    __slots__ = ("ks", "slot", "stride", "rep", "low", "wide")
+
+    def __init__(self, ks: list[int], stride: int):
+        self.ks = ks
+        self.slot = {k: s for s, k in enumerate(ks)}
+        self.stride = stride
+        self.rep = sum(1 << (s * stride) for s in range(len(ks)))  # a node bitset times rep: in every slot
+        self.low = (1 << stride) - 1
+        self.wide: dict[int, int] = {}  # node bitset -> the same in every slot (see _Usage._wide)
+
+
+def _stride(size: int) -> int:
+    """Slot width for ``size`` nodes: a multiple of 64 with an eighth to spare for nodes added later."""
+    return (size + size // 8) // 64 * 64 + 64
 
 
 def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
@@ -488,7 +580,7 @@ def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
         else:
             result.__dict__["_sizes"] = _sizes_with(view.__dict__["_sizes"], new)
     if "_usage" in view.__dict__:  # only keep an index someone has paid for
-        result.__dict__["_usage"] = view._usage.derive(old, new)
+        result.__dict__["_usage"] = view._usage.derive(old, new, result)
     return result
 
 
@@ -507,8 +599,7 @@ def replace_card(view: View, node: Node, j: int) -> View:
     if "_sizes" in view.__dict__:
         result.__dict__["_sizes"] = view.__dict__["_sizes"]
     if "_usage" in view.__dict__:
-        result.__dict__["_usage"] = view._usage.moved(i, now.index, was.capacity - was.used,
-                                                       now.capacity - now.used, node.cards)
+        result.__dict__["_usage"] = view._usage.moved(i, now.index, was.capacity - was.used, now.capacity - now.used)
     return result
 
 
@@ -530,50 +621,9 @@ def _without(view: View, gone: list[int]) -> View:
     for key, (ask, bits) in entries:
         moved.masks[key] = (ask, _drop_bits(bits, gone))
     result.__dict__["_topology"] = moved
-    if "_usage" in view.__dict__:
-        old = view._usage
-        by_kf = {k: {free: b for free, bits in table.items() if (b := _drop_bits(bits, gone))}
-                 for k, table in old.by_kf.items()}
-        by_f = {free: b for free, bits in old.by_f.items() if (b := _drop_bits(bits, gone))}
-        usage = _Usage(by_kf, by_f, {k: _drop_bits(bits, gone) for k, bits in old.has_k.items()},
-                       _drop_bits(old.has_any, gone))
-        usage._sort()
-        result.__dict__["_usage"] = usage
+    if "_usage" in view.__dict__:  # every position after the first gone moves: built anew
+        result.__dict__["_usage"] = _Usage.build(result.nodes)
     return result
-
-
-def _fitting(usage: _Usage, mask: int, pin: int | None, shares: int, strategy: str, slack: int,
-             masks: Mapping[int, int] | None = None) -> Iterator[tuple[int, int]]:
-    """(card index, bitset of nodes) of the cards that fit, best first in ``search``'s order (free
-    shares, then card index; nodes by position within a bitset), whose free shares are within
-    ``slack`` of the best one's. ``masks``: per card index, the nodes to look at instead of ``mask``
-    (cards of one size)."""
-    fs, by_f = usage.fs, usage.by_f
-    if masks is not None:
-        mask = 0
-        for bits in masks.values():
-            mask |= bits
-    if strategy == "spread":
-        order = range(len(fs) - 1, bisect.bisect_left(fs, shares) - 1, -1)
-    else:
-        order = range(bisect.bisect_left(fs, shares), len(fs))
-    best = None
-    for j in order:
-        free = fs[j]
-        if best is not None and abs(free - best) > slack:
-            return
-        hit = by_f[free] & mask
-        if not hit:
-            continue
-        for k in (pin,) if pin is not None else usage.ks:
-            found = usage.by_kf.get(k, {}).get(free, 0) & hit
-            if masks is not None:
-                found &= masks.get(k, 0)
-            if found:
-                if best is None:
-                    best = free
-                yield k, found
-
 
 
 def _sizes(view: View) -> dict[int, dict[int, int]]:
