@@ -26,7 +26,9 @@ def test_synced_turns_true_once_both_are_listed_and_stays_true_through_a_relist(
     cache = Cache.start(settings_mod.Settings(), api_client=fake.api_client(), page_size=1, watch_timeout=5,
                         backoff=(0.05, 0.3))
     try:
-        o.wait_for(lambda: cache.lists["nodes"] == 1, what="the nodes list")
+        # Each failed pods list compacts the fake's history, so the nodes watch may lose its place and
+        # list the nodes again: at least one nodes list, not exactly one.
+        o.wait_for(lambda: cache.lists["nodes"] >= 1, what="the nodes list")
         o.wait_for(lambda: cache.informer.watch_errors["pods"] >= 1, what="a pods list that failed")
         assert not cache.synced() and not cache.current()  # the nodes alone are no sync
 
