@@ -42,15 +42,20 @@ def _feed(m: metrics_mod.Metrics, calls=CALLS) -> None:
         m.observe(mode, seconds)
 
 
-def _reference(calls=CALLS) -> bytes:
-    """The text prometheus_client gives when each call writes its metrics directly."""
-    m = metrics_mod.Metrics()
+def _write_directly(m: metrics_mod.Metrics, calls=CALLS) -> None:
+    """Each call written to the prometheus_client metrics themselves, as the reference."""
     for outcome, kind, mode, seconds, memory in calls:
         m.admissions.labels(outcome, kind, mode).inc()
         if memory:
             m.memory_pods.labels(str(memory[0])).inc()
             m.memory_asked.labels(str(memory[0])).inc(memory[1])
         m.latency.labels(mode).observe(seconds)
+
+
+def _reference(calls=CALLS) -> bytes:
+    """The text prometheus_client gives when each call writes its metrics directly."""
+    m = metrics_mod.Metrics()
+    _write_directly(m, calls)
     return prometheus_client.generate_latest(m.registry)
 
 
@@ -125,13 +130,7 @@ _WORKER = textwrap.dedent("""
     how, part = sys.argv[1], int(sys.argv[2])
     calls = t.CALLS[part::2]
     if how == "reference":
-        m = metrics.Metrics()
-        for outcome, kind, mode, seconds, memory in calls:
-            m.admissions.labels(outcome, kind, mode).inc()
-            if memory:
-                m.memory_pods.labels(str(memory[0])).inc()
-                m.memory_asked.labels(str(memory[0])).inc(memory[1])
-            m.latency.labels(mode).observe(seconds)
+        t._write_directly(metrics.Metrics(), calls)
     elif how == "exit":
         t._feed(metrics.Metrics(), calls)  # never scraped nor flushed: the exit publishes
     elif how == "stay":
