@@ -103,17 +103,27 @@ def _clip(text: str, limit: int = TEXT_MAX) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def wrapped(response: dict) -> dict:
+    """The AdmissionReview that carries ``response``."""
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
+
+
 def envelope(uid: str, **response: object) -> dict:
-    return {"apiVersion": API_VERSION, "kind": KIND, "response": {"uid": uid, **response}}
+    return wrapped({"uid": uid, **response})
 
 
 def denial(uid: str, code: int, message: str, **extra: object) -> dict:
     return envelope(uid, allowed=False, status={"code": code, "message": message}, **extra)
 
 
-def metric_kind(request: dict) -> str:
+def request_kind(request: dict) -> object:
+    """The request's kind.kind, whatever its type (None when there is none)."""
     kind = request.get("kind")
-    kind = kind.get("kind") if isinstance(kind, dict) else None
+    return kind.get("kind") if isinstance(kind, dict) else None
+
+
+def metric_kind(kind: object) -> str:
+    """The metrics' label for a kind.kind: the kinds gpushard knows, else "other"."""
     return kind if isinstance(kind, str) and kind in KNOWN_KINDS else "other"
 
 
@@ -126,10 +136,8 @@ def answer(request: dict, mode: str, policy: Policy, view: View | None, template
     allowed answer with a warning in audit mode, which must never block anything.
     """
     uid = request["uid"]
-    # As metric_kind reads it; kind.kind is needed again for the decision.
-    kind = request.get("kind")
-    kind = kind.get("kind") if isinstance(kind, dict) else None
-    kind_label = kind if isinstance(kind, str) and kind in KNOWN_KINDS else "other"
+    kind = request_kind(request)
+    kind_label = metric_kind(kind)
     try:
         result = _answer(request, uid, kind, kind_label, mode, policy, view, templates)
         response = result.review["response"]
@@ -208,7 +216,7 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
             response["warnings"] = warnings
         outcome = INVALID if code == 400 else DENIED
         rules = tuple(dict.fromkeys(x.rule for x in decision.findings if x.severity == f.DENY))
-        return Answer({"apiVersion": API_VERSION, "kind": KIND, "response": response}, outcome, kind_label,
+        return Answer(wrapped(response), outcome, kind_label,
                       rules or ((f.UNREADABLE,) if code == 400 else ()))
 
     response = {"uid": uid, "allowed": True}
@@ -240,7 +248,7 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
                 log.exception("gpushard: the cluster view could not record a placement")
     memory = (decision.card_memory_mib, decision.memory_mib) \
         if outcome == PATCHED and not dry_run and decision.memory_mib else None
-    return Answer({"apiVersion": API_VERSION, "kind": KIND, "response": response}, outcome, kind_label, memory=memory)
+    return Answer(wrapped(response), outcome, kind_label, memory=memory)
 
 
 def review(body: bytes, mode: str, policy: Policy, view: View | None, templates: Templates | None = None) -> Answer:
