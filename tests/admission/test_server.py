@@ -25,6 +25,7 @@ import pytest
 
 from tests.admission import objects
 from webhook.admission import app as app_mod
+from webhook.admission.metrics import FLUSH_INTERVAL_S
 
 
 def _review(server, path, obj, conn=None, **kw):
@@ -79,8 +80,22 @@ def test_health_and_readiness(server):
     assert status == 200 and b"synced" in body
 
 
+def _settled_admissions(server) -> dict[tuple[str, str, str], float]:
+    """The counts once every worker has published the reviews of earlier tests: two scrapes two
+    publishing intervals apart that agree (a worker publishes what it counted every second)."""
+    deadline = time.monotonic() + 30  # a bound for a loaded machine, not a measure of the interval
+    last = _admissions(server)
+    while True:
+        time.sleep(2 * FLUSH_INTERVAL_S)
+        now = _admissions(server)
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, "the admission counts never settled"
+        last = now
+
+
 def test_metrics_add_up_over_every_worker(server):
-    before = _admissions(server)
+    before = _settled_admissions(server)
     # Separate connections, so both workers take a share of the reviews.
     for _ in range(12):
         _review(server, "/mutate", objects.pod(objects.container("t", "0.1")), dry_run=True)
