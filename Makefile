@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench fuzz certs proto image kind clean gpu-check gpu-wheels
+.PHONY: demo test e2e lint bench fuzz certs proto image kind clean gpu-check gpu-wheels
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The end-to-end tier on real components (tests/e2e, README "End to end"): KUBEBUILDER_ASSETS names a
+# folder with etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl; the node tier
+# also needs GPUSHARD_E2E_KUBELET (a kubelet) and GPUSHARD_E2E_CRI (a CRI runtime's socket). Root only.
+e2e: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m e2e --timeout 600 tests/e2e $(E2E_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check webhook tests bench examples docs

@@ -1,0 +1,143 @@
+"""Fixtures of the end-to-end tier: real components started once per run, gpushard installed on them.
+
+Every test here is marked ``e2e``. Without ``KUBEBUILDER_ASSETS`` the whole tier is skipped with
+one line saying what to set; without ``GPUSHARD_E2E_KUBELET`` and ``GPUSHARD_E2E_CRI`` the node
+tier is. ``make test`` collects the tier too and skips it there; ``make e2e`` runs only it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import components, gpushard
+
+ROOT = Path(__file__).resolve().parents[2]
+ASSETS, WHY_NOT = components.which_assets(os.environ)
+KUBELET = os.environ.get("GPUSHARD_E2E_KUBELET", "")
+CRI = os.environ.get("GPUSHARD_E2E_CRI", "")
+NODE_WHY_NOT = ("set GPUSHARD_E2E_KUBELET (a kubelet binary) and GPUSHARD_E2E_CRI (a CRI runtime's unix socket) "
+                "for the node tier")
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+            if ASSETS is None:
+                item.add_marker(pytest.mark.skip(reason=f"gpushard e2e: {WHY_NOT}"))
+            elif "kubelet" in item.fixturenames and not (KUBELET and CRI):
+                item.add_marker(pytest.mark.skip(reason=f"gpushard e2e: {NODE_WHY_NOT}"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test shows the components' log tails that explain it, not only its assertion."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed and _RUN.get("plane") is not None:
+        sections = [_RUN["plane"].logs(25)]
+        for name in ("kubelet", "webhook", "agent"):
+            owner = _RUN.get(name)
+            if owner is not None:
+                sections.append(owner.tail(25))
+        report.sections.append(("component logs", "\n".join(sections)))
+
+
+_RUN: dict = {}
+
+
+@pytest.fixture(scope="session")
+def work():
+    folder = Path(tempfile.mkdtemp(prefix="gpushard-e2e-"))
+    yield folder
+    if os.environ.get("GPUSHARD_E2E_KEEP"):
+        print(f"gpushard e2e: logs and state kept in {folder}", file=sys.stderr)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def plane(work):
+    plane = components.ControlPlane(ASSETS, work)
+    _RUN["plane"] = plane
+    try:
+        plane.start()
+    except BaseException:
+        print(plane.logs(60), file=sys.stderr)
+        plane.stop()
+        raise
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kubectl(plane) -> components.Kubectl:
+    return plane.kubectl
+
+
+@pytest.fixture(scope="session")
+def install(plane, kubectl) -> dict[str, subprocess.CompletedProcess]:
+    """deploy/base installed as an operator would, then taken over by server-side apply as GitOps tools do.
+
+    Before the webhook is pointed at loopback, so the takeover sees only what the manifests say.
+    """
+    base = str(ROOT / "deploy" / "base")
+    steps = {"apply": kubectl.run("apply", "-k", base, check=False, timeout=180)}
+    steps["server-side apply"] = kubectl.run("apply", "--server-side", "-k", base, check=False, timeout=180)
+    steps["diff --server-side"] = kubectl.run("diff", "--server-side", "-k", base, check=False, timeout=180)
+    return steps
+
+
+@pytest.fixture(scope="session")
+def installed(plane, install, work):
+    """The webhook served on loopback with its own ServiceAccount's token, called by the shipped configuration."""
+    webhook = gpushard.Webhook(plane, work).start()
+    _RUN["webhook"] = webhook
+    yield webhook
+    webhook.stop()
+
+
+@pytest.fixture(scope="session")
+def kubelet(plane, installed, work):
+    kubelet = components.Kubelet(KUBELET, CRI, plane, work)
+    _RUN["kubelet"] = kubelet
+    try:
+        kubelet.start()
+    except BaseException:
+        print(kubelet.tail(80), file=sys.stderr)
+        kubelet.stop()
+        raise
+    yield kubelet
+    kubelet.stop()
+
+
+@pytest.fixture(scope="session")
+def agent(plane, kubectl, kubelet, work):
+    """`gpushard agent` on the real kubelet, with a token bound to its DaemonSet's pod, over a fake NVML."""
+    agent = gpushard.Agent(plane, kubelet, work).start()
+    _RUN["agent"] = agent
+    yield agent
+    agent.stop()
+
+
+@pytest.fixture
+def namespace(kubectl, request):
+    """A fresh namespace per test, labelled with the mode the test's ``mode`` parameter names."""
+    mode = getattr(request, "param", "enforce")
+    name = f"e2e-{request.node.name.lower().replace('_', '-')[:40].strip('-')}-{os.getpid() % 1000}"
+    name = "".join(c if c.isalnum() or c == "-" else "-" for c in name)[:60].strip("-")
+    labels = {"gpushard.io/mode": mode} if mode else {}
+    kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                              "metadata": {"name": name, "labels": labels}}))
+    yield name
+    subprocess.run([kubectl.binary, f"--kubeconfig={kubectl.config}", "delete", "namespace", name,
+                    "--wait=false"], capture_output=True, timeout=60)

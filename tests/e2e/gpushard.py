@@ -1,0 +1,176 @@
+"""gpushard's own processes in the end-to-end tier: the webhook and the agent, run as an operator would.
+
+The webhook runs as ``gpushard serve`` on loopback with a token of its own ServiceAccount (so the
+shipped RBAC is what it has), and the MutatingWebhookConfiguration that deploy/base installed is
+pointed at it by ``clientConfig.url`` (Endpoints refuse loopback addresses). The agent runs as
+``gpushard agent`` with a token bound to the pod its DaemonSet made on the kubelet's node (so the
+own-node policy sees the node name in the token), the config from the shipped ConfigMap, and the
+real pynvml over a fake libnvidia-ml.so.1 (tests/agent/fakenvml.c) whose cards a test controls.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from tests.e2e import components
+
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEM = "gpushard-system"
+GPUSHARD = str(Path(sys.executable).with_name("gpushard"))
+FAKE_NVML = ROOT / "tests" / "agent" / "fakenvml.c"
+
+
+def shipped_config(kubectl: components.Kubectl, folder: Path) -> Path:
+    """The config file as the shipped ConfigMap holds it (what the pods mount)."""
+    data = kubectl.json("get", "configmap", "gpushard-config", "-n", SYSTEM)["data"]["config.yaml"]
+    path = folder / "config.yaml"
+    path.write_text(data)
+    return path
+
+
+class Webhook:
+    def __init__(self, plane: components.ControlPlane, work: Path):
+        self.plane, self.work = plane, work
+        self.folder = work / "webhook"
+        self.folder.mkdir(exist_ok=True)
+        self.port = components.free_port()
+        self.process: components.Process | None = None
+        self.cert, self.key = plane.pki.issue("webhook", "gpushard-webhook", dns=("localhost",), ips=("127.0.0.1",),
+                                              server=True)
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def start(self) -> Webhook:
+        kubectl = self.plane.kubectl
+        config = shipped_config(kubectl, self.folder)
+        token = kubectl.token("gpushard-webhook", SYSTEM)
+        kubeconfig = self.plane.token_config("webhook", token)
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        self.process = components.Process("webhook", [
+            GPUSHARD, "serve", f"--cert={self.cert}", f"--key={self.key}", f"--bind=127.0.0.1:{self.port}",
+            f"--config={config}",
+        ], self.work / "webhook.log", env=env).start()
+        self.wait_ready()
+        self.point_configuration()
+        return self
+
+    def wait_ready(self) -> None:
+        context = ssl.create_default_context(cafile=str(self.plane.pki.ca_path))
+        components.wait_for("the webhook's /readyz", lambda: urllib.request.urlopen(
+            f"{self.url}/readyz", context=context, timeout=3).status == 200, timeout=60, explain=self.tail)
+
+    def point_configuration(self) -> None:
+        """Every webhook of the shipped configuration, called at this process by URL, trusting the run's CA."""
+        kubectl = self.plane.kubectl
+        configuration = kubectl.json("get", "mutatingwebhookconfiguration", "gpushard")
+        bundle = base64.b64encode(self.plane.pki.ca_path.read_bytes()).decode()
+        patch = []
+        for i, hook in enumerate(configuration["webhooks"]):
+            client = hook["clientConfig"]
+            path = client["service"]["path"] if "service" in client else urllib.parse.urlparse(client["url"]).path
+            patch.append({"op": "replace", "path": f"/webhooks/{i}/clientConfig",
+                          "value": {"url": f"{self.url}{path}", "caBundle": bundle}})
+        kubectl.run("patch", "mutatingwebhookconfiguration", "gpushard", "--type=json", "-p", json.dumps(patch))
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.stop()
+
+    def restart(self) -> None:
+        self.process.start()
+        self.wait_ready()
+
+    def log(self) -> str:
+        return self.process.log_path.read_text(errors="replace") if self.process else ""
+
+    def tail(self, lines: int = 40) -> str:
+        return self.process.tail(lines) if self.process else ""
+
+
+class Agent:
+    def __init__(self, plane: components.ControlPlane, kubelet: components.Kubelet, work: Path):
+        self.plane, self.kubelet, self.work = plane, kubelet, work
+        self.folder = work / "agent"
+        self.control = self.folder / "nvml"
+        self.process: components.Process | None = None
+        self.pod = ""
+
+    def build_nvml(self) -> Path:
+        lib = self.folder / "lib"
+        lib.mkdir(parents=True, exist_ok=True)
+        self.control.mkdir(parents=True, exist_ok=True)
+        compiler = shutil.which("cc") or shutil.which("gcc")
+        if compiler is None:
+            raise AssertionError("gpushard e2e: the agent tier needs a C compiler for the fake NVML library")
+        subprocess.run([compiler, "-shared", "-fPIC", "-o", str(lib / "libnvidia-ml.so.1"),
+                        "-Wl,-soname,libnvidia-ml.so.1", str(FAKE_NVML)], check=True, timeout=60)
+        self.put("cards", "2")
+        return lib
+
+    def put(self, name: str, text: str = "") -> None:
+        tmp = self.control / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.rename(self.control / name)
+
+    def daemonset_pod(self) -> str:
+        kubectl = self.plane.kubectl
+        kubectl.run("label", "node", components.NODE_NAME, "gpushard.io/shared-node=true", "--overwrite")
+        # The shipped DaemonSet names RuntimeClass nvidia, which the GPU nodes' runtime provides.
+        kubectl.apply(json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                  "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
+
+        def bound_pod():
+            pods = kubectl.json("get", "pods", "-n", SYSTEM, "-l", "app.kubernetes.io/component=agent")["items"]
+            return next((p["metadata"]["name"] for p in pods
+                         if p["spec"].get("nodeName") == components.NODE_NAME), None)
+        return components.wait_for("the agent DaemonSet's pod on the node", bound_pod, timeout=90,
+                                   explain=self.plane.logs)
+
+    def token_config(self) -> Path:
+        token = self.plane.kubectl.token("gpushard-agent", SYSTEM, pod=self.pod)
+        return self.plane.token_config("agent", token)
+
+    def start(self) -> Agent:
+        lib = self.build_nvml()
+        self.pod = self.daemonset_pod()
+        config = shipped_config(self.plane.kubectl, self.folder)
+        env = {**os.environ, "KUBECONFIG": str(self.token_config()), "LD_LIBRARY_PATH": str(lib),
+               "FAKE_NVML_DIR": str(self.control), "NODE_NAME": components.NODE_NAME}
+        self.process = components.Process("agent", [
+            GPUSHARD, "agent", f"--config={config}", f"--node-name={components.NODE_NAME}",
+            f"--device-plugin-dir={components.DEVICE_PLUGIN_DIR}",
+            f"--pod-resources-socket={self.kubelet.pod_resources_socket}",
+            f"--kubelet-registry-dir={self.kubelet.registry_dir}", f"--kubelet-plugins-dir={self.kubelet.plugins_dir}",
+            f"--cdi-dir={self.folder / 'cdi'}", "--poll-interval=0.5",
+        ], self.work / "agent.log", env=env).start()
+        self.wait_allocatable({"gpushard.io/card-0": "100", "gpushard.io/card-1": "100", "gpushard.io/gpu": "200"})
+        return self
+
+    def allocatable(self) -> dict:
+        return self.plane.kubectl.json("get", "node", components.NODE_NAME)["status"].get("allocatable", {})
+
+    def wait_allocatable(self, want: dict, timeout: float = 60) -> None:
+        components.wait_for(f"node allocatable {want}", lambda: all(
+            self.allocatable().get(k) == v for k, v in want.items()), timeout=timeout,
+            explain=lambda: f"allocatable now: {self.allocatable()}\n{self.tail()}\n{self.kubelet.tail(20)}")
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.stop()
+
+    def log(self) -> str:
+        return self.process.log_path.read_text(errors="replace") if self.process else ""
+
+    def tail(self, lines: int = 40) -> str:
+        return self.process.tail(lines) if self.process else ""

@@ -1,0 +1,165 @@
+"""We test admission through a real kube-apiserver calling `gpushard serve`, as kubectl shows it to a user:
+- in an enforce namespace a fraction becomes shares of one card with the card's env, a container that asked
+  for nothing gets `void`, and a pod past one card is denied with gpushard's message as kubectl prints it;
+- in an audit namespace nothing changes and each finding is a `Warning:` line of kubectl's;
+- annotations that make a runtime inject devices, and device-list mounts, are denied by the API server's own
+  policy in every namespace, opted in or not; gpushard's resources are refused outside enforce namespaces;
+- workloads: a Deployment's template gets integer shares, and each pod its ReplicaSet makes gets its card;
+- a ResourceQuota on gpushard.io/gpu counts the shares the rewrite wrote;
+- a debug container (`kubectl debug`) gets `void`;
+- with the webhook down, enforce namespaces fail closed and every other namespace goes on as before.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e import components, objects
+
+AUDIT = pytest.mark.parametrize("namespace", ["audit"], indirect=True)
+PLAIN = pytest.mark.parametrize("namespace", [None], indirect=True)
+
+
+def get(kubectl, namespace: str, kind: str, name: str) -> dict:
+    return kubectl.json("get", kind, name, "-n", namespace)
+
+
+def refused(done, *phrases: str) -> None:
+    """kubectl exited 1 and printed each phrase (the whole output is the failure's text)."""
+    text = f"kubectl exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    assert done.returncode == 1, text
+    for phrase in phrases:
+        assert phrase in done.stderr, text
+
+
+def test_fraction_becomes_shares_of_one_card(installed, kubectl, namespace):
+    kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+        "quarter", objects.container(gpu="0.25"), objects.container("sidecar")))
+    pod = get(kubectl, namespace, "pod", "quarter")
+    card = pod["metadata"]["annotations"]["gpushard.io/card"]
+    main, sidecar = pod["spec"]["containers"]
+    want = {"gpushard.io/gpu": "25", f"gpushard.io/card-{card}": "25"}
+    assert main["resources"]["limits"] == want and main["resources"]["requests"] == want
+    assert objects.env_of(main)["NVIDIA_VISIBLE_DEVICES"] == card
+    assert objects.env_of(main)["GPUSHARD_FRACTION"] == "0.25"
+    assert objects.env_of(sidecar)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert pod["metadata"]["annotations"]["gpushard.io/shares"] == "25"
+    assert pod["metadata"]["labels"]["gpushard.io/shared"] == "true"
+
+
+def test_pod_past_one_card_denied_as_kubectl_prints_it(installed, kubectl, namespace):
+    done = kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+        "too-much", objects.container(gpu="1.5")), check=False)
+    # The API server hands admission the canonical quantity, so the message quotes 1500m for 1.5.
+    refused(done, 'admission webhook "enforce.gpushard.io" denied the request: gpushard: container "main"',
+            "asks nvidia.com/gpu 1500m")
+    assert kubectl.run("get", "pod", "too-much", "-n", namespace, check=False).returncode == 1
+
+
+@AUDIT
+def test_audit_namespace_warns_and_changes_nothing(installed, kubectl, namespace):
+    done = kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+        "two-cards", objects.container(gpu="2")))
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("Warning: gpushard:")]
+    assert warnings, done.stderr
+    pod = get(kubectl, namespace, "pod", "two-cards")
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert "gpushard.io/card" not in pod["metadata"].get("annotations", {})
+
+
+@pytest.mark.parametrize("namespace", [None, "enforce", "audit"], indirect=True)
+def test_injecting_annotation_denied_in_every_namespace(installed, kubectl, namespace):
+    done = kubectl.run("apply", "-n", namespace, "-f", "-", check=False, input=objects.pod(
+        "inject", annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}))
+    refused(done, "ValidatingAdmissionPolicy 'gpushard-device-channels'",
+            'gpushard: annotation "cdi.k8s.io/gpu" makes the container runtime')
+
+
+@PLAIN
+def test_device_list_mount_denied_outside_enforce(installed, kubectl, namespace):
+    c = objects.container()
+    c["volumeMounts"] = [{"name": "all", "mountPath": "/var/run/nvidia-container-devices/all"}]
+    done = kubectl.run("apply", "-n", namespace, "-f", "-", check=False, input=objects.pod(
+        "mount", c, volumes=[{"name": "all", "hostPath": {"path": "/dev/null"}}]))
+    refused(done, 'gpushard: container "main" mounts a volume under /var/run/nvidia-container-devices')
+
+
+@PLAIN
+def test_shares_refused_outside_enforce(installed, kubectl, namespace):
+    done = kubectl.run("apply", "-n", namespace, "-f", "-", check=False, input=objects.pod(
+        "sneaky", objects.container(gpu="10", resource="gpushard.io/card-0")))
+    refused(done, "ValidatingAdmissionPolicy 'gpushard-opt-in'", 'gpushard: container "main" asks gpushard.io/*',
+            "label the namespace gpushard.io/mode=enforce")
+
+
+@PLAIN
+def test_plain_namespace_untouched(installed, kubectl, namespace):
+    kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod("plain", objects.container(gpu="1")))
+    pod = get(kubectl, namespace, "pod", "plain")
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert "env" not in pod["spec"]["containers"][0]
+
+
+def test_workload_template_and_its_pods(installed, kubectl, namespace):
+    kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.deployment("serve", "0.25", replicas=2))
+    template = get(kubectl, namespace, "deployment", "serve")["spec"]["template"]
+    assert template["spec"]["containers"][0]["resources"]["limits"] == {"gpushard.io/gpu": "25"}
+
+    def pods():
+        items = kubectl.json("get", "pods", "-n", namespace, "-l", "app=serve")["items"]
+        return items if len(items) == 2 else None
+    for pod in components.wait_for("the Deployment's two pods", pods, timeout=60):
+        card = pod["metadata"]["annotations"]["gpushard.io/card"]
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        assert limits == {"gpushard.io/gpu": "25", f"gpushard.io/card-{card}": "25"}
+        assert objects.env_of(pod["spec"]["containers"][0])["NVIDIA_VISIBLE_DEVICES"] == card
+
+
+def test_quota_counts_shares(installed, kubectl, namespace):
+    kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.quota("gpus", {"requests.gpushard.io/gpu": "50"}))
+    components.wait_for("the quota's status", lambda: get(kubectl, namespace, "resourcequota", "gpus").get(
+        "status", {}).get("hard"), timeout=30)
+    for name in ("q1", "q2"):
+        kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(name, objects.container(gpu="0.25")))
+    done = kubectl.run("apply", "-n", namespace, "-f", "-", check=False,
+                       input=objects.pod("q3", objects.container(gpu="0.25")))
+    refused(done, "exceeded quota: gpus", "requested: requests.gpushard.io/gpu=25")
+
+
+def test_debug_container_gets_void(installed, kubectl, namespace):
+    kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod("target", objects.container(gpu="0.25")))
+    kubectl.run("debug", "target", "-n", namespace, "--image=registry.example/debug:1", "--container=dbg",
+                "--profile=baseline", "--", "sleep", "1")
+    debug = get(kubectl, namespace, "pod", "target")["spec"]["ephemeralContainers"]
+    assert [objects.env_of(c).get("NVIDIA_VISIBLE_DEVICES") for c in debug] == ["void"]
+
+
+@pytest.fixture
+def namespaces(kubectl):
+    made = []
+    for mode in ("enforce", "audit", None):
+        name = f"e2e-down-{mode or 'plain'}"
+        labels = {"gpushard.io/mode": mode} if mode else {}
+        kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                                  "metadata": {"name": name, "labels": labels}}))
+        made.append(name)
+    yield dict(zip(("enforce", "audit", "plain"), made))
+    for name in made:
+        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+def test_webhook_down_fails_closed_only_where_opted_in(installed, kubectl, namespaces):
+    installed.stop()
+    try:
+        down = kubectl.run("apply", "-n", namespaces["enforce"], "-f", "-", check=False,
+                              input=objects.pod("while-down", objects.container(gpu="0.25")))
+        refused(down, 'failed calling webhook "enforce.gpushard.io"')
+        for mode in ("audit", "plain"):
+            kubectl.run("apply", "-n", namespaces[mode], "-f", "-", input=objects.pod(
+                "while-down", objects.container(gpu="1")))
+    finally:
+        installed.restart()
+    kubectl.run("apply", "-n", namespaces["enforce"], "-f", "-",
+                input=objects.pod("after", objects.container(gpu="0.25")))

@@ -1,0 +1,183 @@
+"""We test gpushard on a real kubelet, the agent registered through the kubelet's own device-plugin API:
+- the agent, with a token bound to its DaemonSet's pod, registers every card: the node advertises each card's
+  shares and their sum, and carries the inventory and card count gpushard publishes;
+- a fractional pod is pinned by the webhook, bound by the real scheduler, and the kubelet's Allocate gives it
+  share IDs of its card only: the kubelet's checkpoint and its PodResources API both say so;
+- a pod whose card is full stays Pending with the scheduler's reason;
+- the agent may write gpushard's own keys on its own Node, and nothing else: not another node, not another
+  label or annotation (node-restriction.kubernetes.io/ above all), not the spec, not the status;
+- after a kubelet restart the agent registers again: the node advertises its shares again and the pod keeps
+  its devices.
+"""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes
+import pytest
+
+from tests.e2e import components, objects
+from webhook.agent import podresources
+
+CHECKPOINT = components.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
+NODE = components.NODE_NAME
+
+
+def checkpoint_entries(uid: str) -> list[dict]:
+    data = json.loads(CHECKPOINT.read_text())["Data"]
+    return [e for e in data.get("PodDeviceEntries") or [] if e["PodUID"] == uid]
+
+
+def device_ids(entry: dict) -> list[str]:
+    return sorted(i for ids in entry["DeviceIDs"].values() for i in ids)
+
+
+def bound(kubectl, namespace: str, name: str) -> dict:
+    return components.wait_for(f"pod {name} bound", lambda: (lambda p: p if p["spec"].get("nodeName") else None)(
+        kubectl.json("get", "pod", name, "-n", namespace)), timeout=60)
+
+
+def free_shares(kubectl, card: int) -> int:
+    """What the scheduler sees free on the node's card: allocatable less what bound, live pods request."""
+    resource = f"gpushard.io/card-{card}"
+    allocatable = int(kubectl.json("get", "node", NODE)["status"]["allocatable"][resource])
+    pods = kubectl.json("get", "pods", "-A", "--field-selector", f"spec.nodeName={NODE}")["items"]
+    held = sum(int(c.get("resources", {}).get("requests", {}).get(resource, 0))
+               for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")
+               for c in p["spec"]["containers"])
+    return allocatable - held
+
+
+def test_agent_registers_every_card(agent, kubectl):
+    node = kubectl.json("get", "node", NODE)
+    allocatable = node["status"]["allocatable"]
+    assert (allocatable["gpushard.io/card-0"], allocatable["gpushard.io/card-1"]) == ("100", "100")
+    assert allocatable["gpushard.io/gpu"] == "200"
+    assert node["metadata"]["labels"]["gpushard.io/cards"] == "2"
+    inventory = json.loads(node["metadata"]["annotations"]["gpushard.io/inventory"])
+    assert [c["uuid"] for c in inventory] == ["GPU-fake-0000", "GPU-fake-0001"]
+
+
+def test_pod_bound_and_allocated_its_cards_shares(agent, kubectl, namespace, kubelet):
+    kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod("half", objects.container(gpu="0.5")))
+    pod = bound(kubectl, namespace, "half")
+    card = pod["metadata"]["annotations"]["gpushard.io/card"]
+    assert pod["spec"]["nodeName"] == NODE
+    uid = pod["metadata"]["uid"]
+    entries = components.wait_for("the kubelet's checkpoint of the pod's devices",
+                                  lambda: checkpoint_entries(uid) or None, timeout=60, explain=kubelet.tail)
+    by_resource = {e["ResourceName"]: device_ids(e) for e in entries}
+    assert set(by_resource) == {f"gpushard.io/card-{card}", "gpushard.io/gpu"}
+    assert len(by_resource[f"gpushard.io/card-{card}"]) == 50
+    assert all(i.startswith(f"card-{card}-") for i in by_resource[f"gpushard.io/card-{card}"])
+
+    lister = podresources.Client(str(kubelet.pod_resources_socket))
+    try:
+        listed = lister.list()
+    finally:
+        lister.close()
+    ours = [p for p in listed.pod_resources if p.name == "half" and p.namespace == namespace]
+    assert len(ours) == 1
+    held: dict[str, list[str]] = {}
+    for c in ours[0].containers:
+        for d in c.devices:
+            held.setdefault(d.resource_name, []).extend(d.device_ids)
+    assert sorted(held[f"gpushard.io/card-{card}"]) == by_resource[f"gpushard.io/card-{card}"]
+
+
+def test_full_card_leaves_pod_pending_with_schedulers_reason(agent, kubectl, namespace):
+    free = free_shares(kubectl, 1)
+    if free:
+        kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+            "filler", objects.container(gpu=str(free), resource="gpushard.io/card-1")))
+        bound(kubectl, namespace, "filler")
+    kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+        "waiting", objects.container(gpu="1", resource="gpushard.io/card-1")))
+
+    def unschedulable():
+        pod = kubectl.json("get", "pod", "waiting", "-n", namespace)
+        return next((c for c in pod["status"].get("conditions", [])
+                     if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"), None)
+    condition = components.wait_for("the scheduler's verdict", unschedulable, timeout=60)
+    assert "Insufficient gpushard.io/card-1" in condition["message"]
+    assert kubectl.json("get", "pod", "waiting", "-n", namespace)["spec"].get("nodeName") is None
+
+
+@pytest.fixture(scope="module")
+def other_node(kubectl):
+    kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "e2e-other",
+                                                                               "labels": {"pool": "other"}}}))
+    yield "e2e-other"
+    kubectl.run("delete", "node", "e2e-other", "--wait=false", check=False)
+
+
+class Answer:
+    def __init__(self, status: int, message: str):
+        self.returncode, self.stderr, self.stdout = (0 if status < 300 else 1), message, ""
+
+
+def as_agent(kubectl, agent, node: str, patch: dict, status: bool = False) -> Answer:
+    """A merge patch of a Node with the agent's own token, as the agent writes it (kubectl would GET first,
+    which the agent may not)."""
+    client = kubernetes.config.new_client_from_config(str(agent.token_config()))
+    api = kubernetes.client.CoreV1Api(client)
+    try:
+        (api.patch_node_status if status else api.patch_node)(node, patch)
+        return Answer(200, "")
+    except kubernetes.client.ApiException as exc:
+        return Answer(exc.status, json.loads(exc.body).get("message", exc.body))
+    finally:
+        client.close()
+
+
+def test_agent_writes_its_own_keys_on_its_own_node(agent, kubectl):
+    metadata = kubectl.json("get", "node", NODE)["metadata"]
+    done = as_agent(kubectl, agent, NODE, {"metadata": {
+        "labels": {"gpushard.io/cards": metadata["labels"]["gpushard.io/cards"]},
+        "annotations": {"gpushard.io/inventory": metadata["annotations"]["gpushard.io/inventory"]}}})
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("node,patch", [
+    (NODE, {"metadata": {"labels": {"node-restriction.kubernetes.io/tier": "secure"}}}),
+    (NODE, {"metadata": {"labels": {"kubernetes.io/hostname": "e2e-other"}}}),
+    (NODE, {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}),
+    (NODE, {"metadata": {"labels": {"kubernetes.io/os": None}}}),
+    (NODE, {"metadata": {"annotations": {"example.com/owner": "agent"}}}),
+    (NODE, {"spec": {"taints": [{"key": "example.com/drain", "value": "true", "effect": "NoSchedule"}]}}),
+    ("e2e-other", {"metadata": {"labels": {"gpushard.io/cards": "8"}}}),
+], ids=["node-restriction-label", "hostname-label", "role-label", "removed-label", "foreign-annotation", "taint",
+        "other-node"])
+def test_agent_may_not_write_beyond_its_keys(agent, kubectl, other_node, node, patch):
+    before = kubectl.json("get", "node", node)
+    done = as_agent(kubectl, agent, node, patch)
+    assert done.returncode == 1, done.stdout
+    assert "gpushard: the agent may" in done.stderr, done.stderr
+    after = kubectl.json("get", "node", node)
+    assert after["metadata"].get("labels") == before["metadata"].get("labels")
+    assert after["metadata"].get("annotations", {}).get("example.com/owner") is None
+    assert after["spec"] == before["spec"]
+
+
+def test_agent_may_not_write_node_status(agent, kubectl):
+    done = as_agent(kubectl, agent, NODE, {"status": {"capacity": {"gpushard.io/card-7": "100"}}}, status=True)
+    assert done.returncode == 1
+    assert "forbidden" in done.stderr.lower(), done.stderr
+    assert "gpushard.io/card-7" not in kubectl.json("get", "node", NODE)["status"]["capacity"]
+
+
+def test_kubelet_restart_registers_again(agent, kubectl, kubelet, namespace):
+    kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod("before", objects.container(gpu="0.1")))
+    uid = bound(kubectl, namespace, "before")["metadata"]["uid"]
+    held = components.wait_for("the pod's devices in the checkpoint", lambda: checkpoint_entries(uid) or None,
+                               timeout=60, explain=kubelet.tail)
+    registrations = agent.log().count("registered")
+    kubelet.restart()
+    components.wait_for("the agent registering again", lambda: agent.log().count("registered") > registrations,
+                        timeout=90, explain=agent.tail)
+    agent.wait_allocatable({"gpushard.io/card-0": "100", "gpushard.io/card-1": "100"}, timeout=90)
+    components.wait_for("node Ready again", lambda: components.Kubelet.ready(kubectl), timeout=90,
+                        explain=kubelet.tail)
+    assert {e["ResourceName"]: device_ids(e) for e in checkpoint_entries(uid)} == {
+        e["ResourceName"]: device_ids(e) for e in held}
