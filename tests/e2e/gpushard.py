@@ -21,6 +21,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 from tests.e2e import components
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,18 +72,29 @@ class Webhook:
         components.wait_for("the webhook's /readyz", lambda: urllib.request.urlopen(
             f"{self.url}/readyz", context=context, timeout=3).status == 200, timeout=60, explain=self.tail)
 
+    def client_config(self, hook: dict) -> dict:
+        client = hook["clientConfig"]
+        path = client["service"]["path"] if "service" in client else urllib.parse.urlparse(client["url"]).path
+        return {"url": f"{self.url}{path}", "caBundle": base64.b64encode(self.plane.pki.ca_path.read_bytes()).decode()}
+
     def point_configuration(self) -> None:
         """Every webhook of the shipped configuration, called at this process by URL, trusting the run's CA."""
         kubectl = self.plane.kubectl
         configuration = kubectl.json("get", "mutatingwebhookconfiguration", "gpushard")
-        bundle = base64.b64encode(self.plane.pki.ca_path.read_bytes()).decode()
-        patch = []
-        for i, hook in enumerate(configuration["webhooks"]):
-            client = hook["clientConfig"]
-            path = client["service"]["path"] if "service" in client else urllib.parse.urlparse(client["url"]).path
-            patch.append({"op": "replace", "path": f"/webhooks/{i}/clientConfig",
-                          "value": {"url": f"{self.url}{path}", "caBundle": bundle}})
+        patch = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig", "value": self.client_config(hook)}
+                 for i, hook in enumerate(configuration["webhooks"])]
         kubectl.run("patch", "mutatingwebhookconfiguration", "gpushard", "--type=json", "-p", json.dumps(patch))
+
+    def apply(self, kustomization: Path) -> subprocess.CompletedProcess:
+        """`kubectl apply -k` of a kustomization once the webhook runs here: its configuration keeps calling
+        this process (on a cluster it calls the Service; a loopback URL is this tier's only change)."""
+        kubectl = self.plane.kubectl
+        documents = list(yaml.safe_load_all(kubectl.run("kustomize", str(kustomization)).stdout))
+        for document in documents:
+            if document and document["kind"] == "MutatingWebhookConfiguration":
+                for hook in document["webhooks"]:
+                    hook["clientConfig"] = self.client_config(hook)
+        return kubectl.run("apply", "-f", "-", input=yaml.safe_dump_all(documents), check=False, timeout=180)
 
     def stop(self) -> None:
         if self.process:
@@ -90,6 +103,12 @@ class Webhook:
     def restart(self) -> None:
         self.process.start()
         self.wait_ready()
+
+    def reload(self) -> None:
+        """Started again on the config the ConfigMap holds now (as a rollout after a config change)."""
+        self.stop()
+        shipped_config(self.plane.kubectl, self.folder)
+        self.restart()
 
     def log(self) -> str:
         return self.process.log_path.read_text(errors="replace") if self.process else ""
@@ -131,9 +150,14 @@ class Agent:
                                   "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
 
         def bound_pod():
+            # The pod of the DaemonSet's current template: after a change of it the old pod goes away, and a
+            # token bound to it with it.
+            generation = str(kubectl.json("get", "daemonset", "gpushard-agent", "-n", SYSTEM)["metadata"]["generation"])
             pods = kubectl.json("get", "pods", "-n", SYSTEM, "-l", "app.kubernetes.io/component=agent")["items"]
             return next((p["metadata"]["name"] for p in pods
-                         if p["spec"].get("nodeName") == components.NODE_NAME), None)
+                         if p["spec"].get("nodeName") == components.NODE_NAME
+                         and not p["metadata"].get("deletionTimestamp")
+                         and p["metadata"]["labels"].get("pod-template-generation") == generation), None)
         return components.wait_for("the agent DaemonSet's pod on the node", bound_pod, timeout=90,
                                    explain=self.plane.logs)
 
@@ -141,8 +165,8 @@ class Agent:
         token = self.plane.kubectl.token("gpushard-agent", SYSTEM, pod=self.pod)
         return self.plane.token_config("agent", token)
 
-    def start(self) -> Agent:
-        lib = self.build_nvml()
+    def start(self, expect: dict | None = None) -> Agent:
+        lib = self.folder / "lib" if (self.folder / "lib").exists() else self.build_nvml()
         self.pod = self.daemonset_pod()
         config = shipped_config(self.plane.kubectl, self.folder)
         env = {**os.environ, "KUBECONFIG": str(self.token_config()), "LD_LIBRARY_PATH": str(lib),
@@ -154,8 +178,14 @@ class Agent:
             f"--kubelet-registry-dir={self.kubelet.registry_dir}", f"--kubelet-plugins-dir={self.kubelet.plugins_dir}",
             f"--cdi-dir={self.folder / 'cdi'}", "--poll-interval=0.5",
         ], self.work / "agent.log", env=env).start()
-        self.wait_allocatable({"gpushard.io/card-0": "100", "gpushard.io/card-1": "100", "gpushard.io/gpu": "200"})
+        self.wait_allocatable(expect or {"gpushard.io/card-0": "100", "gpushard.io/card-1": "100",
+                                         "gpushard.io/gpu": "200"})
         return self
+
+    def reload(self, expect: dict | None = None) -> None:
+        """Started again on the ConfigMap's config now, with a token bound to the DaemonSet's current pod."""
+        self.stop()
+        self.start(expect)
 
     def allocatable(self) -> dict:
         return self.plane.kubectl.json("get", "node", components.NODE_NAME)["status"].get("allocatable", {})

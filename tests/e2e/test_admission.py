@@ -145,7 +145,7 @@ def namespaces(kubectl):
         kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                   "metadata": {"name": name, "labels": labels}}))
         made.append(name)
-    yield dict(zip(("enforce", "audit", "plain"), made))
+    yield dict(zip(("enforce", "audit", "plain"), made, strict=True))
     for name in made:
         kubectl.run("delete", "namespace", name, "--wait=false", check=False)
 
