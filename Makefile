@@ -22,7 +22,9 @@ test: $(STAMP)
 # folder with etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl; the node tier
 # also needs GPUSHARD_E2E_KUBELET (a kubelet) and GPUSHARD_E2E_CRI (a CRI runtime's socket). Root only.
 e2e: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m e2e --timeout 600 tests/e2e $(E2E_ARGS)
+	@# Without KUBEBUILDER_ASSETS the tier runs nothing and says what to set (pytest's exit 5: nothing ran).
+	$(PY) -m pytest -q -p no:cacheprovider -m e2e --timeout 600 tests/e2e $(E2E_ARGS); rc=$$?; \
+		if [ $$rc = 5 ]; then exit 0; fi; exit $$rc
 
 lint: $(STAMP)
 	$(PY) -m ruff check webhook tests bench examples docs

@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ASSETS, WHY_NOT = components.which_assets(os.environ)
 KUBELET = os.environ.get("GPUSHARD_E2E_KUBELET", "")
 CRI = os.environ.get("GPUSHARD_E2E_CRI", "")
+# What this run started, for the failure reports and the summary.
+_RUN: dict = {}
 NODE_WHY_NOT = ("set GPUSHARD_E2E_KUBELET (a kubelet binary) and GPUSHARD_E2E_CRI (a CRI runtime's unix socket) "
                 "for the node tier")
 
@@ -31,13 +33,39 @@ def pytest_collection_modifyitems(config, items):
     here = Path(__file__).parent
     # The DRA backend changes the install for good (the overlay, the agent's backend): it goes last.
     items.sort(key=lambda item: Path(str(item.fspath)).name == "test_dra.py")
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.e2e)
-            if ASSETS is None:
-                item.add_marker(pytest.mark.skip(reason=f"gpushard e2e: {WHY_NOT}"))
-            elif "kubelet" in item.fixturenames and not (KUBELET and CRI):
-                item.add_marker(pytest.mark.skip(reason=f"gpushard e2e: {NODE_WHY_NOT}"))
+    ours = [item for item in items if here in Path(str(item.fspath)).parents]
+    if ASSETS is None:
+        # One line for the whole tier (the header and the summary), not one per test file.
+        if ours:
+            config.hook.pytest_deselected(items=ours)
+            items[:] = [item for item in items if item not in set(ours)]
+            _RUN["deselected"] = len(ours)
+        return
+    for item in ours:
+        item.add_marker(pytest.mark.e2e)
+        if "kubelet" in item.fixturenames and not (KUBELET and CRI):
+            item.add_marker(pytest.mark.skip(reason=f"gpushard e2e: {NODE_WHY_NOT}"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _RUN.get("deselected"):
+        terminalreporter.write_line(f"gpushard e2e: {_RUN['deselected']} tests not run: {WHY_NOT}")
+
+
+def pytest_report_header(config):
+    if ASSETS is None:
+        return f"gpushard e2e: skipped: {WHY_NOT}"
+    # "Kubernetes v1.36.2" and "Client Version: v1.37.1 ...": the version is the first word starting with v1.
+    versions = []
+    for binary, args in (("kube-apiserver", ["--version"]), ("kubectl", ["version", "--client"])):
+        done = subprocess.run([str(ASSETS / binary), *args], capture_output=True, text=True, timeout=30)
+        versions.append(f"{binary} {next((w for w in done.stdout.split() if w.startswith('v1.')), '?')}")
+    if KUBELET and CRI:
+        done = subprocess.run([KUBELET, "--version"], capture_output=True, text=True, timeout=30)
+        versions.append(f"kubelet {done.stdout.split()[-1]} over the CRI at {CRI}")
+    else:
+        versions.append(f"no node tier ({NODE_WHY_NOT})")
+    return "gpushard e2e: " + ", ".join(versions) + f" (KUBEBUILDER_ASSETS={ASSETS})"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -53,8 +81,6 @@ def pytest_runtest_makereport(item, call):
                 sections.append(owner.tail(25))
         report.sections.append(("component logs", "\n".join(sections)))
 
-
-_RUN: dict = {}
 
 
 @pytest.fixture(scope="session")
