@@ -23,7 +23,7 @@ test: $(STAMP)
 # also needs GPUSHARD_E2E_KUBELET (a kubelet) and GPUSHARD_E2E_CRI (a CRI runtime's socket). Root only.
 e2e: $(STAMP)
 	@# Without KUBEBUILDER_ASSETS the tier runs nothing and says what to set (pytest's exit 5: nothing ran).
-	$(PY) -m pytest -q -p no:cacheprovider -m e2e --timeout 600 tests/e2e $(E2E_ARGS); rc=$$?; \
+	$(PY) -m pytest -p no:cacheprovider -m e2e --timeout 600 tests/e2e $(E2E_ARGS); rc=$$?; \
 		if [ $$rc = 5 ]; then exit 0; fi; exit $$rc
 
 lint: $(STAMP)
