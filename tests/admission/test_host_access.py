@@ -9,7 +9,11 @@
 - audit mode reports the same as warnings and audit annotations, and allows;
 - an exempt service account or namespace (policy.exempt) is let through, nobody else;
 - a debug container added next to an older one: only the new one is changed, and the patch
-  applies to the stored pod (the API server refuses changes to existing ephemeral containers).
+  applies to the stored pod (the API server refuses changes to existing ephemeral containers);
+- each of kubectl debug's profiles as it writes its ephemeral container: general (SYS_PTRACE), baseline,
+  restricted and netadmin (NET_ADMIN, NET_RAW) are admitted with the cards hidden, sysadmin (privileged)
+  is denied; those capabilities stay denied in every other kind of container, and a debug container
+  adding more is told what it may add.
 """
 
 from __future__ import annotations
@@ -266,3 +270,53 @@ def test_a_second_debug_container_changes_only_itself(client):
     old["spec"]["ephemeralContainers"][0]["securityContext"] = {"privileged": True}
     new["spec"]["ephemeralContainers"][0]["securityContext"] = {"privileged": True}
     assert post(client, "/mutate", _debug_review(old, new))["allowed"] is True
+
+
+# What each of kubectl debug's profiles writes into the ephemeral container it adds to a running pod
+# (staging/src/k8s.io/kubectl/pkg/cmd/debug/profiles.go, the "ephemeral" style of each profile).
+DEBUG_PROFILES = {
+    "general": {"capabilities": {"add": ["SYS_PTRACE"]}},
+    "baseline": None,
+    "restricted": {"runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}, "allowPrivilegeEscalation": False,
+                   "seccompProfile": {"type": "RuntimeDefault"}},
+    "netadmin": {"capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}},
+    "sysadmin": {"privileged": True},
+}
+
+
+@pytest.mark.parametrize("profile", sorted(DEBUG_PROFILES))
+def test_each_kubectl_debug_profile(client, profile):
+    # Every profile but sysadmin acts inside the pod's own namespaces: admitted, with the cards hidden.
+    old = _gpu_pod()
+    new = copy.deepcopy(old)
+    debugger = {"name": "debugger", "image": "busybox", "targetContainerName": "train"}
+    if DEBUG_PROFILES[profile] is not None:
+        debugger["securityContext"] = DEBUG_PROFILES[profile]
+    new["spec"]["ephemeralContainers"] = [debugger]
+    response = post(client, "/mutate", _debug_review(old, new))
+    if profile == "sysadmin":
+        assert response["allowed"] is False and "is privileged" in response["status"]["message"]
+        return
+    assert response["allowed"] is True, response["status"]["message"]
+    stored = objects.patched(new, response)
+    assert objects.env_of(stored["spec"]["ephemeralContainers"][0]) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+
+
+@pytest.mark.parametrize("capability", ["SYS_PTRACE", "NET_ADMIN", "NET_RAW"])
+def test_debug_capabilities_are_only_for_debug_containers(client, capability):
+    obj = _gpu_pod()
+    obj["spec"]["containers"][1]["securityContext"] = {"capabilities": {"add": [capability]}}
+    assert f"adds capability {capability}" in _denied(client, obj)
+
+
+def test_a_debug_container_adding_more_is_denied_naming_what_it_may_add(client):
+    old = _gpu_pod()
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": "busybox", "securityContext": {
+        "capabilities": {"add": ["SYS_PTRACE", "SYS_ADMIN"]}}}]
+    response = post(client, "/mutate", _debug_review(old, new))
+    assert response["allowed"] is False
+    assert response["status"]["message"] == (
+        'gpushard: ephemeral container "debugger" adds capability SYS_ADMIN '
+        "(spec.ephemeralContainers[0].securityContext.capabilities.add), beyond Pod Security's baseline and what a "
+        "debug container may add (SYS_PTRACE, NET_ADMIN, NET_RAW), so it could reach the node's devices")

@@ -110,12 +110,17 @@ def _container(container: dict, label: str, where: str) -> list[f.Finding]:
             f"gpushard: {label} \"{name}\" is privileged ({where}.securityContext.privileged), "
             "so it would see every card of the node"), name))
     added = _list(_dict(security.get("capabilities")).get("add"))
+    debug = label == "ephemeral container"
     for cap in added:
         text = str(cap).strip().upper().removeprefix("CAP_")
-        if text not in names.BASELINE_CAPABILITIES:
-            found.append(_deny(f.ADDED_CAPABILITIES, (
-                f"gpushard: {label} \"{name}\" adds capability {cap} ({where}.securityContext.capabilities.add), "
-                "beyond Pod Security's baseline, so it could reach the node's devices"), name))
+        if text in names.BASELINE_CAPABILITIES or (debug and text in names.DEBUG_CAPABILITIES):
+            continue
+        allowed = "beyond Pod Security's baseline"
+        if debug:
+            allowed += f" and what a debug container may add ({', '.join(names.DEBUG_CAPABILITIES)})"
+        found.append(_deny(f.ADDED_CAPABILITIES, (
+            f"gpushard: {label} \"{name}\" adds capability {cap} ({where}.securityContext.capabilities.add), "
+            f"{allowed}, so it could reach the node's devices"), name))
     for i, mount in enumerate(_list(container.get("volumeMounts"))):
         mount = _dict(mount)
         path = normal_path(mount.get("mountPath"))

@@ -84,6 +84,11 @@ INJECTING_ANNOTATION_FAMILIES = DEVICE_ANNOTATION_FAMILIES + MOUNT_ANNOTATION_FA
 # SYS_MODULE, SYS_RAWIO, DAC_READ_SEARCH, BPF, ...) can reach the node's devices or kernel.
 BASELINE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
                          "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")
+# What a debug (ephemeral) container may add beyond those: kubectl debug's `general` profile (its default)
+# adds SYS_PTRACE and `netadmin` NET_ADMIN and NET_RAW. Each acts inside the pod's own namespaces (hostPID
+# and hostNetwork stay denied): ptrace reaches the pod's own processes, which already hold the pod's card,
+# and the network ones its own network namespace; none opens a device (docs/security.md, "Debug containers").
+DEBUG_CAPABILITIES = ("SYS_PTRACE", "NET_ADMIN", "NET_RAW")
 # Isolation: the limits the card-k device plugin hands each container (see docs/isolation.md).
 # Read by NVIDIA's container toolkit's apply-cuda-memory-limits CDI hook, in whole MiB. The hook's
 # first revision reads the plural names first and falls back to the singular ones; later revisions
