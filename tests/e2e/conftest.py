@@ -7,6 +7,7 @@ tier is. ``make test`` collects the tier too and skips it there; ``make e2e`` ru
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -161,8 +162,10 @@ def agent(plane, kubectl, kubelet, work):
 def namespace(kubectl, request):
     """A fresh namespace per test, labelled with the mode the test's ``mode`` parameter names."""
     mode = getattr(request, "param", "enforce")
-    name = f"e2e-{request.node.name.lower().replace('_', '-')[:40].strip('-')}-{os.getpid() % 1000}"
-    name = "".join(c if c.isalnum() or c == "-" else "-" for c in name)[:60].strip("-")
+    # Readable, and unique per test and parameter: a namespace being deleted cannot be used again.
+    digest = hashlib.sha1(f"{request.node.nodeid}-{os.getpid()}".encode()).hexdigest()[:6]
+    short = "".join(c if c.isalnum() else "-" for c in request.node.originalname.lower().removeprefix("test_"))
+    name = f"e2e-{short[:45].strip('-')}-{digest}"
     labels = {"gpushard.io/mode": mode} if mode else {}
     kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace",
                               "metadata": {"name": name, "labels": labels}}))

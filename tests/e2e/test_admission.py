@@ -6,7 +6,8 @@
   policy in every namespace, opted in or not; gpushard's resources are refused outside enforce namespaces;
 - workloads: a Deployment's template gets integer shares, and each pod its ReplicaSet makes gets its card;
 - a ResourceQuota on gpushard.io/gpu counts the shares the rewrite wrote;
-- a debug container (`kubectl debug`) gets `void`;
+- a debug container gets `void` with each of `kubectl debug`'s profiles (the default one included), but
+  sysadmin's, which is privileged and denied;
 - with the webhook down, enforce namespaces fail closed and every other namespace goes on as before.
 """
 
@@ -128,10 +129,18 @@ def test_quota_counts_shares(installed, kubectl, namespace):
     refused(done, "exceeded quota: gpus", "requested: requests.gpushard.io/gpu=25")
 
 
-def test_debug_container_gets_void(installed, kubectl, namespace):
+@pytest.mark.parametrize("profile", ["general", "baseline", "restricted", "netadmin", "sysadmin", None])
+def test_debug_container_per_kubectl_profile(installed, kubectl, namespace, profile):
+    # None: kubectl's own default (general since 1.36).
     kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod("target", objects.container(gpu="0.25")))
-    kubectl.run("debug", "target", "-n", namespace, "--image=registry.example/debug:1", "--container=dbg",
-                "--profile=baseline", "--", "sleep", "1")
+    chosen = [f"--profile={profile}"] if profile else []
+    done = kubectl.run("debug", "target", "-n", namespace, "--image=registry.example/debug:1", "--container=dbg",
+                       "--target=main", *chosen, "--", "sleep", "1", check=False)
+    if profile == "sysadmin":
+        refused(done, 'gpushard: ephemeral container "dbg" is privileged', "would see every card of the node")
+        assert not get(kubectl, namespace, "pod", "target")["spec"].get("ephemeralContainers")
+        return
+    assert done.returncode == 0, done.stderr
     debug = get(kubectl, namespace, "pod", "target")["spec"]["ephemeralContainers"]
     assert [objects.env_of(c).get("NVIDIA_VISIBLE_DEVICES") for c in debug] == ["void"]
 
