@@ -8,12 +8,16 @@
 - a ResourceQuota on gpushard.io/gpu counts the shares the rewrite wrote;
 - a debug container gets `void` with each of `kubectl debug`'s profiles (the default one included), but
   sysadmin's, which is privileged and denied;
-- with the webhook down, enforce namespaces fail closed and every other namespace goes on as before.
+- with the webhook down, enforce namespaces fail closed and every other namespace goes on as before;
+- the webhook's log holds no traceback and no ERROR line after all of it, a connection that sent nothing
+  past the read deadline included.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 
 import pytest
 
@@ -172,3 +176,16 @@ def test_webhook_down_fails_closed_only_where_opted_in(installed, kubectl, names
         installed.restart()
     kubectl.run("apply", "-n", namespaces["enforce"], "-f", "-",
                 input=objects.pod("after", objects.container(gpu="0.25")))
+
+
+def test_webhook_log_has_no_traceback(installed, plane):
+    # The API server's connection pool (and a balancer's TLS health check) opens connections that send no
+    # request: hold one open past the webhook's read deadline (10 s) beside everything this run sent.
+    context = ssl.create_default_context(cafile=str(plane.pki.ca_path))
+    with socket.create_connection(("127.0.0.1", installed.port), timeout=5) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            tls.settimeout(15)
+            assert tls.recv(1) == b""  # the webhook closes it at its deadline
+    log = installed.log()
+    assert "Traceback" not in log, installed.tail(60)
+    assert "[ERROR]" not in log, installed.tail(60)
