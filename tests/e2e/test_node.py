@@ -7,7 +7,9 @@
 - the agent may write gpushard's own keys on its own Node, and nothing else: not another node, not another
   label or annotation (node-restriction.kubernetes.io/ above all), not the spec, not the status;
 - after a kubelet restart the agent registers again: the node advertises its shares again and the pod keeps
-  its devices.
+  its devices;
+- a card's Xid reaches the status of the pod on that card (allocatedResourcesStatus, Unhealthy) and of no
+  other pod, every resource included; after the agent restarts on the serviced card it is Healthy again.
 """
 
 from __future__ import annotations
@@ -181,3 +183,37 @@ def test_kubelet_restart_registers_again(agent, kubectl, kubelet, namespace):
                         explain=kubelet.tail)
     assert {e["ResourceName"]: device_ids(e) for e in checkpoint_entries(uid)} == {
         e["ResourceName"]: device_ids(e) for e in held}
+
+
+def resource_health(pod: dict) -> dict[str, set[str]]:
+    """resource name -> the healths the kubelet reports for the devices the pod's first container holds."""
+    statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+    return {r["name"]: {d["health"] for d in r.get("resources", [])}
+            for r in statuses[0].get("allocatedResourcesStatus") or []}
+
+
+def test_card_going_bad_reaches_the_pods_status(agent, kubectl, namespace, kubelet):
+    for card in (0, 1):
+        kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+            f"on-{card}", objects.container(gpu="5", resource=f"gpushard.io/card-{card}")))
+    uids = {card: bound(kubectl, namespace, f"on-{card}")["metadata"]["uid"] for card in (0, 1)}
+    for uid in uids.values():
+        components.wait_for("the pod's devices in the checkpoint", lambda u=uid: checkpoint_entries(u) or None,
+                            timeout=60, explain=kubelet.tail)
+
+    def health(card: int) -> dict[str, set[str]]:
+        return resource_health(kubectl.json("get", "pod", f"on-{card}", "-n", namespace))
+    components.wait_for("both pods' devices reported Healthy", lambda: health(0) and health(1) and all(
+        h == {"Healthy"} for card in (0, 1) for h in health(card).values()), timeout=60, explain=kubelet.tail)
+
+    agent.put("xid-1", "79")  # the GPU has fallen off the bus: critical, for card 1 only
+    components.wait_for("card 1's Xid in its pod's status", lambda: health(1).get("gpushard.io/card-1") == {
+        "Unhealthy"}, timeout=60, explain=lambda: f"{health(1)}\n{agent.tail()}\n{kubelet.tail(20)}")
+    # Every device of the pod on card 0 stays Healthy: the aggregate gpushard.io/gpu it holds included.
+    assert all(h == {"Healthy"} for h in health(0).values()), health(0)
+    agent.wait_allocatable({"gpushard.io/card-1": "0", "gpushard.io/card-0": "100"})
+
+    # The card serviced and the agent restarted (an Xid stays until then): Healthy again, shares back.
+    agent.reload()
+    components.wait_for("card 1 Healthy again in its pod's status", lambda: health(1).get(
+        "gpushard.io/card-1") == {"Healthy"}, timeout=60, explain=kubelet.tail)
