@@ -795,7 +795,7 @@ class _Builder:
     def build(self, tree: lark.Tree) -> _Expr:
         kids = tree.children
         rule = tree.data
-        if rule in ("expr",) and len(kids) == 3:
+        if rule == "expr" and len(kids) == 3:
             return self.call(self.after(kids[0].meta.end_pos), "_?_:_", None, [self.build(k) for k in kids])
         if rule in ("conditionalor", "conditionaland") and len(kids) == 2:
             op = "_||_" if rule == "conditionalor" else "_&&_"
