@@ -10,17 +10,29 @@ evaluates the CEL as the API server would), for requests by the agent's ServiceA
   nodes/status (not matched: the policy's rule names only nodes);
 - requests by anyone else (the kubelet, an admin, another ServiceAccount) are not matched;
 - each way of breaking the policy (a validation dropped, any node name accepted, the spec left
-  unchecked, the match condition widened to everyone) flips a verdict above.
+  unchecked, the match condition widened to everyone) flips a verdict above;
+- on its own Node the agent may add, change and remove only gpushard's own keys (the labels
+  gpushard.io/cards and gpushard.io/card-<k>.memory-mib, the annotation gpushard.io/inventory, as
+  webhook/core/names.py names them), and the patch its publisher sends passes; any other key it
+  adds, changes or removes (node-restriction.kubernetes.io/tier, kubernetes.io/hostname,
+  node-role.kubernetes.io/control-plane, another gpushard.io key, an own key of the wrong kind, a
+  card label no card index reads) is denied with a message naming the key, even beside own keys;
+  keys it leaves as they were are not judged; an owner or a finalizer added is denied;
+- each way of breaking that part (the check dropped, removals or changes not counted, any
+  gpushard.io key accepted, owners left unchecked) flips one of those verdicts.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 
 from tests.deploy import admission_policy, rendering
 from tests.deploy.test_manifests import BASE
+from webhook.agent import nvml, publishing
+from webhook.core import names
 
 AGENT = "system:serviceaccount:gpushard-system:gpushard-agent"
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
@@ -154,3 +166,151 @@ def test_each_break_of_the_policy_flips_a_verdict(shipped, break_it):
     break_it(broken)
     outcomes = verdicts((broken, binding))
     assert {name: o.allowed for name, o in outcomes.items()} != EXPECTED
+
+
+OWN_KEYS = "gpushard: the agent may change only gpushard's own labels and annotations on its Node, not "
+OWNERS = "gpushard: the agent may change a Node's labels and annotations, not its owners or finalizers"
+TIER = "node-restriction.kubernetes.io/tier"
+
+
+def changed(old: dict, labels: dict | None = None, annotations: dict | None = None, **metadata) -> dict:
+    """``old`` with these labels and annotations set (None removes one) and these metadata fields."""
+    new = copy.deepcopy(old)
+    for field_name, values in (("labels", labels), ("annotations", annotations)):
+        current = new["metadata"].setdefault(field_name, {})
+        for key, value in (values or {}).items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+    new["metadata"].update(metadata)
+    return new
+
+
+def merged(target: dict, patch: dict) -> dict:
+    """A JSON merge patch (RFC 7386) applied, as the API server applies the agent's."""
+    out = copy.deepcopy(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+CARDS = [nvml.Card(0, "GPU-a", "NVIDIA H100", 81559), nvml.Card(12, "GPU-b", "NVIDIA H100", 81559)]
+
+
+def key_verdicts(policy_and_binding) -> dict[str, admission_policy.Outcome]:
+    own = node("gpu-1")
+    published = changed(own, {names.CARDS_LABEL: "2", names.card_memory_label(0): "81559",
+                              names.card_memory_label(1): "40960"}, {names.INVENTORY_ANNOTATION: "[]"})
+    # A node that others labelled before: the agent leaves those keys alone.
+    labelled = changed(own, {TIER: "secure", "topology.kubernetes.io/zone": "a"},
+                       {"node.alpha.kubernetes.io/ttl": "0"})
+    owner = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u"}]
+    cases = {
+        "the publisher's first patch": (merged(own, publishing.node_patch(CARDS)), own),
+        "the publisher removes a card's label": (
+            merged(published, publishing.node_patch(CARDS[:1], stale={names.card_memory_label(1)})), published),
+        "own labels and annotation set": (published, own),
+        "inventory changed": (changed(published, annotations={names.INVENTORY_ANNOTATION: "[{}]"}), published),
+        "own keys removed": (changed(published, {names.CARDS_LABEL: None}, {names.INVENTORY_ANNOTATION: None}),
+                             published),
+        "others' keys left as they were": (changed(labelled, {names.CARDS_LABEL: "1"}), labelled),
+        "tier label set": (changed(own, {TIER: "secure"}), own),
+        "hostname changed": (changed(own, {names.HOSTNAME_LABEL: "gpu-2"}), own),
+        "control-plane role set": (changed(own, {"node-role.kubernetes.io/control-plane": ""}), own),
+        "hostname removed": (changed(own, {names.HOSTNAME_LABEL: None}), own),
+        "tier label removed": (changed(labelled, {TIER: None}), labelled),
+        "tier label beside own keys": (changed(own, {names.CARDS_LABEL: "2", TIER: "secure"},
+                                               {names.INVENTORY_ANNOTATION: "[]"}), own),
+        "foreign annotation set": (changed(own, annotations={"node.alpha.kubernetes.io/ttl": "5"}), own),
+        "foreign annotation changed": (changed(labelled, annotations={"node.alpha.kubernetes.io/ttl": "5"}),
+                                       labelled),
+        "another gpushard.io label": (changed(own, {names.MODE_LABEL: "enforce"}), own),
+        "own annotation key as a label": (changed(own, {names.INVENTORY_ANNOTATION: "x"}), own),
+        "own label key as an annotation": (changed(own, annotations={names.CARDS_LABEL: "2"}), own),
+        "card label of no card index": (changed(own, {"gpushard.io/card-01.memory-mib": "1"}), own),
+        "owner added": (changed(published, ownerReferences=owner), published),
+        "finalizer added": (changed(published, finalizers=["example.com/hold"]), published),
+    }
+    outcomes = {name: admit(policy_and_binding, new, old, extra=ON) for name, (new, old) in cases.items()}
+    for name, outcome in outcomes.items():
+        assert outcome.matched and not outcome.errored, (name, outcome.message)
+    return outcomes
+
+
+KEY_EXPECTED = {
+    "the publisher's first patch": "", "the publisher removes a card's label": "", "own labels and annotation set": "",
+    "inventory changed": "", "own keys removed": "", "others' keys left as they were": "",
+    "tier label set": OWN_KEYS + f'"{TIER}"', "hostname changed": OWN_KEYS + '"kubernetes.io/hostname"',
+    "control-plane role set": OWN_KEYS + '"node-role.kubernetes.io/control-plane"',
+    "hostname removed": OWN_KEYS + '"kubernetes.io/hostname"', "tier label removed": OWN_KEYS + f'"{TIER}"',
+    "tier label beside own keys": OWN_KEYS + f'"{TIER}"',
+    "foreign annotation set": OWN_KEYS + '"node.alpha.kubernetes.io/ttl"',
+    "foreign annotation changed": OWN_KEYS + '"node.alpha.kubernetes.io/ttl"',
+    "another gpushard.io label": OWN_KEYS + '"gpushard.io/mode"',
+    "own annotation key as a label": OWN_KEYS + '"gpushard.io/inventory"',
+    "own label key as an annotation": OWN_KEYS + '"gpushard.io/cards"',
+    "card label of no card index": OWN_KEYS + '"gpushard.io/card-01.memory-mib"',
+    "owner added": OWNERS, "finalizer added": OWNERS,
+}
+
+
+def test_the_agent_changes_only_gpushard_s_own_keys_on_its_node(shipped):
+    outcomes = key_verdicts(shipped)
+    assert {name: "" if o.allowed else o.message for name, o in outcomes.items()} == KEY_EXPECTED
+
+
+def test_the_policy_s_own_keys_are_those_the_agent_writes():
+    """The keys gpushard's publisher may write, read from the policy text, agree with webhook/core/names.py."""
+    policy, _ = admission_policy.shipped(rendering.render(BASE), "gpushard-agent-own-node")
+    text = "\n".join(v["expression"] for v in policy["spec"]["variables"])
+    assert f"k != '{names.CARDS_LABEL}'" in text and f"k != '{names.INVENTORY_ANNOTATION}'" in text
+    pattern = re.search(r"k\.matches\('([^']+)'\)", text).group(1)
+    for index in (0, 1, 9, 10, 123456789):
+        assert re.fullmatch(pattern, names.card_memory_label(index))
+    for key in ("gpushard.io/card-01.memory-mib", "gpushard.io/card-1234567890.memory-mib",
+                "gpushard.io/card-.memory-mib", "gpushard.io/card-1.memory-mibx", "xgpushard.io/card-1.memory-mib",
+                "gpushard.io/card-1"):
+        assert not re.fullmatch(pattern, key) and names.card_memory_index(key) is None, key
+
+
+def _foreign_unchecked(p: dict) -> None:
+    p["spec"]["validations"] = [v for v in p["spec"]["validations"] if "variables.foreign" not in v["expression"]]
+
+
+def _removals_uncounted(p: dict) -> None:
+    for variable in p["spec"]["variables"]:
+        variable["expression"] = re.sub(r" \+\s*variables\.old(Labels|Annotations)\.filter\(k, !\(k in variables\."
+                                        r"(labels|annotations)\)\)", "", variable["expression"])
+
+
+def _changes_uncounted(p: dict) -> None:
+    for variable in p["spec"]["variables"]:
+        variable["expression"] = re.sub(r" \|\|\s*variables\.old(Labels|Annotations)\[k\] != variables\."
+                                        r"(labels|annotations)\[k\]", "", variable["expression"])
+
+
+def _any_gpushard_key(p: dict) -> None:
+    for variable in p["spec"]["variables"]:
+        variable["expression"] = variable["expression"].replace("k != 'gpushard.io/cards' &&",
+                                                                "!k.startsWith('gpushard.io/') &&")
+
+
+def _owners_unchecked(p: dict) -> None:
+    p["spec"]["validations"] = [v for v in p["spec"]["validations"] if "ownerReferences" not in v["expression"]]
+
+
+@pytest.mark.parametrize("break_it", [_foreign_unchecked, _removals_uncounted, _changes_uncounted, _any_gpushard_key,
+                                      _owners_unchecked])
+def test_each_break_of_the_key_check_flips_a_verdict(shipped, break_it):
+    policy, binding = shipped
+    broken = copy.deepcopy(policy)
+    break_it(broken)
+    assert broken != policy, "the break must change the policy"
+    outcomes = key_verdicts((broken, binding))
+    assert {name: "" if o.allowed else o.message for name, o in outcomes.items()} != KEY_EXPECTED
