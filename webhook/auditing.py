@@ -538,10 +538,12 @@ def _percent(used: int, capacity: int) -> str:
 
 
 def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False, shares_per_card: int = 100,
-                 capped: bool = False, selector: str | None = None, shared_nodes: int | None = None) -> str:
+                 capped: bool = False, selector: str | None = None, shared_nodes: int | None = None,
+                 namespace: str | None = None) -> str:
     """One row per card, a total row per node and for the cluster; every row on one line, as kubectl
     prints tables (a long PODS cell runs on instead of wrapping, so grep and awk see whole rows).
-    ``wide`` adds the card's UUID and the model in full.
+    ``wide`` adds the card's UUID and the model in full; ``namespace`` names the one namespace whose
+    pods ``use`` holds (`status -n`), in the TOTAL row.
 
     Each holder shows its shares and, where the card's memory is known, the memory cap those shares
     get under isolation (shares x the card's memory / sharesPerCard, floored); ``capped`` is False
@@ -568,7 +570,8 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
     if not no_headers:
         count = sum(len(c.holders) for n in use.nodes for c in n.cards)
         row("TOTAL", str(sum(len(n.cards) for n in use.nodes)), "", "", use.used, use.free, use.capacity,
-            f"{count} pod{'s' if count != 1 else ''} on {len(use.nodes)} node{'s' if len(use.nodes) != 1 else ''}")
+            f"{count} pod{'s' if count != 1 else ''}{f' in {namespace}' if namespace else ''} on {len(use.nodes)} "
+            f"node{'s' if len(use.nodes) != 1 else ''}")
     text = _aligned(rows, None if no_headers else head, right={1, *range(len(head) - 5, len(head) - 1)})
     lines = []
     if not no_headers and not use.nodes:
@@ -621,15 +624,22 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
         shared_nodes = len(use.nodes)
         if picked is not None:
             use = dataclasses.replace(use, nodes=tuple(n for n in use.nodes if n.name in picked))
+        # Only an explicit -n narrows (the pods shown); -A, or neither, shows every namespace's.
+        namespace = None if getattr(args, "all_namespaces", False) else getattr(args, "namespace", None) or None
+        if namespace is not None:
+            use = audit.pods_of_namespace(use, namespace)
         capped = settings.policy.isolation != "none"
         if output in (kubectlflags.JSON, kubectlflags.YAML):
-            text = _document(status_json(use, settings.policy.shares_per_card, capped), output)
+            document = status_json(use, settings.policy.shares_per_card, capped)
+            if namespace is not None:
+                document = {**document, "namespace": namespace}
+            text = _document(document, output)
         elif output == kubectlflags.NAME:
             text = status_names(use)
         else:
             text = status_table(use, wide=output == kubectlflags.WIDE, no_headers=getattr(args, "no_headers", False),
                                 shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
-                                shared_nodes=shared_nodes)
+                                shared_nodes=shared_nodes, namespace=namespace)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)

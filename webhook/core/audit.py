@@ -488,6 +488,22 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
     return Usage(tuple(sorted(out, key=lambda n: n.name)), tuple(pending), _stranded(out, pending, owners))
 
 
+def pods_of_namespace(use: Usage, namespace: str) -> Usage:
+    """``use`` with only the pods of ``namespace`` shown: holders, pending and stranded.
+
+    The cards' numbers stay those of every namespace: a card's free shares are what a pod of
+    ``namespace`` can still have, whoever holds the rest.
+    """
+    def ours(holders):
+        return tuple(h for h in holders if h.namespace == namespace)
+
+    return Usage(
+        nodes=tuple(NodeUse(n.name, tuple(CardUse(c.index, c.capacity, c.used, ours(c.holders), c.model, c.uuid,
+                                                  c.memory_mib) for c in n.cards)) for n in use.nodes),
+        pending=tuple(p for p in use.pending if p[0].namespace == namespace),
+        stranded=tuple(s for s in use.stranded if s[0].namespace == namespace))
+
+
 def _memory_asked(pod: dict) -> tuple[Ref, int]:
     """The MiB a pod placed by its memory ask asked, from gpushard's annotation (0 when none)."""
     return ref_of(pod), objects.memory_asked_mib(pod)
