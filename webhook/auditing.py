@@ -497,7 +497,8 @@ def status_json(use: audit.Usage, shares_per_card: int, capped: bool = False) ->
     def holders(hs, memory_mib):
         # memoryMiB: the memory cap such a share gets under isolation memory or mps (null when unknown,
         # and with isolation none, where nothing is capped).
-        # memoryAskedMiB, only for a pod placed by its memory ask (gpushard.io/memory): what it asked.
+        # memoryAskedMiB and sizedForMiB, only for a pod placed by its memory ask (gpushard.io/memory): what
+        # it asked, and the card size its shares were computed for.
         return [{"namespace": h.namespace, "name": h.name, "shares": h.shares,
                  "memoryMiB": _cap(h.shares, memory_mib if capped else 0, shares_per_card), **_asked(h)} for h in hs]
 
@@ -521,7 +522,19 @@ def status_json(use: audit.Usage, shares_per_card: int, capped: bool = False) ->
 
 
 def _asked(holder: audit.Holder) -> dict:
-    return {"memoryAskedMiB": holder.memory_asked_mib} if holder.memory_asked_mib else {}
+    if not holder.memory_asked_mib:
+        return {}
+    return {"memoryAskedMiB": holder.memory_asked_mib,
+            **({"sizedForMiB": holder.sized_for_mib} if holder.sized_for_mib else {})}
+
+
+def _asked_text(holder: audit.Holder) -> str:
+    """For a pod placed by its memory ask, what it asked and the card size it got: ", asked 12288 MiB of a
+    23034 MiB card"; else nothing."""
+    if not holder.memory_asked_mib:
+        return ""
+    of = f" of a {holder.sized_for_mib} MiB card" if holder.sized_for_mib else ""
+    return f", asked {holder.memory_asked_mib} MiB{of}"
 
 
 def _cap(shares: int, memory_mib: int, shares_per_card: int) -> int | None:
@@ -560,8 +573,7 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
     for n in use.nodes:
         for c in n.cards:
             memory = c.memory_mib if capped else 0
-            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, memory, shares_per_card)}"
-                             f"{f', asked {h.memory_asked_mib} MiB' if h.memory_asked_mib else ''})"
+            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, memory, shares_per_card)}{_asked_text(h)})"
                              for h in c.holders) or "-"
             row(n.name, str(c.index), c.model, c.uuid or "-", c.used, c.free, c.capacity, pods)
         if len(n.cards) > 1:
