@@ -110,7 +110,8 @@ def show(obj: dict, response: dict) -> None:
             "requiredDuringSchedulingIgnoredDuringExecution")
         if "gpushard.io/memory-mib" in ann and required:
             expression = required["nodeSelectorTerms"][0]["matchExpressions"][-1]
-            print(f"    asked {ann['gpushard.io/memory-mib']} MiB of GPU memory; required: {expression['key']} "
+            print(f"    asked {ann['gpushard.io/memory-mib']} MiB of GPU memory, sized for a "
+                  f"{ann.get('gpushard.io/card-memory-mib', '?')} MiB card; required: {expression['key']} "
                   f"in {expression['values']}")
     else:
         print(f"  {GREEN}admitted{RESET}")

@@ -132,7 +132,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
     argv: tuple[str, ...]
     said = {"review-cluster": "missing.yaml", "certs-days": "--days must be from 1", "certs-out": "Not a directory",
             "config": "not UTF-8 text", "inventory": "not UTF-8 text", "kubeconfig-env": "$KUBECONFIG names no file",
-            "unknown-flag": "unrecognized arguments: -A"}[case]
+            "unknown-flag": "unrecognized arguments: --watch"}[case]
     if case == "review-cluster":
         argv = ("review", "--cluster", str(tmp_path / "missing.yaml"), "examples/pod-quarter.yaml")
     elif case == "certs-days":
@@ -147,7 +147,7 @@ def test_bad_input_exits_2_with_one_line(tmp_path, case):
     elif case == "kubeconfig-env":
         argv, env = ("status",), {"KUBECONFIG": str(tmp_path / "gone"), "HOME": str(tmp_path)}
     else:
-        argv = ("status", "-A")
+        argv = ("status", "--watch")
     code, out, err, _took = gpushard(*argv, env=env)
     assert code == 2, (out, err)
     if case == "unknown-flag":

@@ -36,7 +36,7 @@ GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 PLACEMENT_RULES = {f.NO_ROOM, f.NO_VIEW, f.NO_MATCHING_NODE, f.MEMORY_ABOVE_CARD, f.MEMORY_SIZED}
 ADMISSION_RULES = sorted(
     value for key, value in vars(f).items()
-    if key.isupper() and isinstance(value, str) and key not in ("DENY", "WARN", "CHANGE") and value not in
+    if key.isupper() and isinstance(value, str) and key not in ("DENY", "WARN", "CHANGE", "NOTE") and value not in
     PLACEMENT_RULES)
 AUDIT_RULES = sorted(audit.RULES)
 

@@ -1,5 +1,6 @@
 """We test:
 - `gpushard review` prints each manifest as admitted, with its card, or its denial, and exits 1 on a denial;
+  what a memory ask became is a note and the pod's annotations, not a warning;
 - the namespace's mode: a Namespace among the files decides for its objects (no label: nothing
   rewritten and the output says so; gpushard.io resources there are denied as the opt-in policy
   does; audit: unchanged), `--mode none` for the rest;
@@ -37,6 +38,15 @@ def test_review_prints_admitted_objects_and_denials():
     docs = [d for d in yaml.safe_load_all(text) if d]
     notebook = next(d for d in docs if d["metadata"]["name"] == "notebook")
     assert notebook["metadata"]["annotations"]["gpushard.io/card"] == "0"
+
+
+def test_review_notes_what_a_memory_ask_became_without_a_warning():
+    code, text = review(EXAMPLES / "demo/11-memory-ask.yaml")
+    assert code == 0 and "# warning:" not in text
+    assert "# note: gpushard: the pod asks 12288 MiB of GPU memory: 54 shares of card 0" in text
+    (pod,) = [d for d in yaml.safe_load_all(text) if d]
+    annotations = pod["metadata"]["annotations"]
+    assert (annotations["gpushard.io/memory-mib"], annotations["gpushard.io/card-memory-mib"]) == ("12288", "23034")
 
 
 NAMESPACES = """\

@@ -4,10 +4,13 @@
 - policy.runtimeClassName: unset, empty or null leaves pods alone; a name loads;
 - every bad key or value stops the program with a message naming the key and the value;
 - the replacement section (gpushard replace): defaults, values, and its off switch;
+- the view and agent sections (API timeouts): defaults equal to the components' own, values, and bad
+  values (negative, zero, not a number, an unknown key) named with the key and the value;
 - the static cluster file reads into a view, and its errors name the field.
 """
 
 import pytest
+import yaml
 
 from webhook import settings
 from webhook.cluster import static
@@ -102,6 +105,49 @@ def test_the_replacement_section():
     assert settings.from_mapping({}).replacement == settings.Replacement(True, 0, 5)
     loaded = settings.from_mapping({"replacement": {"enabled": False, "pendingSeconds": 300, "interval": 60}})
     assert loaded.replacement == settings.Replacement(False, 300, 60)
+
+
+def test_the_view_and_agent_timeouts():
+    from webhook.cluster import informing
+
+    defaults = settings.from_mapping({})
+    assert (defaults.view.connect_timeout, defaults.view.list_timeout, defaults.view.watch_timeout) == (
+        informing.CONNECT_TIMEOUT_S, informing.LIST_TIMEOUT_S, informing.WATCH_TIMEOUT_S)
+    assert (defaults.agent.request_timeout, defaults.agent.metrics_request_timeout) == (10.0, 5.0)
+    loaded = settings.from_mapping({"view": {"connectTimeout": 2.5, "listTimeout": 30, "watchTimeout": 60},
+                                    "agent": {"requestTimeout": 3, "metricsRequestTimeout": 0.5}})
+    assert loaded.view == settings.View(connect_timeout=2.5, list_timeout=30.0, watch_timeout=60)
+    assert loaded.agent == settings.Agent(request_timeout=3.0, metrics_request_timeout=0.5)
+    assert settings.from_mapping({"view": None, "agent": {}}) == defaults
+
+
+@pytest.mark.parametrize("data, named", [
+    ({"view": {"listTimeout": -1}}, "view.listTimeout: must be a number of seconds above 0, got -1"),
+    ({"view": {"connectTimeout": 0}}, "view.connectTimeout: must be a number of seconds above 0, got 0"),
+    ({"view": {"listTimeout": "2m"}}, "view.listTimeout: must be a number of seconds above 0, got '2m'"),
+    ({"view": {"listTimeout": float("inf")}}, "view.listTimeout: must be a number of seconds above 0, got inf"),
+    ({"view": {"connectTimeout": True}}, "view.connectTimeout: must be a number of seconds above 0, got True"),
+    ({"view": {"watchTimeout": 0}}, "view.watchTimeout: must be a whole number of seconds, 1 or more, got 0"),
+    ({"view": {"watchTimeout": 30.5}}, "view.watchTimeout: must be a whole number of seconds, 1 or more, got 30.5"),
+    ({"view": {"watchTimeout": "300"}}, "view.watchTimeout: must be a whole number of seconds, 1 or more, got '300'"),
+    ({"view": {"requestTimeout": 5}}, "view.requestTimeout: unknown key (expected one of connectTimeout, "
+                                      "listTimeout, watchTimeout)"),
+    ({"view": 30}, "view: must be a mapping, got 30"),
+    ({"agent": {"requestTimeout": -5}}, "agent.requestTimeout: must be a number of seconds above 0, got -5"),
+    ({"agent": {"requestTimeout": 0}}, "agent.requestTimeout: must be a number of seconds above 0, got 0"),
+    ({"agent": {"metricsRequestTimeout": "fast"}},
+     "agent.metricsRequestTimeout: must be a number of seconds above 0, got 'fast'"),
+    ({"agent": {"timeout": 5}}, "agent.timeout: unknown key (expected one of metricsRequestTimeout, requestTimeout)"),
+])
+def test_bad_timeouts_name_the_key_and_the_value(tmp_path, data, named):
+    with pytest.raises(settings.SettingsError) as caught:
+        settings.from_mapping(data)
+    assert str(caught.value) == named
+    # From a file, as `gpushard serve` and `gpushard agent` read it: the file's name first.
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(settings.SettingsError, match=f"^{path}: "):
+        settings.load(path)
 
 
 def test_bad_files_name_the_file(tmp_path):

@@ -497,7 +497,8 @@ def status_json(use: audit.Usage, shares_per_card: int, capped: bool = False) ->
     def holders(hs, memory_mib):
         # memoryMiB: the memory cap such a share gets under isolation memory or mps (null when unknown,
         # and with isolation none, where nothing is capped).
-        # memoryAskedMiB, only for a pod placed by its memory ask (gpushard.io/memory): what it asked.
+        # memoryAskedMiB and sizedForMiB, only for a pod placed by its memory ask (gpushard.io/memory): what
+        # it asked, and the card size its shares were computed for.
         return [{"namespace": h.namespace, "name": h.name, "shares": h.shares,
                  "memoryMiB": _cap(h.shares, memory_mib if capped else 0, shares_per_card), **_asked(h)} for h in hs]
 
@@ -521,7 +522,19 @@ def status_json(use: audit.Usage, shares_per_card: int, capped: bool = False) ->
 
 
 def _asked(holder: audit.Holder) -> dict:
-    return {"memoryAskedMiB": holder.memory_asked_mib} if holder.memory_asked_mib else {}
+    if not holder.memory_asked_mib:
+        return {}
+    return {"memoryAskedMiB": holder.memory_asked_mib,
+            **({"sizedForMiB": holder.sized_for_mib} if holder.sized_for_mib else {})}
+
+
+def _asked_text(holder: audit.Holder) -> str:
+    """For a pod placed by its memory ask, what it asked and the card size it got: ", asked 12288 MiB of a
+    23034 MiB card"; else nothing."""
+    if not holder.memory_asked_mib:
+        return ""
+    of = f" of a {holder.sized_for_mib} MiB card" if holder.sized_for_mib else ""
+    return f", asked {holder.memory_asked_mib} MiB{of}"
 
 
 def _cap(shares: int, memory_mib: int, shares_per_card: int) -> int | None:
@@ -538,10 +551,12 @@ def _percent(used: int, capacity: int) -> str:
 
 
 def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False, shares_per_card: int = 100,
-                 capped: bool = False, selector: str | None = None, shared_nodes: int | None = None) -> str:
+                 capped: bool = False, selector: str | None = None, shared_nodes: int | None = None,
+                 namespace: str | None = None) -> str:
     """One row per card, a total row per node and for the cluster; every row on one line, as kubectl
     prints tables (a long PODS cell runs on instead of wrapping, so grep and awk see whole rows).
-    ``wide`` adds the card's UUID and the model in full.
+    ``wide`` adds the card's UUID and the model in full; ``namespace`` names the one namespace whose
+    pods ``use`` holds (`status -n`), in the TOTAL row.
 
     Each holder shows its shares and, where the card's memory is known, the memory cap those shares
     get under isolation (shares x the card's memory / sharesPerCard, floored); ``capped`` is False
@@ -558,8 +573,7 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
     for n in use.nodes:
         for c in n.cards:
             memory = c.memory_mib if capped else 0
-            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, memory, shares_per_card)}"
-                             f"{f', asked {h.memory_asked_mib} MiB' if h.memory_asked_mib else ''})"
+            pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, memory, shares_per_card)}{_asked_text(h)})"
                              for h in c.holders) or "-"
             row(n.name, str(c.index), c.model, c.uuid or "-", c.used, c.free, c.capacity, pods)
         if len(n.cards) > 1:
@@ -568,7 +582,8 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
     if not no_headers:
         count = sum(len(c.holders) for n in use.nodes for c in n.cards)
         row("TOTAL", str(sum(len(n.cards) for n in use.nodes)), "", "", use.used, use.free, use.capacity,
-            f"{count} pod{'s' if count != 1 else ''} on {len(use.nodes)} node{'s' if len(use.nodes) != 1 else ''}")
+            f"{count} pod{'s' if count != 1 else ''}{f' in {namespace}' if namespace else ''} on {len(use.nodes)} "
+            f"node{'s' if len(use.nodes) != 1 else ''}")
     text = _aligned(rows, None if no_headers else head, right={1, *range(len(head) - 5, len(head) - 1)})
     lines = []
     if not no_headers and not use.nodes:
@@ -621,15 +636,22 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
         shared_nodes = len(use.nodes)
         if picked is not None:
             use = dataclasses.replace(use, nodes=tuple(n for n in use.nodes if n.name in picked))
+        # Only an explicit -n narrows (the pods shown); -A, or neither, shows every namespace's.
+        namespace = None if getattr(args, "all_namespaces", False) else getattr(args, "namespace", None) or None
+        if namespace is not None:
+            use = audit.pods_of_namespace(use, namespace)
         capped = settings.policy.isolation != "none"
         if output in (kubectlflags.JSON, kubectlflags.YAML):
-            text = _document(status_json(use, settings.policy.shares_per_card, capped), output)
+            document = status_json(use, settings.policy.shares_per_card, capped)
+            if namespace is not None:
+                document = {**document, "namespace": namespace}
+            text = _document(document, output)
         elif output == kubectlflags.NAME:
             text = status_names(use)
         else:
             text = status_table(use, wide=output == kubectlflags.WIDE, no_headers=getattr(args, "no_headers", False),
                                 shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
-                                shared_nodes=shared_nodes)
+                                shared_nodes=shared_nodes, namespace=namespace)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)

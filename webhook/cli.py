@@ -147,6 +147,12 @@ def _add_status(sub) -> None:
     p = sub.add_parser("status", help="shares used and free per node and card, and who holds them",
                        parents=[kubectlflags.flags(scope=False)])
     p.add_argument("-l", "--selector", help="label selector for the nodes shown (e.g. pool=train)")
+    # status is a view of nodes, as `kubectl describe node`: the context's namespace does not narrow it,
+    # only -n does, and then only the pods shown; the cards' numbers stay those of every namespace.
+    p.add_argument("-n", "--namespace",
+                   help="show only this namespace's pods (the cards' used and free shares still count every pod)")
+    p.add_argument("-A", "--all-namespaces", action="store_true",
+                   help="the pods of every namespace: the default (overrides -n, as in kubectl)")
     p.add_argument("--config", help="gpushard config file")
     p.add_argument("--debug", action="store_true", help="print the traceback of an unexpected error")
     p.set_defaults(func=cmd_status)

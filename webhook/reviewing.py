@@ -184,6 +184,8 @@ def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: 
         out.write(f"# {heading}\n")
         for warning in decision.warnings:
             out.write(f"# warning: {warning}\n")
+        for note in (x.message for x in decision.findings if x.severity == f.NOTE):
+            out.write(f"# note: {note}\n")
         if decision.allowed and decision.obj is not None:
             out.write(yaml.safe_dump(decision.obj, sort_keys=False, default_flow_style=False))
     if output == kubectlflags.JSON:

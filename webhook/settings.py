@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -35,10 +36,31 @@ class Replacement:
 
 
 @dataclass(frozen=True)
+class View:
+    """The webhook's live view of the cluster: how long its requests to the API server may take, in seconds."""
+
+    connect_timeout: float = 10.0  # to open a connection, for a list or a watch
+    list_timeout: float = 120.0  # to read each page of a list
+    watch_timeout: int = 300  # how long each watch lasts, asked of the API server; the read gives up 30 s later
+
+
+@dataclass(frozen=True)
+class Agent:
+    """The node agent's requests to the API server, in seconds each."""
+
+    request_timeout: float = 10.0  # its Node's inventory, ResourceSlices, the claims and pods it prepares
+    # TokenReview, SubjectAccessReview and the node's pods, made while a scrape waits: well under
+    # Prometheus's default scrape timeout of 10 s.
+    metrics_request_timeout: float = 5.0
+
+
+@dataclass(frozen=True)
 class Settings:
     policy: policy_mod.Policy = field(default_factory=policy_mod.Policy)
     source: str = "<defaults>"
     replacement: Replacement = field(default_factory=Replacement)
+    view: View = field(default_factory=View)
+    agent: Agent = field(default_factory=Agent)
 
 
 def _check_keys(where: str, data: dict, allowed: set[str]) -> None:
@@ -117,7 +139,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
     if not isinstance(data, dict):
         raise SettingsError(f"{source}: the config must be a mapping, got {type(data).__name__}")
     _check_keys("", data, {"version", "sharesPerCard", "resources", "policy", "deviceListStrategy", "isolation",
-                           "replacement", "backend"})
+                           "replacement", "backend", "view", "agent"})
     version = data.get("version", VERSION)
     if version != VERSION:
         raise SettingsError(f"version: must be {VERSION!r}, got {version!r}")
@@ -169,7 +191,38 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         backend=_choice("backend", data.get("backend", policy_mod.DEVICEPLUGIN), policy_mod.BACKENDS),
         memory_size=_choice("policy.memorySize", pol.get("memorySize", "smallest"), policy_mod.MEMORY_SIZES),
     )
-    return Settings(policy=policy, source=source, replacement=_replacement(data.get("replacement")))
+    return Settings(policy=policy, source=source, replacement=_replacement(data.get("replacement")),
+                    view=_view(data.get("view")), agent=_agent(data.get("agent")))
+
+
+def _seconds(key: str, value: Any, integer: bool = False) -> float:
+    """A timeout: a number of seconds above 0 (an integer where the API server takes only those)."""
+    if integer:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SettingsError(f"{key}: must be a whole number of seconds, 1 or more, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise SettingsError(f"{key}: must be a number of seconds above 0, got {value!r}")
+    return float(value)
+
+
+def _view(value: Any) -> View:
+    data = _mapping("view", value)
+    _check_keys("view.", data, {"connectTimeout", "listTimeout", "watchTimeout"})
+    defaults = View()
+    return View(connect_timeout=_seconds("view.connectTimeout", data.get("connectTimeout", defaults.connect_timeout)),
+                list_timeout=_seconds("view.listTimeout", data.get("listTimeout", defaults.list_timeout)),
+                watch_timeout=int(_seconds("view.watchTimeout", data.get("watchTimeout", defaults.watch_timeout),
+                                           integer=True)))
+
+
+def _agent(value: Any) -> Agent:
+    data = _mapping("agent", value)
+    _check_keys("agent.", data, {"requestTimeout", "metricsRequestTimeout"})
+    defaults = Agent()
+    return Agent(request_timeout=_seconds("agent.requestTimeout", data.get("requestTimeout", defaults.request_timeout)),
+                 metrics_request_timeout=_seconds("agent.metricsRequestTimeout",
+                                                  data.get("metricsRequestTimeout", defaults.metrics_request_timeout)))
 
 
 def _replacement(value: Any) -> Replacement:

@@ -3,13 +3,18 @@
 - an unreadable object is logged as "invalid" with rule "unreadable";
 - an internal error is one "error" line naming the review, without a traceback unless debugging;
 - allowed and patched pods, and anything in audit mode, log nothing;
-- the real `gpushard serve` writes the same line to its stderr.
+- the real `gpushard serve` writes the same line to its stderr;
+- a connection that reaches --client-timeout without a request (a bare handshake, part of a request line, a
+  handshake never finished) is closed quietly, without a traceback or an ERROR line, and the server still
+  answers; one whose request started and stalled is one WARNING line without a traceback; any other socket
+  error keeps its ERROR line and traceback.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 
 import pytest
@@ -105,3 +110,61 @@ def test_the_real_server_logs_a_denial_to_stderr(server):
     assert len(found) == 1, server.output()
     logged = json.loads(found[0][found[0].index("{"):])
     assert (logged["event"], logged["name"], logged["rule"]) == ("denied", "two-cards", "multi-card")
+
+
+def _log_lines(srv, level: str) -> list[str]:
+    return [line for line in srv.log.read_text(errors="replace").splitlines() if f"[{level}]" in line]
+
+
+def test_connections_that_send_no_request_are_closed_quietly(certs, module_cluster):
+    srv = objects.Server(certs, module_cluster, "--client-timeout", "1", workers=1, threads=4).start()
+    held: list[socket.socket] = []
+    try:
+        context = objects.client_context(certs / "ca.crt")
+
+        def handshaken() -> socket.socket:
+            tls = context.wrap_socket(socket.create_connection(("127.0.0.1", srv.port)),
+                                      server_hostname=objects.SERVICE_HOST)
+            held.append(tls)
+            return tls
+
+        handshaken()  # as the API server's connection pool and load balancers' TLS checks do
+        handshaken().sendall(b"POST /mut")  # part of a request line
+        raw = socket.create_connection(("127.0.0.1", srv.port))
+        raw.sendall(b"\x16\x03\x01\x02\x00\x01")  # a handshake begun and never finished
+        held.append(raw)
+        handshaken().sendall(b"POST /mutate HTTP/1.1\r\nHost: gpushard\r\n")  # headers that stall
+        time.sleep(3)  # well past the read deadline
+        review = objects.review(objects.pod(objects.container("t", "0.25")), uid="u-after", dry_run=True)
+        status, _, body = srv.request("POST", "/mutate", json.dumps(review).encode())
+        assert status == 200 and json.loads(body)["response"]["allowed"] is True
+        deadline = time.monotonic() + 10
+        while not _log_lines(srv, "WARNING") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = srv.log.read_text(errors="replace")
+        assert "Traceback" not in text and not _log_lines(srv, "ERROR"), text
+        (warning,) = _log_lines(srv, "WARNING")
+        assert "gpushard: gave up on a request from 127.0.0.1:" in warning and "--client-timeout" in warning
+    finally:
+        for sock in held:
+            sock.close()
+        srv.stop()
+
+
+def test_other_socket_errors_keep_their_error_line_and_traceback(caplog):
+    import gunicorn.config
+
+    from webhook.admission import serving
+
+    gunicorn_log = serving._GunicornLog(gunicorn.config.Config())
+    gunicorn_log.error_log.propagate = True
+    caplog.set_level(logging.DEBUG, logger="gunicorn.error")
+    for exc in (serving.ClientTimeout("gpushard: no request within the 1 s client timeout"),
+                OSError(5, "Input/output error")):
+        try:
+            raise exc
+        except OSError:
+            gunicorn_log.exception("Socket error processing request.")
+    quiet, loud = [r for r in caplog.records if r.name == "gunicorn.error"]
+    assert quiet.levelno == logging.DEBUG and quiet.exc_info is None and "client timeout" in quiet.getMessage()
+    assert loud.levelno == logging.ERROR and loud.exc_info is not None

@@ -5,7 +5,9 @@ We test:
 - a burst of 12 GiB pods fills the 24 GB cards first (each pod's choice counts on its card until
   the view sees it), then moves to the 48 GB cards, each pod with shares for its card's size and a
   required affinity on that card's memory label; every patched pod is one the API server accepts;
-- the warning and audit annotation say what the ask became;
+- a memory ask that fits gets no warning: what it became is on the pod (its card, shares, the MiB it asked and
+  the card size they were computed for, in annotations) and in the audit annotation; a pod that must wait
+  for room is still warned;
 - an ask above every card comes back as a 403 naming the largest card; a pod mixing memory and a
   fraction as a 403 naming both; a Deployment keeps its memory ask, with a limit;
 - with the static view's labels drawn from the file's memoryMiB, as the agent publishes them;
@@ -88,11 +90,25 @@ def test_a_burst_fills_the_smallest_cards_first_then_the_next_size(client):
         assert objects.shares_of(new["spec"]["containers"][0]) == {
             "gpushard.io/gpu": shares, f"gpushard.io/card-{k}": shares}
         assert new["metadata"]["annotations"][names.MEMORY_ANNOTATION] == "12288"
-        assert any(w.startswith("gpushard: the pod asks 12288 MiB of GPU memory") for w in response["warnings"])
-        assert "memory-sized" in response["auditAnnotations"]
+        assert new["metadata"]["annotations"][names.CARD_MEMORY_ANNOTATION] == str(size)
+        assert "warnings" not in response
+        assert response["auditAnnotations"]["memory-sized"] == (
+            f"gpushard: the pod asks 12288 MiB of GPU memory: {shares} shares of card {k}, which has {size} MiB "
+            f"({shares * size // 100} MiB held)")
         seen.append(size)
     # Three 24 GB cards hold one 54-share pod each; then the 48 GB cards (27 shares each) take the rest.
     assert seen == [23034] * 3 + [46068] * 3
+
+
+def test_a_memory_ask_that_must_wait_is_still_warned(client):
+    # Three 80 GB-sized asks fill the three 80 GB cards; the fourth waits.
+    for i in range(3):
+        assert "warnings" not in post(client, memory_pod(f"big{i}", "79Gi"))
+    response = post(client, memory_pod("waits", "79Gi"))
+    assert response["allowed"]
+    assert [w for w in response["warnings"] if "stays Pending" in w], response["warnings"]
+    assert not [w for w in response["warnings"] if "GPU memory" in w]
+    assert set(response["auditAnnotations"]) == {"no-room", "memory-sized"}
 
 
 def test_an_ask_above_every_card_is_a_403_naming_the_largest(client):

@@ -5,18 +5,27 @@
 - a bad inventory file, a bad poll interval, or publishing without a node name, stops it with status 2;
 - no API credentials while publishing stops it with status 4; a device-plugin folder it cannot make, status 1;
 - a socket it cannot bind (its path too long for a unix socket) stops it with a `gpushard:` message and status 1;
-- its flags and their defaults (the layering is checked for every module in tests/test_layers.py).
+- its flags and their defaults (the layering is checked for every module in tests/test_layers.py);
+- the config's agent timeouts reach its requests: against an API server that never answers, the inventory's
+  publication gives up after agent.requestTimeout, a scrape's token review after agent.metricsRequestTimeout.
 """
 
+import http.client
 import os
 import pathlib
+import queue
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
-from tests.agent import fakekubelet, test_nvml
+from tests import fakekube
+from tests.admission import objects
+from tests.agent import fakekubelet, test_metrics_access, test_nvml
+from tests.audit import world
 from webhook import cli
 from webhook.agent import running
 from webhook.agent.proto import deviceplugin_pb2 as pb
@@ -148,3 +157,86 @@ def test_agent_flags_and_defaults():
     assert (args.node_name, args.config, args.fake_inventory, args.allow_no_gpus, args.no_publish,
             args.poll_interval, args.device_plugin_dir) == ("n1", "c.yaml", "f.yaml", True, True, 0.5, "/tmp/dp")
 
+
+
+def _silent_agent(tmp_path, plugin_dir, silent, config: str, *extra: str):
+    """`gpushard agent` with ``config``, publishing through a kubeconfig that points at ``silent``; its
+    stderr lines with the time each came, on a queue."""
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(INVENTORY)
+    (tmp_path / "config.yaml").write_text(config)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(world.kubeconfig(silent))
+    proc = agent_process("--config", str(tmp_path / "config.yaml"), "--fake-inventory", str(inventory),
+                         "--device-plugin-dir", plugin_dir, "--node-name", "gpu-node-1", *extra,
+                         env={"KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": ""})
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in proc.stderr:
+            lines.put((time.monotonic(), line))
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, lines
+
+
+def _line(lines: queue.Queue, text: str, within: float) -> tuple[float, str]:
+    deadline = time.monotonic() + within
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            when, line = lines.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if text in line:
+            return when, line
+    raise AssertionError(f"no line with {text!r} within {within} s: {seen}")
+
+
+def _stop(proc) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def test_the_configs_request_timeout_reaches_the_agents_requests(tmp_path, plugin_dir):
+    with fakekube.SilentServer() as silent:
+        proc, lines = _silent_agent(tmp_path, plugin_dir, silent, "version: v1\nagent: {requestTimeout: 1}\n")
+        try:
+            started, _ = _line(lines, "card(s); serving", within=30)
+            # Publishing reads the Node's labels, then patches it: two requests of 1 s each, where the
+            # default of 10 s would take 20 s.
+            failed, line = _line(lines, "cannot publish the inventory on node 'gpu-node-1'", within=30)
+            assert failed - started < 8, line
+            assert "timed out" in line
+        finally:
+            _stop(proc)
+
+
+def test_the_configs_metrics_request_timeout_reaches_the_scrapes_token_review(tmp_path, plugin_dir):
+    address = test_metrics_access.network_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback")
+    port = objects.free_port()
+    with fakekube.SilentServer() as silent:
+        proc, lines = _silent_agent(tmp_path, plugin_dir, silent, "version: v1\nagent: {metricsRequestTimeout: 0.5}\n",
+                                    "--metrics-port", str(port))
+        try:
+            _line(lines, f"metrics on port {port}", within=30)
+            conn = http.client.HTTPSConnection(address, port, timeout=30, context=test_metrics_access.UNVERIFIED)
+            try:
+                started = time.monotonic()
+                conn.request("GET", "/metrics", headers={"Authorization": "Bearer some-token"})
+                response = conn.getresponse()
+                took = time.monotonic() - started
+                # The TokenReview gives up after 0.5 s; the default would wait 5 s.
+                assert response.status == 503 and response.read().startswith(b"gpushard: cannot review the token")
+                assert took < 3, took
+            finally:
+                conn.close()
+        finally:
+            _stop(proc)

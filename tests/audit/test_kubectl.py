@@ -11,6 +11,7 @@ We test:
 - -l reaches the API as a labelSelector; -A overrides -n; without -n the context's namespace is
   the one audited (as kubectl's default), and every namespace only where the context names none;
 - -o json|yaml|wide|name and --no-headers for audit and status; status rows never wrap;
+- status takes -A, --all-namespaces, -n and --namespace: -n narrows the pods shown, never the cards' numbers;
 - `kubectl gpushard ...` (the kubectl-gpushard executable found on PATH by the real kubectl) runs
   the same commands, and setup.cfg installs it.
 """
@@ -290,3 +291,28 @@ def test_kubectl_finds_and_runs_the_plugin(kubeconfig, tmp_path):
     done = subprocess.run(["kubectl", "gpushard", "audit", "--kubeconfig", kubeconfig, "-n", "research", "-o",
                            "name"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == kubectlflags.FOUND and "deployment.apps/trainer" in done.stdout
+
+
+def test_status_takes_kubectls_namespace_flags_and_narrows_only_the_pods_shown(kubeconfig, capsys):
+    _, every, _ = run(["status", "--kubeconfig", kubeconfig, "-o", "json"], capsys)
+    for flags in (["-A"], ["--all-namespaces"], ["-n", "ml", "-A"]):
+        for plugin in (False, True):
+            code, out, err = run(["status", *flags, "--kubeconfig", kubeconfig, "-o", "json"], capsys, plugin=plugin)
+            assert (code, err) == (0, "") and out == every
+    every = json.loads(every)
+    for flags in (["-n", "ml"], ["--namespace", "ml"], ["--namespace=ml"]):
+        code, out, err = run(["status", *flags, "--kubeconfig", kubeconfig, "-o", "json"], capsys, plugin=True)
+        assert (code, err) == (0, "")
+        narrowed = json.loads(out)
+        assert narrowed["namespace"] == "ml"
+        held = {p["name"] for n in narrowed["nodes"] for c in n["cards"] for p in c["pods"]}
+        assert held == {"train-a", "train-b", "infer-c"}
+        assert [p["name"] for p in narrowed["pending"]] == ["waiting"]
+        # The cards' numbers are every namespace's: what a pod of ml can still have.
+        assert narrowed["totals"] == every["totals"]
+        assert [[c["used"] for c in n["cards"]] for n in narrowed["nodes"]] == \
+            [[c["used"] for c in n["cards"]] for n in every["nodes"]]
+    code, out, err = run(["status", "-n", "lab", "--kubeconfig", kubeconfig], capsys)
+    assert (code, err) == (0, "")
+    assert "lab/notebook (40)" in out and "ml/" not in out and "legacy/" not in out and "pending:" not in out
+    assert "1 pod in lab on 2 nodes" in out.splitlines()[-1]

@@ -12,12 +12,16 @@ We test:
 - synced(): False until both lists complete, then True through reconnects;
 - close() stops the watch threads; with no config at all, start() and open_view() give a view
   that never syncs;
-- odd nodes (bad quantities, no Ready condition, a broken inventory) are read tolerantly.
+- odd nodes (bad quantities, no Ready condition, a broken inventory) are read tolerantly;
+- the config's view timeouts reach the view `serve` opens: a list slower than view.listTimeout is given up
+  and retried, and each watch asks the API server for view.watchTimeout.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
+import time
 
 from tests.cluster import kubeobjects as o
 from webhook import cluster
@@ -276,3 +280,35 @@ def test_only_nodes_the_agent_published_are_listed_and_watched(fake, start_view)
     node_calls = [path for _method, path, _body in fake.requests if path.startswith("/api/v1/nodes")]
     assert node_calls and all("labelSelector=gpushard.io/cards" in path for path in node_calls)
     assert any("watch=true" in path for path in node_calls)
+
+
+def test_the_configs_view_timeouts_reach_the_view(fake, tmp_path, monkeypatch, caplog):
+    from tests.audit import world
+
+    fake.put("nodes", o.node("gpu-a", {0: 100}))
+    (tmp_path / "kubeconfig").write_text(world.kubeconfig(fake))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    (tmp_path / "config.yaml").write_text("version: v1\nview: {connectTimeout: 3, listTimeout: 0.5, watchTimeout: 7}\n")
+    stalled = threading.Event()
+
+    def slow_first_node_list(method, path):
+        # The first nodes list answers after the configured list timeout (the default waits 120 s).
+        if path.startswith("/api/v1/nodes?") and "watch=" not in path and not stalled.is_set():
+            stalled.set()
+            time.sleep(2)
+
+    fake.on_request = slow_first_node_list
+    # As `gpushard serve` opens it: the config file's settings, the kubeconfig's API server.
+    view = cluster.open_view(None, 100, settings_mod.load(tmp_path / "config.yaml"))
+    try:
+        assert (view.informer.connect_timeout, view.informer.list_timeout, view.informer.watch_timeout) == (3, 0.5, 7)
+        with caplog.at_level("WARNING"):
+            o.wait_for(view.synced, timeout=20, what="a sync after the slow list was given up")
+        assert stalled.is_set()
+        assert any("listing or watching nodes failed" in r.getMessage() and "timed out" in r.getMessage()
+                   for r in caplog.records), [r.getMessage() for r in caplog.records]
+        o.wait_for(lambda: [p for _m, p, _b in fake.requests if "watch=" in p], what="a watch")
+        watches = [path for _m, path, _b in fake.requests if "watch=" in path]
+        assert watches and all("timeoutSeconds=7" in path for path in watches), watches
+    finally:
+        view.close()

@@ -7,8 +7,9 @@ We test:
 - the pod gets a required node affinity on the chosen card's memory label, which the scheduler's
   matching (placement.eligible) satisfies exactly on the nodes whose card k has that size, and the
   author's own required terms keep holding (ANDed into each);
-- the memory ask leaves the pod's resources (no node advertises it), is recorded in an annotation,
-  and the patched pod is one the API server accepts; a second pass changes nothing;
+- the memory ask leaves the pod's resources (no node advertises it), is recorded in annotations (the MiB
+  asked and the card size the shares are for) and an audit annotation, never in a warning, and the
+  patched pod is one the API server accepts; a second pass changes nothing;
 - a full size moves the ask to the next size; a pod whose nodes have no room waits on a card of
   the smallest size they offer; node selectors keep their meaning;
 - denials: an ask above every card (naming the largest), memory mixed with a fraction, shares or a
@@ -18,7 +19,7 @@ We test:
 - over generated mixed views, asks and policies (hypothesis): a pod is denied exactly when no card
   size holds it; otherwise its shares hold its ask on the chosen size, the scheduler may bind it
   only where card k has that size, and it takes the first size (in policy order) with room;
-- `gpushard status` shows the memory asked beside the shares and their cap; the replacer reads a
+- `gpushard status` shows the memory asked and the card size beside the shares and their cap; the replacer reads a
   memory pod as one sized afresh when its owner makes it again.
 """
 
@@ -125,6 +126,9 @@ def test_shares_are_computed_for_the_smallest_card_that_holds_the_ask(ask, size,
         f"gpushard: the pod asks {out['metadata']['annotations'][names.MEMORY_ANNOTATION]} MiB of GPU memory: "
         f"{shares} shares of card {k}, which has {size} MiB ({shares * size // 100} MiB held)"]
     assert decision.audit_annotations[f.MEMORY_SIZED] == decision.findings[-1].message
+    # The decision is on the pod, for the record; a memory ask that fits is no warning.
+    assert decision.warnings == []
+    assert out["metadata"]["annotations"][names.CARD_MEMORY_ANNOTATION] == str(size)
     assert required_terms(out) == [{"matchExpressions": [
         {"key": f"gpushard.io/card-{k}.memory-mib", "operator": "In", "values": [str(size)]}]}]
     # The scheduler may bind it only where card k has that size, the mixed node included when its
@@ -349,7 +353,7 @@ def test_bad_memory_settings_name_the_key(config, message):
         settings_mod.from_mapping(config)
 
 
-def test_status_shows_the_memory_asked_beside_the_shares():
+def test_status_shows_the_memory_asked_and_the_card_size_beside_the_shares():
     pod = podmaker.pod(memory_container(ask="12Gi"), name="infer")
     decision = decide(pod, fleet())
     placed = copy.deepcopy(decision.obj)
@@ -365,12 +369,13 @@ def test_status_shows_the_memory_asked_beside_the_shares():
     use = audit.usage([cluster_node], [placed, fraction], Policy())
     # The cap is shown where isolation gives one (memory or mps); the ask always.
     table = auditing.status_table(use, capped=True)
-    assert "team-a/infer (54, 12438 MiB, asked 12288 MiB)" in table  # 54 x 23034 / 100 = 12438 >= 12288
-    assert "team-a/infer (54, asked 12288 MiB)" in auditing.status_table(use)
+    # 54 x 23034 / 100 = 12438 >= 12288
+    assert "team-a/infer (54, 12438 MiB, asked 12288 MiB of a 23034 MiB card)" in table
+    assert "team-a/infer (54, asked 12288 MiB of a 23034 MiB card)" in auditing.status_table(use)
     report = auditing.status_json(use, 100, capped=True)
     card = next(c for c in report["nodes"][0]["cards"] if c["index"] == k)
     assert card["pods"] == [{"namespace": "team-a", "name": "infer", "shares": 54, "memoryMiB": 12438,
-                             "memoryAskedMiB": 12288}]
+                             "memoryAskedMiB": 12288, "sizedForMiB": 23034}]
 
 
 def test_the_replacer_reads_a_memory_pod_as_sized_afresh_when_made_again():

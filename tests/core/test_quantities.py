@@ -2,7 +2,10 @@
 - every quantity form users and the API server write reads exactly (decimal, SI, binary, exponent);
 - garbage, non-finite and absurd values are refused with the value quoted;
 - shares are ceil(q x sharesPerCard), with the rounding flagged;
-- GPUSHARD_FRACTION's shortest decimal text.
+- GPUSHARD_FRACTION's shortest decimal text;
+- the canonical form the API server stores a quantity in (resource.Quantity's String()), on known pairs:
+  the suffix kind kept, the largest whole suffix, binary below 1024 or fractional written as decimal,
+  finer than a nano rounded up, binary capped at 2^63-1; canonical text is a fixed point that keeps the value.
 """
 
 from fractions import Fraction
@@ -53,3 +56,47 @@ def test_milli_and_decimal_agree(n, suffix):
     assert value == (Fraction(n, 1000) if suffix == "m" else n)
     shares, _ = quantities.to_shares(value, 100)
     assert shares >= value * 100 > shares - 1
+
+
+@pytest.mark.parametrize("text, stored", [
+    # resource.Quantity's own ParseEmit pairs, and their negatives below.
+    ("1Ki", "1Ki"), ("1Mi", "1Mi"), ("1Gi", "1Gi"), ("1024Mi", "1Gi"), ("1000M", "1G"), (".001Ki", "1024m"),
+    (".000001Ki", "1024u"), (".000000001Ki", "1024n"), (".000000000001Ki", "2n"),
+    # Decimal SI: the largest suffix that keeps a whole number, in steps of a thousand.
+    ("1000", "1k"), ("0.5", "500m"), ("100m", "100m"), ("1.5", "1500m"), ("2000m", "2"), ("0.25", "250m"),
+    ("3000000", "3M"), ("1500k", "1500k"), ("1024", "1024"), ("1", "1"), ("1.", "1"), (".5", "500m"),
+    ("0.1n", "1n"), ("1000E", None),
+    # Binary SI: whole multiples of 1024 keep it; below 1024 or fractional become decimal SI.
+    ("1.5Gi", "1536Mi"), ("0.5Gi", "512Mi"), ("1.5Ki", "1536"), ("1024Ki", "1Mi"), ("1023Ki", "1023Ki"),
+    ("5120Mi", "5Gi"), ("10Gi", "10Gi"), ("0.5Ki", "512"), ("16Ei", "9223372036854775807"),
+    # A decimal exponent stays one.
+    ("12e6", "12e6"), ("15e2", "1500"), ("1.5e3", "1500"), ("1E3", "1e3"), ("1e-10", "1e-9"), ("10e3", "10e3"),
+    # Signs, zeros and numbers as YAML reads them.
+    ("+1", "1"), ("010", "10"), ("0", "0"), ("0Mi", "0"), ("-0", "0"), ("0.0e5", "0"), (1000, "1k"), (0.5, "500m"),
+    (2, "2"), (1e-05, "10e-6"),
+])
+def test_the_canonical_form_is_what_the_api_server_stores(text, stored):
+    if stored is None:
+        with pytest.raises(quantities.QuantityError, match="beyond the largest decimal suffix"):
+            quantities.canonical(text)
+        return
+    assert quantities.canonical(text) == stored
+    if isinstance(text, str) and stored != "0":
+        assert quantities.canonical("-" + text.lstrip("+")) == "-" + stored
+
+
+@pytest.mark.parametrize("bad", ["", "1 Gi", " 1", "1K", "1.2.3", "Mi", "1e", "0x10", True, None, float("inf"), []])
+def test_the_canonical_form_of_garbage_is_refused(bad):
+    with pytest.raises(quantities.QuantityError):
+        quantities.canonical(bad)
+
+
+@given(st.integers(min_value=-(10**9), max_value=10**9), st.integers(min_value=0, max_value=9),
+       st.sampled_from(["", "m", "k", "M", "G", "Ki", "Mi", "Gi", "e3", "e-2"]))
+def test_canonical_text_is_a_fixed_point_that_keeps_the_value(whole, places, suffix):
+    text = f"{whole / 10**places:.{places}f}{suffix}" if places else f"{whole}{suffix}"
+    stored = quantities.canonical(text)
+    assert quantities.canonical(stored) == stored
+    value = quantities.parse(text)
+    if (value * 10**9).denominator == 1 and abs(value) < 2**63:  # neither rounded nor capped
+        assert quantities.parse(stored) == value

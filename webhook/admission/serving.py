@@ -7,12 +7,14 @@ import logging
 import os
 import shutil
 import ssl
+import sys
 import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING
 
 import gunicorn.app.base
+import gunicorn.glogging
 
 if TYPE_CHECKING:
     import flask
@@ -53,6 +55,14 @@ def app_from_env() -> flask.Flask:
     return build_app(os.environ.get(CONFIG_ENV) or None, os.environ.get(CLUSTER_ENV) or None)
 
 
+class ClientTimeout(TimeoutError):
+    """A client that did not finish its handshake or send its request within the client timeout.
+
+    The socket that gives up logs it once, at the level it deserves (``_TimedSSLSocket``);
+    gunicorn's own line for it is a debug line without a traceback (``_GunicornLog``).
+    """
+
+
 class _TimedSSLSocket(ssl.SSLSocket):
     """A TLS socket on which one request must arrive within ``io_timeout`` seconds.
 
@@ -62,19 +72,50 @@ class _TimedSSLSocket(ssl.SSLSocket):
     Here "blocking" means "blocking until the request's deadline": each request (each
     switch to blocking mode, which gunicorn makes per request) has ``io_timeout`` seconds
     for all of its reads, and every read or write waits at most that long.
+
+    A connection that reaches the deadline before its request line came is normal: the
+    API server opens connections for its pool that it may never use, and load balancers
+    check the port with a bare handshake. It is closed with a debug line. A request that
+    started and then stalled is the client's or a proxy's fault, not the webhook's: one
+    warning line, without a traceback.
     """
 
     io_timeout: float | None = CLIENT_TIMEOUT
     _deadline: float | None = None
+    _received = 0  # bytes of the current request
+    _request_line = False  # whether the current request's first line has come
+    _gave_up = False  # the current request's deadline passed, and was logged
 
     def start_deadline(self) -> None:
         self._deadline = None if self.io_timeout is None else time.monotonic() + self.io_timeout
+        self._received, self._request_line, self._gave_up = 0, False, False
 
     def setblocking(self, flag: bool) -> None:
         super().setblocking(flag)
         if flag:
             self.settimeout(self.io_timeout)
             self.start_deadline()
+
+    def _peer(self) -> str:
+        try:
+            host, port = self.getpeername()[:2]
+        except (OSError, ValueError):
+            return "a client"
+        return f"{host}:{port}"
+
+    def _timed_out(self, stage: str = "request") -> ClientTimeout:
+        """The exception for a passed deadline, logged once per request."""
+        if not self._gave_up:
+            self._gave_up = True
+            if stage == "request" and self._request_line:
+                log.warning("gpushard: gave up on a request from %s after %g s: %d bytes of it came, then "
+                            "nothing; the client or a proxy in between stalled (raise --client-timeout if it is "
+                            "slow but sound)", self._peer(), self.io_timeout, self._received)
+            else:
+                log.debug("gpushard: closed a connection from %s that sent no %s within %g s",
+                          self._peer(), "complete handshake" if stage == "handshake" else "request line",
+                          self.io_timeout)
+        return ClientTimeout(f"gpushard: no {stage} within the {self.io_timeout:g} s client timeout")
 
     def _bounded(self, read, *args):
         """``read(*args)``, waiting no longer than the request's deadline allows."""
@@ -83,21 +124,54 @@ class _TimedSSLSocket(ssl.SSLSocket):
             return read(*args)
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError("gpushard: the client took too long to send its request")
+            raise self._timed_out()
         if current is not None and current <= remaining:
+            # The caller's own shorter wait (gunicorn's lingering close): its timeout is its own.
             return read(*args)
         self.settimeout(remaining)
         try:
             return read(*args)
+        except TimeoutError:
+            raise self._timed_out() from None
         finally:
             # Writes (the answer) keep the full timeout, however late the request came.
             self.settimeout(current)
 
+    def _came(self, data) -> None:
+        self._received += len(data)
+        if not self._request_line and b"\n" in data:
+            self._request_line = True
+
     def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
-        return self._bounded(super().recv, buflen, flags)
+        data = self._bounded(super().recv, buflen, flags)
+        self._came(data)
+        return data
 
     def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:
-        return self._bounded(super().recv_into, buffer, nbytes, flags)
+        count = self._bounded(super().recv_into, buffer, nbytes, flags)
+        self._came(memoryview(buffer)[:count].tobytes() if count else b"")
+        return count
+
+    def do_handshake(self, *args, **kwargs) -> None:
+        try:
+            super().do_handshake(*args, **kwargs)
+        except TimeoutError:
+            raise self._timed_out("handshake") from None
+
+
+class _GunicornLog(gunicorn.glogging.Logger):
+    """gunicorn's logger, except that a client's timeout, which the socket logged, is no error.
+
+    gunicorn logs every socket error but a reset or a broken pipe with its traceback at ERROR,
+    the read timeout of a client that never sent a request included.
+    """
+
+    def exception(self, msg, *args, **kwargs) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ClientTimeout):
+            self.debug("%s %s", msg % args if args else msg, exc)
+            return
+        super().exception(msg, *args, **kwargs)
 
 
 class _Context(ssl.SSLContext):
@@ -240,6 +314,7 @@ def gunicorn_options(args: argparse.Namespace, context: ReloadingContext) -> dic
         "http_protocols": "h1",
         "accesslog": None,
         "errorlog": "-",
+        "logger_class": _GunicornLog,
         "loglevel": "info",
         "proc_name": "gpushard",
         "control_socket_disable": True,

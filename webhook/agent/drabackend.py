@@ -36,17 +36,19 @@ class DraBackend:
 
     def __init__(self, api: kubernetes.client.ApiClient, node: str, devices: nvml.Devices, cards: list[nvml.Card],
                  board: health.Board, policy: policy_mod.Policy, folders: Folders = Folders(),
-                 mps_root: isolation.MpsRoot | None = None, poll: float = 1.0) -> None:
+                 mps_root: isolation.MpsRoot | None = None, poll: float = 1.0, timeout: float = 10.0) -> None:
         self.cards = list(cards)
         self.board = board
         self.policy = policy
         self.poll = poll
         self.memory_limits = devices.memory_limits_supported()
-        self.slices = draslices.SlicePublisher(api, node, self.healthy_facts, policy.shares_per_card)
+        # ``timeout``: each API request, the config's agent.requestTimeout.
+        self.slices = draslices.SlicePublisher(api, node, self.healthy_facts, policy.shares_per_card, timeout=timeout)
         preparer = draplugin.Preparer(node, self.present_cards, policy.shares_per_card,
-                                      draplugin.api_claim_reader(api), draplugin.Checkpoint(folders.checkpoint()),
+                                      draplugin.api_claim_reader(api, timeout),
+                                      draplugin.Checkpoint(folders.checkpoint()),
                                       cdi_dir=folders.cdi, mode=policy.isolation, mps_root=mps_root,
-                                      read_pod=draplugin.api_pod_reader(api), pod_shares=self.pod_shares)
+                                      read_pod=draplugin.api_pod_reader(api, timeout), pod_shares=self.pod_shares)
         self.plugin = draplugin.DraPlugin(preparer, folders.registry, folders.plugins)
 
     def pod_shares(self, pod: dict) -> int:

@@ -418,13 +418,14 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
         except Exception as exc:  # kubernetes.config raises several unrelated types
             log.warning("gpushard: no Kubernetes API credentials (%s); GPU processes are not tied to pods", exc)
     if api is not None and node_name:
-        pods = podlisting.NodePods(api, node_name)
+        pods = podlisting.NodePods(api, node_name, timeout=settings.agent.metrics_request_timeout)
     client = podresources.Client(args.pod_resources_socket)
     # Isolation, where configured, caps each container's memory; without it there is no cap to report.
     observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy, cards_by_pod),
                         attributing.ProcReader(args.proc_root), pods,
                         memory_cap_for(policy.isolation, policy.shares_per_card), conflicts)
-    reviewer = authorizing.Reviewer(api, node_name or "") if api is not None else None
+    reviewer = authorizing.Reviewer(api, node_name or "", timeout=settings.agent.metrics_request_timeout) \
+        if api is not None else None
     if reviewer is None:
         log.warning("gpushard: no Kubernetes API credentials: metrics are served to port-forwards only")
     server = Server(new_registry(observer), args.metrics_port, reviewer=reviewer, node=node_name or "")

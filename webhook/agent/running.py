@@ -181,6 +181,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
 
     publisher = None
     api = None
+    timeout = settings.agent.request_timeout  # every API request of the agent's own loops
     if settings.policy.backend == policy_mod.DRA and args.no_publish:
         devices.close()
         return _fail(EXIT_USAGE, "gpushard: backend dra needs the API server (the agent publishes the node's "
@@ -194,13 +195,13 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                       "service account, set KUBECONFIG, or pass --no-publish")
 
         def publisher(cards):
-            return publishing.Publisher(api, node_name, cards)
+            return publishing.Publisher(api, node_name, cards, timeout=timeout)
 
     dra = None
     conflicts = None
     if api is not None:
         def conflicts(cards):
-            return conflicting.Watcher(api, node_name, cards)
+            return conflicting.Watcher(api, node_name, cards, timeout=timeout)
 
     if settings.policy.backend == policy_mod.DRA:
         folders = drabackend.Folders(
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
 
         def dra(agent):
             return drabackend.DraBackend(api, node_name, agent.devices, agent.cards, agent.board, agent.policy,
-                                         folders, agent.mps_root, poll=args.poll_interval)
+                                         folders, agent.mps_root, poll=args.poll_interval, timeout=timeout)
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
                   mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra,
                   conflicts=conflicts)

@@ -81,10 +81,13 @@ class Informer:
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None, sink: Sink, *,
                  watch_timeout: int = WATCH_TIMEOUT_S, backoff: tuple[float, float] = BACKOFF_S,
-                 page_size: int = LIST_PAGE, resources: tuple[str, ...] = (NODES, PODS)):
+                 page_size: int = LIST_PAGE, resources: tuple[str, ...] = (NODES, PODS),
+                 connect_timeout: float = CONNECT_TIMEOUT_S, list_timeout: float = LIST_TIMEOUT_S):
         self.api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
         self._sink = sink
-        self._watch_timeout = watch_timeout
+        self.watch_timeout = watch_timeout
+        self.connect_timeout = connect_timeout
+        self.list_timeout = list_timeout
         self._backoff = backoff
         self._page_size = page_size
         self._resources = resources
@@ -156,7 +159,7 @@ class Informer:
         token = None
         version = ""
         while True:
-            kwargs = {"limit": self._page_size, "_request_timeout": (CONNECT_TIMEOUT_S, LIST_TIMEOUT_S)}
+            kwargs = {"limit": self._page_size, "_request_timeout": (self.connect_timeout, self.list_timeout)}
             if token:
                 kwargs["_continue"] = token
             try:
@@ -183,8 +186,8 @@ class Informer:
         """Hand a watch's events to the sink until it ends; the last resourceVersion seen."""
         try:
             response = self._call(resource, watch=True, resource_version=version, allow_watch_bookmarks=True,
-                                  timeout_seconds=self._watch_timeout,
-                                  _request_timeout=(CONNECT_TIMEOUT_S, self._watch_timeout + 30))
+                                  timeout_seconds=self.watch_timeout,
+                                  _request_timeout=(self.connect_timeout, self.watch_timeout + 30))
             self._sink.watch_opened(resource)
             self._responses[resource] = response
             self.watches[resource] += 1

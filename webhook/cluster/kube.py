@@ -128,9 +128,11 @@ class KubeView:
                  remember_ttl: float = REMEMBER_TTL_S, remember_held_ttl: float = REMEMBER_HELD_TTL_S,
                  watch_timeout: int = WATCH_TIMEOUT_S,
                  backoff: tuple[float, float] = BACKOFF_S, clock: Callable[[], float] = time.monotonic,
-                 page_size: int = LIST_PAGE):
+                 page_size: int = LIST_PAGE, connect_timeout: float = informing.CONNECT_TIMEOUT_S,
+                 list_timeout: float = informing.LIST_TIMEOUT_S):
         self.informer = informing.Informer(api_client, self, watch_timeout=watch_timeout, backoff=backoff,
-                                           page_size=page_size)
+                                           page_size=page_size, connect_timeout=connect_timeout,
+                                           list_timeout=list_timeout)
         self._policy = policy
         self._ttl = remember_ttl
         self._held_ttl = max(remember_ttl, remember_held_ttl)
@@ -162,8 +164,11 @@ class KubeView:
     @classmethod
     def start(cls, settings: settings_mod.Settings | None = None,
               api_client: kubernetes.client.ApiClient | None = None, **options) -> KubeView:
-        """A view of the API server (in-cluster, else kubeconfig) with its watch threads running."""
+        """A view of the API server (in-cluster, else kubeconfig) with its watch threads running; its
+        timeouts from the config's ``view`` (``options`` override them, for tests)."""
         settings = settings or settings_mod.Settings()
+        options = {"connect_timeout": settings.view.connect_timeout, "list_timeout": settings.view.list_timeout,
+                   "watch_timeout": settings.view.watch_timeout, **options}
         view = cls(api_client if api_client is not None else default_api_client(), settings.policy, **options)
         view.informer.start()
         return view

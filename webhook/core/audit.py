@@ -392,6 +392,7 @@ class Holder:
     name: str
     shares: int
     memory_asked_mib: int = 0  # what a pod placed by its memory ask asked (its annotation); 0 for a fraction
+    sized_for_mib: int = 0  # the card size (MiB) such a pod's shares were computed for (its annotation)
 
 
 @dataclass(frozen=True)
@@ -456,7 +457,7 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
     """
     pods = list(pods)
     held = _card_use(pods, policy)
-    asked = {(r.namespace, r.name): mib for r, mib in map(_memory_asked, pods) if mib}
+    asked = {(r.namespace, r.name): mibs for r, mibs in map(_memory_asked, pods) if mibs[0]}
     pending, owners = [], {}
     for pod in pods:
         spec = _dict(pod.get("spec"))
@@ -466,7 +467,8 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
         owner = objects.controller(_meta(pod))
         owners[(ref.namespace, ref.name)] = owner.get("kind") if owner else None
         for k, shares in card_shares(spec, policy).items():
-            pending.append((Holder(ref.namespace, ref.name, shares, asked.get((ref.namespace, ref.name), 0)), k))
+            mibs = asked.get((ref.namespace, ref.name), (0, 0))
+            pending.append((Holder(ref.namespace, ref.name, shares, *mibs), k))
     out = []
     for raw in nodes:
         node = node_cards(raw, policy)
@@ -475,7 +477,7 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
         indexes = sorted(set(node.indexes) | {k for (n, k) in held if n == node.name})
         cards = []
         for k in indexes:
-            holders = tuple(sorted((Holder(r.namespace, r.name, s, asked.get((r.namespace, r.name), 0))
+            holders = tuple(sorted((Holder(r.namespace, r.name, s, *asked.get((r.namespace, r.name), (0, 0)))
                                     for r, s in held.get((node.name, k), [])),
                                    key=lambda h: (h.namespace, h.name)))
             info = node.inventory.get(k, {})
@@ -488,9 +490,26 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
     return Usage(tuple(sorted(out, key=lambda n: n.name)), tuple(pending), _stranded(out, pending, owners))
 
 
-def _memory_asked(pod: dict) -> tuple[Ref, int]:
-    """The MiB a pod placed by its memory ask asked, from gpushard's annotation (0 when none)."""
-    return ref_of(pod), objects.memory_asked_mib(pod)
+def pods_of_namespace(use: Usage, namespace: str) -> Usage:
+    """``use`` with only the pods of ``namespace`` shown: holders, pending and stranded.
+
+    The cards' numbers stay those of every namespace: a card's free shares are what a pod of
+    ``namespace`` can still have, whoever holds the rest.
+    """
+    def ours(holders):
+        return tuple(h for h in holders if h.namespace == namespace)
+
+    return Usage(
+        nodes=tuple(NodeUse(n.name, tuple(CardUse(c.index, c.capacity, c.used, ours(c.holders), c.model, c.uuid,
+                                                  c.memory_mib) for c in n.cards)) for n in use.nodes),
+        pending=tuple(p for p in use.pending if p[0].namespace == namespace),
+        stranded=tuple(s for s in use.stranded if s[0].namespace == namespace))
+
+
+def _memory_asked(pod: dict) -> tuple[Ref, tuple[int, int]]:
+    """The MiB a pod placed by its memory ask asked and the card size it was sized for, from gpushard's
+    annotations (0 when none)."""
+    return ref_of(pod), (objects.memory_asked_mib(pod), objects.sized_for_mib(pod))
 
 
 def _stranded(nodes: list[NodeUse], pending: list[tuple[Holder, int]],

@@ -62,9 +62,11 @@ def _clip(text: str, limit: int) -> str:
 
 
 def warnings_for(found: list[f.Finding]) -> list[str]:
-    """Warnings short enough that the API server passes every one on intact."""
+    """Warnings short enough that the API server passes every one on intact; notes are none."""
     out, total = [], 0
     for finding in found:
+        if finding.severity == f.NOTE:
+            continue
         text = _clip(finding.message, WARNING_MAX)
         if total + len(text) > WARNINGS_TOTAL_MAX:
             out.append("gpushard: more findings were left out; run gpushard review for all")
@@ -411,7 +413,8 @@ def _place_memory(request: Request, asks: list[req.ContainerAsk], scheduling: pl
         return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
     found += choice.findings
     shares = req.size(asks, choice.size_mib, spc)
-    found.append(f.Finding(f.MEMORY_SIZED, f.WARN, (
+    # For the record (audit annotation); the pod's annotations carry the same decision.
+    found.append(f.Finding(f.MEMORY_SIZED, f.NOTE, (
         f"gpushard: the pod asks {asked} MiB of GPU memory: {shares} shares of card {choice.card}, which has "
         f"{choice.size_mib} MiB ({isolation.memory_cap_mib(shares, choice.size_mib, spc)} MiB held)")))
     return choice.card, choice.node, shares, (choice.size_mib, asked)

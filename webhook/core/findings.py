@@ -7,6 +7,10 @@ from dataclasses import dataclass
 DENY = "deny"
 WARN = "warn"
 CHANGE = "change"
+# What gpushard decided, for the record: an audit annotation (the decision is on the object itself),
+# never an admission warning. Warnings are for what needs the author's attention: kubectl prints
+# them, --warnings-as-errors fails on them, and controllers log one for every pod they create.
+NOTE = "note"
 
 # Rule ids: stable, short, used as audit-annotation keys and in `gpushard audit`.
 BAD_QUANTITY = "bad-quantity"
@@ -31,7 +35,7 @@ NO_MATCHING_NODE = "no-matching-node"
 # Memory asks (gpushard.io/memory): mixed with a fraction or shares; above every card's memory.
 MIXED_MEMORY = "mixed-memory"
 MEMORY_ABOVE_CARD = "memory-above-card"
-MEMORY_SIZED = "memory-sized"  # what a memory ask became: shares of a card of some size (a warning, for the record)
+MEMORY_SIZED = "memory-sized"  # what a memory ask became: shares of a card of some size (a note, for the record)
 # Host access around the device plugin (core/hostaccess.py).
 PRIVILEGED = "privileged"
 ADDED_CAPABILITIES = "added-capabilities"

@@ -20,8 +20,10 @@ CARD_ANNOTATION = "gpushard.io/card"
 SHARES_ANNOTATION = "gpushard.io/shares"
 SHARED_LABEL = "gpushard.io/shared"
 SHARED_LABEL_VALUE = "true"
-# On a pod placed by its memory ask: the MiB it asked (counted as Kubernetes counts requests).
+# On a pod placed by its memory ask: the MiB it asked (counted as Kubernetes counts requests), and the
+# memory in MiB of the card size its shares were computed for (its card has that size).
 MEMORY_ANNOTATION = "gpushard.io/memory-mib"
+CARD_MEMORY_ANNOTATION = "gpushard.io/card-memory-mib"
 
 # What the agent writes on its Node.
 INVENTORY_ANNOTATION = "gpushard.io/inventory"

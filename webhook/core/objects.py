@@ -47,7 +47,16 @@ def terminal(pod: dict) -> bool:
 
 def memory_asked_mib(pod: dict) -> int:
     """The MiB a pod placed by its memory ask asked, from gpushard's annotation (0 when none or unreadable)."""
-    text = mapping(meta(pod).get("annotations")).get(names.MEMORY_ANNOTATION)
+    return _mib_annotation(pod, names.MEMORY_ANNOTATION)
+
+
+def sized_for_mib(pod: dict) -> int:
+    """The card size in MiB a pod placed by its memory ask was sized for (0 when none or unreadable)."""
+    return _mib_annotation(pod, names.CARD_MEMORY_ANNOTATION)
+
+
+def _mib_annotation(pod: dict, key: str) -> int:
+    text = mapping(meta(pod).get("annotations")).get(key)
     return int(text) if isinstance(text, str) and text.isascii() and text.isdigit() and len(text) < 10 else 0
 
 

@@ -1,4 +1,4 @@
-"""Kubernetes resource quantities, read exactly, and their conversion to card shares."""
+"""Kubernetes resource quantities, read exactly, written as the API server writes them, and turned into card shares."""
 
 from __future__ import annotations
 
@@ -80,6 +80,88 @@ def _parse_text(text: str) -> Fraction:
     else:
         denominator *= 10 ** -exponent
     return Fraction(numerator, denominator)
+
+
+def _text_of(value: object) -> str:
+    """A quantity's text as the API server reads it: a string as it is, a YAML or JSON number as written."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            (isinstance(value, float) and not math.isfinite(value)):
+        raise QuantityError(f"{value!r} is not a quantity")
+    if isinstance(value, int):
+        return str(value)
+    mantissa, e, exp = repr(value).partition("e")
+    return f"{mantissa}e{int(exp)}" if e else mantissa
+
+
+# What resource.Quantity's String() writes: the rules of k8s.io/apimachinery's
+# staging/src/k8s.io/apimachinery/pkg/api/resource/quantity.go (ParseQuantity, CanonicalizeBytes),
+# amount.go (AsCanonicalBytes, AsCanonicalBase1024Bytes) and suffix.go, written again here.
+_DECIMAL_SUFFIX = {exponent: suffix for suffix, exponent in _DECIMAL_SI.items()}
+_BINARY_SUFFIX = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_NANO = 10**9
+_MAX_BINARY = 2**63 - 1  # ParseQuantity caps binary amounts here
+
+
+def canonical(value: object) -> str:
+    """The form in which the API server stores and returns a quantity.
+
+    The number keeps the kind of suffix it was written with (decimal SI ``k``, ``M``, ``m``...,
+    binary SI ``Ki``, ``Mi``..., or a decimal exponent ``e3``) and is written with the largest
+    suffix of that kind that leaves a whole number: ``1000`` -> ``1k``, ``1024Mi`` -> ``1Gi``,
+    ``0.5`` -> ``500m``, ``1.5Gi`` -> ``1536Mi``, ``100m`` stays. A decimal suffix moves in steps
+    of a thousand (``1500k`` stays, ``15e2`` -> ``1500``). A binary amount below 1024 in magnitude,
+    or one that is no whole number, is written with decimal SI (``0.5Gi`` -> ``512Mi``, ``1.5Ki``
+    -> ``1536``, ``.001Ki`` -> ``1024m``). Anything finer than a nano is rounded up, away from
+    zero (``0.1n`` -> ``1n``); ``+`` signs go. Every zero is ``0``.
+
+    One difference on purpose: for a few spellings that are already near canonical the API server
+    hands back the text as written (``+1``, ``010``, ``1E3``, ``1.``); this gives the canonical text for
+    them too, so that a manifest never relies on that.
+    """
+    text = _text_of(value)
+    match = _QUANTITY.match(text)
+    if not match:
+        raise QuantityError(f"{text!r} is not a quantity")
+    amount = _parse_text(text)
+    if amount == 0:
+        return "0"
+    suffix = match["suffix"] or ""
+    binary = match["exp"] is None and suffix in _BINARY_SI
+    exponent_form = match["exp"] is not None
+    sign = -1 if amount < 0 else 1
+    magnitude = abs(amount)
+    # ParseQuantity: finer than a nano rounds up (inf.RoundUp on the magnitude); a binary amount is
+    # capped at 2^63-1, and one below 1 is decimal from then on.
+    nanos = -(-magnitude.numerator * _NANO // magnitude.denominator)
+    magnitude = Fraction(nanos, _NANO)
+    if binary and magnitude > _MAX_BINARY:
+        magnitude = Fraction(_MAX_BINARY)
+    # CanonicalizeBytes: binary only for a whole number of 1024 or more in magnitude.
+    if binary and (magnitude < 1024 or magnitude.denominator != 1):
+        binary = False
+    minus = "-" if sign < 0 else ""
+    if binary:
+        number, power = magnitude.numerator, 0
+        while number % 1024 == 0 and power < len(_BINARY_SUFFIX) - 1:
+            number //= 1024
+            power += 1
+        return f"{minus}{number}{_BINARY_SUFFIX[power]}"
+    # AsCanonicalBytes: every factor of ten into the exponent, then down to a multiple of three.
+    number, exponent = int(magnitude * _NANO), -9
+    while number % 10 == 0:
+        number //= 10
+        exponent += 1
+    while exponent % 3:
+        number *= 10
+        exponent -= 1
+    if exponent_form:
+        return f"{minus}{number}{f'e{exponent}' if exponent else ''}"
+    if exponent not in _DECIMAL_SUFFIX:
+        # quantity.go writes no suffix there at all, which would change the value.
+        raise QuantityError(f"{text!r} is beyond the largest decimal suffix (E)")
+    return f"{minus}{number}{_DECIMAL_SUFFIX[exponent]}"
 
 
 def to_shares(quantity: Fraction, shares_per_card: int) -> tuple[int, bool]:

@@ -186,7 +186,7 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     ``ops``, every change is also recorded there as a JSONPatch operation on ``obj``.
     ``sized`` (card MiB, asked MiB), for a pod that asked GPU memory: its memory asks become the
     shares the asks carry, a required node affinity keeps it on card ``card`` of that size, and
-    an annotation records what it asked.
+    annotations record what it asked and the card size its shares are for.
     """
     new = dict(obj)
     spec = _own_spec(new)
@@ -228,6 +228,7 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
         ours = {names.CARD_ANNOTATION: str(card), names.SHARES_ANNOTATION: str(pod_shares)}
         if sized is not None:
             ours[names.MEMORY_ANNOTATION] = str(sized[1])
+            ours[names.CARD_MEMORY_ANNOTATION] = str(sized[0])
         meta["annotations"] = {**annotations, **ours} if isinstance(annotations, dict) else {**ours}
         meta["labels"] = {**labels, **_SHARED} if isinstance(labels, dict) else {**_SHARED}
         if ops is not None:
@@ -257,7 +258,8 @@ def _record_keys(ops: Ops, where: str, was: object, now: dict, set_keys: dict[st
 
 # The reference tokens of the names gpushard sets on a pod, escaped once ("/" in each).
 _TOKENS = {key: pointer_token(key) for key in (names.CARD_ANNOTATION, names.SHARES_ANNOTATION,
-                                               names.MEMORY_ANNOTATION, names.SHARED_LABEL)}
+                                               names.MEMORY_ANNOTATION, names.CARD_MEMORY_ANNOTATION,
+                                               names.SHARED_LABEL)}
 
 
 def _prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool = False) -> None:
