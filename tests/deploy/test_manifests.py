@@ -291,7 +291,7 @@ def test_agent_runs_on_shared_nodes_and_sees_every_card(base):
     assert pod["runtimeClassName"] == "nvidia"
     (container,) = pod["containers"]
     env = {e["name"]: e for e in container["env"]}
-    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}
     assert env[names.VISIBLE_DEVICES_ENV]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
     sc = container["securityContext"]
