@@ -85,7 +85,7 @@ class Webhook:
                  for i, hook in enumerate(configuration["webhooks"])]
         kubectl.run("patch", "mutatingwebhookconfiguration", "gpushard", "--type=json", "-p", json.dumps(patch))
 
-    def apply(self, kustomization: Path) -> subprocess.CompletedProcess:
+    def apply(self, kustomization: Path, *args: str) -> subprocess.CompletedProcess:
         """`kubectl apply -k` of a kustomization once the webhook runs here: its configuration keeps calling
         this process (on a cluster it calls the Service; a loopback URL is this tier's only change)."""
         kubectl = self.plane.kubectl
@@ -94,7 +94,7 @@ class Webhook:
             if document and document["kind"] == "MutatingWebhookConfiguration":
                 for hook in document["webhooks"]:
                     hook["clientConfig"] = self.client_config(hook)
-        return kubectl.run("apply", "-f", "-", input=yaml.safe_dump_all(documents), check=False, timeout=180)
+        return kubectl.run("apply", "-f", "-", *args, input=yaml.safe_dump_all(documents), check=False, timeout=180)
 
     def stop(self) -> None:
         if self.process:
