@@ -212,9 +212,10 @@ class Kubectl:
 class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager and kube-scheduler from ``assets``, on loopback."""
 
-    def __init__(self, assets: Path, work: Path, node_lifecycle: bool = True):
+    def __init__(self, assets: Path, work: Path, node_lifecycle: bool = True, apiserver_flags: list[str] = ()):
         self.assets, self.work = assets, work
         self.node_lifecycle = node_lifecycle
+        self.apiserver_flags = list(apiserver_flags)
         self.processes: list[Process] = []
         self.pki = Pki(work / "pki")
         self.port = free_port()
@@ -275,7 +276,7 @@ class ControlPlane:
             "--service-cluster-ip-range=10.0.0.0/24", "--authorization-mode=Node,RBAC",
             "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
             "--endpoint-reconciler-type=none", f"--cert-dir={self.work / 'apiserver-certs'}",
-            "--profiling=false", "--v=1",
+            "--profiling=false", "--v=1", *self.apiserver_flags,
         ])
         admin = self.admin_config()
         self.kubectl = Kubectl(self.binary("kubectl"), admin)

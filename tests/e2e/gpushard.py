@@ -39,6 +39,21 @@ def shipped_config(kubectl: components.Kubectl, folder: Path) -> Path:
     return path
 
 
+def client_config(plane: components.ControlPlane, url: str, hook: dict) -> dict:
+    client = hook["clientConfig"]
+    path = client["service"]["path"] if "service" in client else urllib.parse.urlparse(client["url"]).path
+    return {"url": f"{url}{path}", "caBundle": base64.b64encode(plane.pki.ca_path.read_bytes()).decode()}
+
+
+def point_configuration(plane: components.ControlPlane, url: str) -> None:
+    """Every webhook of the shipped configuration, called at ``url`` (this machine), trusting the run's CA."""
+    kubectl = plane.kubectl
+    configuration = kubectl.json("get", "mutatingwebhookconfiguration", "gpushard")
+    patch = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig", "value": client_config(plane, url, hook)}
+             for i, hook in enumerate(configuration["webhooks"])]
+    kubectl.run("patch", "mutatingwebhookconfiguration", "gpushard", "--type=json", "-p", json.dumps(patch))
+
+
 class Webhook:
     def __init__(self, plane: components.ControlPlane, work: Path):
         self.plane, self.work = plane, work
@@ -72,18 +87,8 @@ class Webhook:
         components.wait_for("the webhook's /readyz", lambda: urllib.request.urlopen(
             f"{self.url}/readyz", context=context, timeout=3).status == 200, timeout=60, explain=self.tail)
 
-    def client_config(self, hook: dict) -> dict:
-        client = hook["clientConfig"]
-        path = client["service"]["path"] if "service" in client else urllib.parse.urlparse(client["url"]).path
-        return {"url": f"{self.url}{path}", "caBundle": base64.b64encode(self.plane.pki.ca_path.read_bytes()).decode()}
-
     def point_configuration(self) -> None:
-        """Every webhook of the shipped configuration, called at this process by URL, trusting the run's CA."""
-        kubectl = self.plane.kubectl
-        configuration = kubectl.json("get", "mutatingwebhookconfiguration", "gpushard")
-        patch = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig", "value": self.client_config(hook)}
-                 for i, hook in enumerate(configuration["webhooks"])]
-        kubectl.run("patch", "mutatingwebhookconfiguration", "gpushard", "--type=json", "-p", json.dumps(patch))
+        point_configuration(self.plane, self.url)
 
     def apply(self, kustomization: Path, *args: str) -> subprocess.CompletedProcess:
         """`kubectl apply -k` of a kustomization once the webhook runs here: its configuration keeps calling
@@ -93,7 +98,7 @@ class Webhook:
         for document in documents:
             if document and document["kind"] == "MutatingWebhookConfiguration":
                 for hook in document["webhooks"]:
-                    hook["clientConfig"] = self.client_config(hook)
+                    hook["clientConfig"] = client_config(self.plane, self.url, hook)
         return kubectl.run("apply", "-f", "-", *args, input=yaml.safe_dump_all(documents), check=False, timeout=180)
 
     def stop(self) -> None:

@@ -1,0 +1,374 @@
+"""Scale on the real control plane: a kube-apiserver and kube-scheduler, nodes of 8 cards, bursts of pods, 1-3 webhooks.
+
+The same binaries as `make e2e` (``KUBEBUILDER_ASSETS``: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, kubectl); no kubelet: each node is written as the agent and kubelet would report it (8
+cards of ``gpushard.io/card-<k>: 100`` allocatable, the inventory annotation, Ready, the not-ready taint
+removed, with the node lifecycle controller off so nothing marks them unreachable). deploy/base is installed
+as shipped (its admission policies run on every pod), and 1-3 `gpushard serve` processes with the webhook's
+own ServiceAccount token sit behind a round-robin TCP balancer of this bench, which the shipped
+MutatingWebhookConfiguration calls. Then a burst: pods of the packing benchmark's size mix
+(bench/stranding.py ``MIX``) up to ``--load`` of the cluster's shares, bare pods in one enforce namespace,
+created by ``--clients`` threads at once. The scheduler binds them (nothing runs them).
+
+Printed per run, with its parameters:
+- stranded at first scheduling: pods still Pending once binding stopped, whose shares some card of some
+  node still has free (a re-placement could move them there); and Pending pods in all;
+- time from the first create until the last bind, and the creation rate the clients reached;
+- admission p50/p99 as the API server measures it (``apiserver_admission_webhook_admission_duration_seconds``
+  for enforce.gpushard.io: bucket bounds, so "<= 25 ms"), and the webhooks' own (``gpushard_admission_seconds``);
+- the webhooks' worker RSS and the time from start until their view synced;
+- API server requests the webhooks made per admission (list and watch of the view, from the API server's
+  audit log, which records the webhooks' ServiceAccount only);
+- packing: shares bound against what first-fit-decreasing places from the same trace on empty cards.
+
+Re-placement (`gpushard replace`) moves only pods a controller recreates, so it needs the burst as
+workloads; this bench creates bare pods and reports what a round could rescue (the stranded count).
+
+Run: KUBEBUILDER_ASSETS=... python bench/e2e_scale.py [--nodes 100] [--pods 1000] [--replicas 1,2,3]
+     [--clients 16] [--load 0.95] [--seed N]   (as root is not needed: no kubelet runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import kubernetes  # noqa: E402
+import stranding  # noqa: E402
+
+from tests.e2e import components, gpushard  # noqa: E402
+
+CARDS = 8
+SHARES = 100
+NAMESPACE = "burst"
+WEBHOOK_USER = "system:serviceaccount:gpushard-system:gpushard-webhook"
+AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+  users: ["{WEBHOOK_USER}"]
+- level: None
+"""
+
+
+class Balancer:
+    """Round-robin TCP: each connection the API server opens goes to the next webhook, as a Service's would."""
+
+    def __init__(self, ports: list[int]):
+        self.ports, self.port = ports, components.free_port()
+        self.loop = asyncio.new_event_loop()
+        self.turn = 0
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(10)
+
+    async def _serve(self):
+        self.server = await asyncio.start_server(self._connection, "127.0.0.1", self.port)
+
+    async def _connection(self, reader, writer):
+        port = self.ports[self.turn % len(self.ports)]
+        self.turn += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(src, dst):
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.close()
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+def node_body(name: str) -> dict:
+    inventory = [{"index": k, "uuid": f"GPU-{name}-{k}", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559}
+                 for k in range(CARDS)]
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": name, "labels": {"kubernetes.io/hostname": name, "gpushard.io/shared-node": "true",
+                                 "gpushard.io/cards": str(CARDS)},
+        "annotations": {"gpushard.io/inventory": json.dumps(inventory)}}}
+
+
+def node_status() -> dict:
+    resources = {"cpu": "128", "memory": "1Ti", "pods": "500", "gpushard.io/gpu": str(CARDS * SHARES),
+                 **{f"gpushard.io/card-{k}": str(SHARES) for k in range(CARDS)}}
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"status": {"capacity": resources, "allocatable": resources, "conditions": [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "as the kubelet reports it",
+         "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
+
+
+def make_nodes(api: kubernetes.client.CoreV1Api, count: int, workers: int = 16) -> float:
+    started = time.monotonic()
+
+    def one(i: int) -> None:
+        name = f"gpu-{i:04d}"
+        api.create_node(node_body(name))
+        api.patch_node_status(name, node_status())
+        # Admission gives a new Node the not-ready taint; the node lifecycle controller would lift it.
+        api.patch_node(name, {"spec": {"taints": []}})
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, range(count)))
+    return time.monotonic() - started
+
+
+def trace(rng: random.Random, nodes: int, load: float, limit: int) -> list[int]:
+    capacity = nodes * CARDS * SHARES
+    sizes, total = [], 0
+    while total < load * capacity and len(sizes) < limit:
+        size = stranding.draw(rng)
+        sizes.append(size)
+        total += size
+    return sizes
+
+
+def pod_body(i: int, shares: int) -> dict:
+    fraction = f"{shares / SHARES:g}" if shares < SHARES else "1"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p-{i:05d}"},
+            "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
+                "name": "main", "image": "registry.example/cuda:12", "command": ["sleep", "inf"],
+                "resources": {"limits": {"nvidia.com/gpu": fraction}}}]}}
+
+
+def create_burst(config: Path, sizes: list[int], clients: int) -> tuple[float, int]:
+    """Create every pod from ``clients`` threads, each with its own connection; (seconds, refused)."""
+    work = list(enumerate(sizes))
+    lock = threading.Lock()
+    refused = [0]
+
+    def client() -> None:
+        api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(config)))
+        while True:
+            with lock:
+                if not work:
+                    return
+                i, shares = work.pop()
+            try:
+                api.create_namespaced_pod(NAMESPACE, pod_body(i, shares))
+            except kubernetes.client.ApiException:
+                with lock:
+                    refused[0] += 1
+    started = time.monotonic()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.monotonic() - started, refused[0]
+
+
+def pods_state(api: kubernetes.client.CoreV1Api) -> list[tuple[int, str | None, int]]:
+    """(shares, node, card) of every pod in the burst namespace."""
+    out = []
+    for pod in api.list_namespaced_pod(NAMESPACE, _request_timeout=60).items:
+        annotations = pod.metadata.annotations or {}
+        out.append((int(annotations.get("gpushard.io/shares", 0)), pod.spec.node_name,
+                    int(annotations.get("gpushard.io/card", -1))))
+    return out
+
+
+def wait_bound(api, total: int, settle: float) -> tuple[float, list]:
+    """Poll until every pod is bound, or binding stopped for ``settle`` seconds; (time of the last bind, pods)."""
+    last_count, last_change = -1, time.monotonic()
+    while True:
+        state = pods_state(api)
+        bound = sum(1 for _s, node, _c in state if node)
+        if bound != last_count:
+            last_count, last_change = bound, time.monotonic()
+        if (len(state) == total and bound == total) or time.monotonic() - last_change > settle:
+            return last_change, state
+        time.sleep(1.0)
+
+
+def stranded(state: list, nodes: int) -> int:
+    used = {}
+    for shares, node, card in state:
+        if node:
+            used[(node, card)] = used.get((node, card), 0) + shares
+    free = [SHARES - used.get((f"gpu-{n:04d}", k), 0) for n in range(nodes) for k in range(CARDS)]
+    # Pending pods that some card could still take, counted greedily (each takes its room).
+    count = 0
+    for shares in sorted((s for s, node, _c in state if not node), reverse=True):
+        best = max(range(len(free)), key=free.__getitem__)
+        if free[best] >= shares:
+            free[best] -= shares
+            count += 1
+    return count
+
+
+HISTOGRAM = re.compile(r'^(\w+)_bucket\{(.*)\} (\S+)$')
+
+
+def buckets(text: str, metric: str, match: dict[str, str]) -> dict[float, float]:
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        m = HISTOGRAM.match(line)
+        if not m or m.group(1) != metric:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if "le" in labels and all(labels.get(k) == v for k, v in match.items()):
+            le = math.inf if labels["le"] == "+Inf" else float(labels["le"])
+            out[le] = out.get(le, 0.0) + float(m.group(3))
+    return out
+
+
+def quantile_bound(before: dict, after: dict, q: float) -> str:
+    delta = {le: after.get(le, 0) - before.get(le, 0) for le in after}
+    total = delta.get(math.inf, 0)
+    if not total:
+        return "n/a"
+    for le in sorted(delta):
+        if delta[le] >= q * total:
+            return f"<= {le * 1000:g} ms" if le != math.inf else "> last bucket"
+    return "?"
+
+
+def rss_mib(pid: int) -> float:
+    """RSS of a gunicorn master's workers (its children), in MiB."""
+    total = 0
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        for line in Path(f"/proc/{child}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total / 1024
+
+
+def first_fit_decreasing(nodes: int, sizes: list[int]) -> int:
+    return stranding.first_fit_decreasing([[0] * CARDS for _ in range(nodes)], sizes)
+
+
+def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: float, seed: int) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="gpushard-scale-"))
+    (work / "audit-policy.yaml").write_text(AUDIT_POLICY)
+    plane = components.ControlPlane(assets, work, node_lifecycle=False, apiserver_flags=[
+        f"--audit-policy-file={work / 'audit-policy.yaml'}", f"--audit-log-path={work / 'audit.log'}",
+        "--audit-log-format=json", "--audit-log-maxsize=0"])
+    webhooks: list[components.Process] = []
+    try:
+        plane.start()
+        kubectl = plane.kubectl
+        kubectl.run("apply", "-k", str(ROOT / "deploy" / "base"), check=False, timeout=180)
+        admin = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(
+            str(plane.work / "admin.kubeconfig")))
+        node_seconds = make_nodes(admin, nodes)
+        kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+            "name": NAMESPACE, "labels": {"gpushard.io/mode": "enforce"}}}))
+
+        config = gpushard.shipped_config(kubectl, work)
+        token = kubectl.token("gpushard-webhook", gpushard.SYSTEM)
+        env = {**os.environ, "KUBECONFIG": str(plane.token_config("webhook", token))}
+        cert, key = plane.pki.issue("webhook", "gpushard-webhook", ips=("127.0.0.1",), server=True)
+        ports = []
+        started = time.monotonic()
+        for r in range(replicas):
+            port = components.free_port()
+            ports.append(port)
+            webhooks.append(components.Process(f"webhook-{r}", [
+                gpushard.GPUSHARD, "serve", f"--cert={cert}", f"--key={key}", f"--bind=127.0.0.1:{port}",
+                f"--config={config}"], work / f"webhook-{r}.log", env=env).start())
+        context = components.tls_context(plane.pki.ca_path)
+        for port in ports:
+            components.wait_for("a webhook's view", lambda p=port: urllib.request.urlopen(
+                f"https://127.0.0.1:{p}/readyz", context=context, timeout=5).status == 200, timeout=300)
+        synced = time.monotonic() - started
+        balancer = Balancer(ports)
+        gpushard.point_configuration(plane, f"https://127.0.0.1:{balancer.port}")
+        time.sleep(2)
+
+        rng = random.Random(seed)
+        sizes = trace(rng, nodes, load, pods)
+        metrics_before = kubectl.run("get", "--raw", "/metrics").stdout
+        ours_before = [urllib.request.urlopen(f"https://127.0.0.1:{p}/metrics", context=context).read().decode()
+                       for p in ports]
+        audit_before = (work / "audit.log").read_text().count("\n") if (work / "audit.log").exists() else 0
+        t0 = time.monotonic()
+        create_seconds, refused = create_burst(plane.work / "admin.kubeconfig", sizes, clients)
+        last_bind, state = wait_bound(admin, len(sizes) - refused, settle=20)
+        metrics_after = kubectl.run("get", "--raw", "/metrics").stdout
+        ours_after = [urllib.request.urlopen(f"https://127.0.0.1:{p}/metrics", context=context).read().decode()
+                      for p in ports]
+        audit_total = (work / "audit.log").read_text().count("\n")
+        audit_lines = audit_total - audit_before
+
+        match = {"name": "enforce.gpushard.io", "operation": "CREATE", "type": "admit"}
+        api_b = buckets(metrics_before, "apiserver_admission_webhook_admission_duration_seconds", match)
+        api_a = buckets(metrics_after, "apiserver_admission_webhook_admission_duration_seconds", match)
+        own_b, own_a = {}, {}
+        for text, into in [(t, own_b) for t in ours_before] + [(t, own_a) for t in ours_after]:
+            for le, v in buckets(text, "gpushard_admission_seconds", {}).items():
+                into[le] = into.get(le, 0) + v
+        bound_shares = sum(s for s, node, _c in state if node)
+        pending = sum(1 for _s, node, _c in state if not node)
+        return {
+            "nodes": nodes, "cards": nodes * CARDS, "pods": len(sizes), "load": load, "replicas": replicas,
+            "clients": clients, "node_setup_s": round(node_seconds, 1), "refused": refused,
+            "create_s": round(create_seconds, 1), "create_rate": round(len(sizes) / create_seconds, 1),
+            "scheduled_s": round(last_bind - t0, 1), "pending": pending, "stranded": stranded(state, nodes),
+            "api_p50": quantile_bound(api_b, api_a, 0.5), "api_p99": quantile_bound(api_b, api_a, 0.99),
+            "own_p50": quantile_bound(own_b, own_a, 0.5), "own_p99": quantile_bound(own_b, own_a, 0.99),
+            "rss_mib": [round(rss_mib(w.proc.pid), 1) for w in webhooks], "view_synced_s": round(synced, 1),
+            "webhook_requests": audit_total, "requests_during_burst": audit_lines,
+            "requests_per_admission": round(audit_total / max(1, len(sizes)), 4),
+            "load_reached": round(sum(sizes) / (nodes * CARDS * SHARES), 3),
+            "packing": round(bound_shares / max(1, first_fit_decreasing(nodes, sizes)), 4),
+        }
+    finally:
+        for w in webhooks:
+            w.stop()
+        plane.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--pods", type=int, default=1000, help="at most this many pods (fewer if --load is reached)")
+    parser.add_argument("--replicas", default="1,2,3", help="webhook replica counts to run, comma-separated")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--load", type=float, default=0.95, help="the burst's shares as a part of the cluster's")
+    parser.add_argument("--seed", type=int, default=20261201)
+    args = parser.parse_args(argv)
+    assets, why = components.which_assets(os.environ)
+    if assets is None:
+        print(f"gpushard: e2e_scale needs the real components: {why}", file=sys.stderr)
+        return 0 if os.environ.get("GPUSHARD_BENCH_OPTIONAL") else 2
+    rows = []
+    for replicas in [int(r) for r in args.replicas.split(",")]:
+        row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    keys = ["replicas", "pods", "load_reached", "create_rate", "scheduled_s", "pending", "stranded", "api_p50",
+            "api_p99", "own_p50", "own_p99", "rss_mib", "view_synced_s", "requests_per_admission", "packing"]
+    print(f"\n{args.nodes} nodes x {CARDS} cards, load {args.load}, {args.clients} clients, seed {args.seed}")
+    print(" | ".join(keys))
+    for row in rows:
+        print(" | ".join(str(row[k]) for k in keys))
+    print(f"stranded share of the burst: {[round(r['stranded'] / r['pods'], 4) for r in rows]}; "
+          f"mean create rate {statistics.mean(r['create_rate'] for r in rows):.1f} pods/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
