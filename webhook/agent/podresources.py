@@ -33,8 +33,8 @@ class Holding:
 
 
 def holdings(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy) -> list[Holding]:
-    """The card shares in a List answer. Only ``<cardPrefix><k>`` counts: the kubelet may pick the IDs
-    of the node-wide ``gpushard.io/gpu`` from any card, so those name no card."""
+    """The card shares in a List answer. Only ``<cardPrefix><k>`` counts: the kubelet picks the IDs
+    of the node-wide ``gpushard.io/gpu`` without knowing the container's card, so those name no card."""
     found = []
     for pod in response.pod_resources:
         for container in pod.containers:
