@@ -40,8 +40,9 @@ def test_a_card_resource_refuses_pool_ids_and_the_sum_takes_both_kinds():
     with pytest.raises(allocation.AllocationError, match="share-1"):
         allocation.allocate(card0, ["share-1"], CARDS, 4)
     assert allocation.allocate(gpu, ["share-1", "card-1-2"], CARDS, 4) == allocation.Allocation()
-    with pytest.raises(allocation.AllocationError, match="share-x"):
-        allocation.allocate(gpu, ["share-x"], CARDS, 4)
+    for outside in ("share-x", "share-8"):  # 2 cards x 4 shares: share-0 ... share-7
+        with pytest.raises(allocation.AllocationError, match=outside):
+            allocation.allocate(gpu, [outside], CARDS, 4)
 
 
 def test_the_list_with_nobody_holding():

@@ -134,8 +134,9 @@ def _check(resource: Resource, devices: Iterable[str], cards: Mapping[int, nvml.
            shares_per_card: int) -> set[int]:
     touched = set()
     for device in devices:
-        if resource.card_index is None and parse_pool_id(device) is not None:
-            continue  # the node-wide resource's own IDs name nothing to check
+        number = parse_pool_id(device) if resource.card_index is None else None
+        if number is not None and number < shares_per_card * len(cards):
+            continue  # one of the node-wide resource's own IDs: it names nothing to check
         parsed = parse_device_id(device)
         if parsed is None or parsed[0] not in cards or parsed[1] >= shares_per_card or (
                 resource.card_index is not None and parsed[0] != resource.card_index):
