@@ -60,7 +60,7 @@ proto: $(STAMP)
 		--grpc_python_out=webhook/agent/proto webhook/agent/proto/podresources.proto
 	sed -i 's/^import podresources_pb2/from webhook.agent.proto import podresources_pb2/' \
 		webhook/agent/proto/podresources_pb2_grpc.py
-	for p in dra pluginregistration; do \
+	for p in dra dra_health pluginregistration; do \
 		$(PY) -m grpc_tools.protoc -I webhook/agent/proto --python_out=webhook/agent/proto \
 			--grpc_python_out=webhook/agent/proto webhook/agent/proto/$$p.proto && \
 		sed -i "s/^import $${p}_pb2/from webhook.agent.proto import $${p}_pb2/" \

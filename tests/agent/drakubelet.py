@@ -2,13 +2,19 @@
 
 It plays the plugin watcher (dial the registration socket, GetInfo, check type and version, dial the
 endpoint, NotifyRegistrationStatus) and the kubelet's DRA manager (NodePrepareResources and
-NodeUnprepareResources with claims named by namespace, UID and name).
+NodeUnprepareResources with claims named by namespace, UID and name, and the NodeWatchResources
+health stream it keeps open on the same endpoint).
 """
 
 from __future__ import annotations
 
+import threading
+import time
+
 import grpc
 
+from webhook.agent.proto import dra_health_pb2 as hpb
+from webhook.agent.proto import dra_health_pb2_grpc as hpb_grpc
 from webhook.agent.proto import dra_pb2 as dpb
 from webhook.agent.proto import dra_pb2_grpc as dpb_grpc
 from webhook.agent.proto import pluginregistration_pb2 as rpb
@@ -59,3 +65,52 @@ class DraKubelet:
             claims=[dpb.Claim(namespace=n, uid=u, name=m) for n, u, m in claims])
         with grpc.insecure_channel(f"unix://{self.endpoint}") as channel:
             return self._stub(channel).NodeUnprepareResources(request, timeout=TIMEOUT)
+
+    def watch_health(self) -> HealthStream:
+        """NodeWatchResources on the plugin's endpoint, as the kubelet opens it after registration."""
+        return HealthStream(self.endpoint)
+
+
+class HealthStream:
+    """An open NodeWatchResources stream read on a thread; each message is kept with when it came."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.channel = grpc.insecure_channel(f"unix://{endpoint}")
+        self.call = hpb_grpc.DRAResourceHealthStub(self.channel).NodeWatchResources(hpb.NodeWatchResourcesRequest())
+        self.messages: list[tuple[float, hpb.NodeWatchResourcesResponse]] = []
+        self.error: grpc.RpcError | None = None
+        self.ended = threading.Event()
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for message in self.call:
+                with self._cond:
+                    self.messages.append((time.monotonic(), message))
+                    self._cond.notify_all()
+        except grpc.RpcError as exc:
+            self.error = exc
+        finally:
+            self.ended.set()
+            with self._cond:
+                self._cond.notify_all()
+
+    def message(self, number: int, timeout: float = TIMEOUT) -> hpb.NodeWatchResourcesResponse:
+        """The ``number``-th message (from 0), waiting up to ``timeout`` seconds."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.messages) > number or self.ended.is_set(), timeout):
+                raise AssertionError(f"NodeWatchResources message {number} did not come within {timeout}s")
+            if len(self.messages) <= number:
+                raise AssertionError(f"NodeWatchResources ended before message {number}: {self.error}")
+            return self.messages[number][1]
+
+    def close(self) -> None:
+        """Hang up, as a kubelet that stops or restarts does."""
+        self.call.cancel()
+        self.channel.close()
+
+
+def health_by_device(message: hpb.NodeWatchResourcesResponse) -> dict[tuple[str, str], str]:
+    """(pool, device) -> HEALTHY, UNHEALTHY or UNKNOWN, as the kubelet reads a message."""
+    return {(d.device.pool_name, d.device.device_name): hpb.HealthStatus.Name(d.health) for d in message.devices}

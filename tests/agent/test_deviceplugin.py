@@ -80,7 +80,8 @@ def test_the_fake_kubelet_refuses_a_plugin_that_is_not_serving(kubelet):
 def test_list_and_watch_sends_each_resource_s_shares(agent, kubelet, plugin_dir):
     kubelet.wait_for(set(NAMES))
     expected = {
-        "gpushard.io/gpu": {f"card-{k}-{s}" for k in (0, 1) for s in range(SHARES)},
+        # The node-wide resource's IDs name no card: the kubelet hands them out without knowing the container's.
+        "gpushard.io/gpu": {f"share-{n}" for n in range(2 * SHARES)},
         "gpushard.io/card-0": {f"card-0-{s}" for s in range(SHARES)},
         "gpushard.io/card-1": {f"card-1-{s}" for s in range(SHARES)},
     }
@@ -154,7 +155,8 @@ def test_health_changes_arrive_on_open_streams(agent, kubelet, plugin_dir, devic
         assert set(fakekubelet.health_by_id(card1.message(1)).values()) == {"Unhealthy"}
         health = fakekubelet.health_by_id(total.message(1))
         assert sum(1 for h in health.values() if h == "Healthy") == SHARES
-        assert all(h == "Unhealthy" for i, h in health.items() if i.startswith("card-1-"))
+        # No pod holds any: the lowest IDs stay Healthy, the others count the card that went.
+        assert {i for i, h in health.items() if h == "Unhealthy"} == {f"share-{n}" for n in range(SHARES, 2 * SHARES)}
 
         # Card 0's stream sent nothing for card 1: its next message is card 0's own change.
         devices.inject(nvml.HealthEvent(CARDS[0].uuid, healthy=False, present=False, reason="gone"))
@@ -164,7 +166,7 @@ def test_health_changes_arrive_on_open_streams(agent, kubelet, plugin_dir, devic
         devices.inject(nvml.HealthEvent(CARDS[1].uuid, healthy=True))
         assert set(fakekubelet.health_by_id(card1.message(2)).values()) == {"Healthy"}
         health = fakekubelet.health_by_id(total.message(3))
-        assert {i for i, h in health.items() if h == "Healthy"} == {f"card-1-{s}" for s in range(SHARES)}
+        assert {i for i, h in health.items() if h == "Healthy"} == {f"share-{n}" for n in range(SHARES)}
         assert len(card0.messages) == 2
         for stream in (total, card1, card0):
             stream.cancel()

@@ -18,6 +18,7 @@ UNHEALTHY = "Unhealthy"
 MAX_DEVICE_ID = 63  # the kubelet's limit on a device ID
 
 _ID = re.compile(r"^card-(0|[1-9][0-9]*)-(0|[1-9][0-9]*)$")
+_POOL_ID = re.compile(r"^share-(0|[1-9][0-9]*)$")
 
 
 class AllocationError(ValueError):
@@ -51,7 +52,7 @@ def resources(cards: Iterable[nvml.Card], policy: policy_mod.Policy) -> list[Res
 
 
 def device_id(card_index: int, share: int) -> str:
-    """The ID of one share; both resources use the same IDs so that a share names its card."""
+    """The ID of one share of card ``card_index``, as ``<cardPrefix><k>`` lists it."""
     return f"card-{card_index}-{share}"
 
 
@@ -61,20 +62,81 @@ def parse_device_id(device: str) -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
+def pool_id(number: int) -> str:
+    """The ID of one share of the node-wide shares resource: it names no card.
+
+    The kubelet hands out that resource's IDs without knowing the container's card, so an ID
+    that named a card would name the wrong one for most containers, and that card's health
+    would reach pods on other cards.
+    """
+    return f"share-{number}"
+
+
+def parse_pool_id(device: str) -> int | None:
+    """The number of a node-wide share ID, or None if it is not one."""
+    match = _POOL_ID.match(device)
+    return int(match[1]) if match else None
+
+
 def device_list(resource: Resource, cards: Iterable[nvml.Card], healthy: Mapping[int, bool],
-                shares_per_card: int) -> list[tuple[str, str]]:
-    """(ID, health) of every share the resource advertises; a card missing from ``healthy`` is Unhealthy."""
+                shares_per_card: int, held: Mapping[str, int | None] | None = None) -> list[tuple[str, str]]:
+    """(ID, health) of every share the resource advertises; a card missing from ``healthy`` is Unhealthy.
+
+    A card's resource lists its shares with the card's health. The node-wide resource lists
+    ``shares_per_card`` IDs per card, naming none (:func:`pool_list`); ``held`` maps the IDs
+    containers hold to their container's card (None: not known).
+    """
     indices = sorted(c.index for c in cards)
-    if resource.card_index is not None:
-        indices = [k for k in indices if k == resource.card_index]
+    if resource.card_index is None:
+        return pool_list(len(indices) * shares_per_card,
+                         shares_per_card * sum(1 for k in indices if healthy.get(k, False)), held or {}, healthy)
+    indices = [k for k in indices if k == resource.card_index]
     return [(device_id(k, s), HEALTHY if healthy.get(k, False) else UNHEALTHY)
             for k in indices for s in range(shares_per_card)]
+
+
+def _order(device: str) -> tuple[int, int, int, str]:
+    # Numbers as numbers: share-2 before share-10, card-1-9 before card-1-10.
+    parsed = parse_device_id(device)
+    if parsed is not None:
+        return (0, *parsed, "")
+    number = parse_pool_id(device)
+    return (0, -1, number, "") if number is not None else (1, 0, 0, device)
+
+
+def pool_list(size: int, target: int, held: Mapping[str, int | None],
+              healthy: Mapping[int, bool]) -> list[tuple[str, str]]:
+    """(ID, health) of the node-wide resource: ``size`` IDs (and any other ID still held), ``target`` Healthy.
+
+    An ID a container holds has the health of that container's card (Healthy when the card is
+    not known), so a card going bad marks exactly the containers on it. The other IDs are
+    Healthy, lowest first, until ``target`` IDs are (the node's count: shares per card x
+    healthy cards), and Unhealthy after: no pod holds those, and the kubelet does not count
+    them as allocatable. No ID ever leaves the list while held: the kubelet reports a held ID
+    it no longer sees as Healthy, and refuses to admit again (node reboot) a container whose
+    IDs are not all listed Healthy.
+    """
+    ids = [pool_id(n) for n in range(size)]
+    ids += sorted(set(held) - set(ids), key=_order)  # held IDs from outside the pool: an earlier, larger one
+    listed = []
+    free = target - sum(1 for d in ids if d in held and (held[d] is None or healthy.get(held[d], False)))
+    for device in ids:
+        if device in held:
+            card = held[device]
+            listed.append((device, HEALTHY if card is None or healthy.get(card, False) else UNHEALTHY))
+        else:
+            listed.append((device, HEALTHY if free > 0 else UNHEALTHY))
+            free -= 1
+    return listed
 
 
 def _check(resource: Resource, devices: Iterable[str], cards: Mapping[int, nvml.Card],
            shares_per_card: int) -> set[int]:
     touched = set()
     for device in devices:
+        number = parse_pool_id(device) if resource.card_index is None else None
+        if number is not None and number < shares_per_card * len(cards):
+            continue  # one of the node-wide resource's own IDs: it names nothing to check
         parsed = parse_device_id(device)
         if parsed is None or parsed[0] not in cards or parsed[1] >= shares_per_card or (
                 resource.card_index is not None and parsed[0] != resource.card_index):
@@ -130,7 +192,8 @@ def allocate(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Ca
     injects the CDI device itself; the toolkit's hook leaves the container alone).
 
     The node-wide shares resource is a sum for quotas: which share IDs the kubelet picked
-    from it says nothing about the card, so it names no device at all. The kubelet merges the
+    from it says nothing about the card, so it names no device at all. It takes its own IDs
+    (``share-<n>``) and, from containers allocated before its IDs named no card, card share IDs. The kubelet merges the
     env of every resource in a container, keeping the first value of a key in an order it does
     not define, so any NVIDIA_VISIBLE_DEVICES from it could override the card's.
     """
@@ -157,18 +220,14 @@ def allocate(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Ca
 def preferred(resource: Resource, available: Iterable[str], must_include: Iterable[str], size: int) -> list[str]:
     """The IDs we would like the kubelet to pick: the required ones, then the lowest shares.
 
-    All shares of a card are alike; taking the lowest keeps the choice stable and easy to read.
+    All shares of a card are alike; taking the lowest keeps the choice stable and easy to read,
+    and keeps the node-wide resource's held IDs among the low ones its list marks Healthy first.
     """
     chosen: list[str] = []
     for device in must_include:
         if device not in chosen:
             chosen.append(device)
-
-    def order(device: str) -> tuple[int, int, int, str]:
-        parsed = parse_device_id(device)
-        return (0, *parsed, "") if parsed else (1, 0, 0, device)
-
-    for device in sorted(set(available) - set(chosen), key=order):
+    for device in sorted(set(available) - set(chosen), key=_order):
         if len(chosen) >= size:
             break
         chosen.append(device)

@@ -9,7 +9,7 @@ from concurrent import futures
 
 import grpc
 
-from webhook.agent import allocation, health, isolation, nvml
+from webhook.agent import allocation, health, holders, isolation, nvml
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import deviceplugin_pb2_grpc as pb_grpc
 from webhook.core import policy as policy_mod
@@ -34,9 +34,11 @@ class Servicer(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: allocation.Resource, cards: list[nvml.Card], board: health.Board,
                  shares_per_card: int, tick: float = 1.0,
                  strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY,
-                 limits: isolation.Limits | None = None) -> None:
+                 limits: isolation.Limits | None = None, share_holders: holders.Holders | None = None) -> None:
         self.resource = resource
         self.strategy = strategy
+        # Only the node-wide resource's list depends on who holds its IDs; none at all for a card's.
+        self.holders = (share_holders or holders.Holders(None)) if resource.card_index is None else None
         self.limits = limits
         self.cards = list(cards)
         self.board = board
@@ -50,7 +52,13 @@ class Servicer(pb_grpc.DevicePluginServicer):
         self.board.poke()
 
     def _devices(self, snapshot: health.Snapshot) -> list[pb.Device]:
-        listed = allocation.device_list(self.resource, self.cards, snapshot.healthy, self.shares_per_card)
+        if self.holders is None:
+            listed = allocation.device_list(self.resource, self.cards, snapshot.healthy, self.shares_per_card)
+        else:
+            held = self.holders.held(snapshot.version)
+            listed = allocation.device_list(self.resource, self.cards, snapshot.healthy, self.shares_per_card, held)
+            alone = allocation.device_list(self.resource, self.cards, snapshot.healthy, self.shares_per_card)
+            self.holders.listed(listed, depends=listed != alone, healthy=allocation.HEALTHY)
         return [pb.Device(ID=device, health=state) for device, state in listed]
 
     def GetDevicePluginOptions(self, request, context):
@@ -68,7 +76,10 @@ class Servicer(pb_grpc.DevicePluginServicer):
         while not interrupted():
             snapshot = self.board.wait_change(seen, self.tick, interrupted)
             if snapshot is None:
-                continue
+                if self.holders is None or interrupted():
+                    continue
+                # The node-wide list also follows who holds its IDs, which moves without the board.
+                snapshot = self.board.snapshot()
             if snapshot.closed:
                 return
             seen = snapshot.version
@@ -92,6 +103,8 @@ class Servicer(pb_grpc.DevicePluginServicer):
             except allocation.AllocationError as exc:
                 log.warning("%s", exc)
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            if self.holders is not None:
+                self.holders.allocated(req.devices_ids)
             if self.limits is not None:
                 answer = allocation.combined(answer, self.limits.for_request(self.resource, req.devices_ids,
                                                                                self.cards))
@@ -120,10 +133,12 @@ class PluginServer:
     def __init__(self, directory: str, resource: allocation.Resource, cards: list[nvml.Card],
                  board: health.Board, shares_per_card: int, tick: float = 1.0, workers: int = 8,
                  strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY,
-                 limits: isolation.Limits | None = None) -> None:
+                 limits: isolation.Limits | None = None, share_holders: holders.Holders | None = None) -> None:
         self.directory = directory
         self.resource = resource
-        self._servicer_args = (resource, list(cards), board, shares_per_card, tick, strategy, limits)
+        if resource.card_index is None and share_holders is None:
+            share_holders = holders.Holders(None)  # one for every start: what Allocate handed out outlives a restart
+        self._servicer_args = (resource, list(cards), board, shares_per_card, tick, strategy, limits, share_holders)
         self._workers = workers
         self.servicer: Servicer | None = None
         self._server: grpc.Server | None = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import kubernetes
 
-from webhook.agent import cdi, draplugin, draslices, health, isolation, nvml
+from webhook.agent import cdi, drahealth, draplugin, draslices, health, isolation, nvml
 from webhook.core import asks as req
 from webhook.core import draobjects, names
 from webhook.core import policy as policy_mod
@@ -36,7 +36,9 @@ class DraBackend:
 
     def __init__(self, api: kubernetes.client.ApiClient, node: str, devices: nvml.Devices, cards: list[nvml.Card],
                  board: health.Board, policy: policy_mod.Policy, folders: Folders = Folders(),
-                 mps_root: isolation.MpsRoot | None = None, poll: float = 1.0, timeout: float = 10.0) -> None:
+                 mps_root: isolation.MpsRoot | None = None, poll: float = 1.0, timeout: float = 10.0,
+                 health_resend: float = drahealth.RESEND_S) -> None:
+        self.node = node
         self.cards = list(cards)
         self.board = board
         self.policy = policy
@@ -49,7 +51,8 @@ class DraBackend:
                                       draplugin.Checkpoint(folders.checkpoint()),
                                       cdi_dir=folders.cdi, mode=policy.isolation, mps_root=mps_root,
                                       read_pod=draplugin.api_pod_reader(api, timeout), pod_shares=self.pod_shares)
-        self.plugin = draplugin.DraPlugin(preparer, folders.registry, folders.plugins)
+        self.health = drahealth.HealthServicer(board, self.device_health, resend=health_resend)
+        self.plugin = draplugin.DraPlugin(preparer, folders.registry, folders.plugins, health=self.health)
 
     def pod_shares(self, pod: dict) -> int:
         """A pod's shares as gpushard counts them (its containers' gpushard.io/gpu), as the webhook did."""
@@ -61,6 +64,11 @@ class DraBackend:
         return [draobjects.CardFacts(c.index, c.uuid, c.model, c.memory_mib, self.policy.isolation,
                                      self.memory_limits)
                 for c in self.cards if snapshot.present.get(c.index) and snapshot.healthy.get(c.index)]
+
+    def device_health(self, snapshot: health.Snapshot) -> list[drahealth.DeviceState]:
+        """Every card's health for the kubelet: those in the slice Healthy, and those that left it Unhealthy
+        (a claim prepared before may still hold one)."""
+        return drahealth.card_states(self.node, self.cards, snapshot)
 
     def present_cards(self) -> dict[int, nvml.Card]:
         """The cards a claim may be prepared on: a card allocated before it turned Unhealthy still is."""

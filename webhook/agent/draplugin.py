@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 import grpc
 import kubernetes
 
-from webhook.agent import allocation, cdi, isolation, kubelet, nvml
+from webhook.agent import allocation, cdi, drahealth, isolation, kubelet, nvml
+from webhook.agent.proto import dra_health_pb2_grpc as hpb_grpc
 from webhook.agent.proto import dra_pb2 as dpb
 from webhook.agent.proto import dra_pb2_grpc as dpb_grpc
 from webhook.agent.proto import pluginregistration_pb2 as rpb
@@ -177,7 +178,7 @@ class Preparer:
             devices, cdi_devices = [], []
             for result in results:
                 card = cards.get(result.card)
-                if result.pool != self.node or card is None:
+                if result.pool != draobjects.pool_name(self.node) or card is None:
                     raise PrepareError(f"gpushard: claim {named} was given {result.pool}/{result.device}, which "
                                        f"is not a card of node {self.node!r}")
                 own = f"{uid}-{result.device}"
@@ -342,7 +343,8 @@ class _Socket:
             os.unlink(self.path)  # a socket left by an earlier agent
         except FileNotFoundError:
             pass
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        # Room for the health streams (each holds a worker for its life) beside prepare and unprepare.
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 + drahealth.MAX_STREAMS))
         self.add(server)
         server.add_insecure_port(f"unix://{self.path}")
         server.start()
@@ -365,17 +367,24 @@ class DraPlugin:
     """The plugin's two sockets: the DRAPlugin service first, then the registration socket the kubelet watches.
 
     The kubelet dials us (registration is the plugin watcher's job), so there is no kubelet socket to
-    wait for; ``step`` only serves a socket again when someone removed its file.
+    wait for; ``step`` only serves a socket again when someone removed its file. With ``health``, the
+    DRAResourceHealth service is served on the DRAPlugin's socket too, where the kubelet calls it.
     """
 
     def __init__(self, preparer: Preparer, registry_dir: str = REGISTRY_DIR, plugins_dir: str = PLUGINS_DIR,
-                 driver: str = names.DRA_DRIVER) -> None:
+                 driver: str = names.DRA_DRIVER, health: drahealth.HealthServicer | None = None) -> None:
         self.preparer = preparer
         self.driver = driver
+        self.health = health
         self.endpoint = plugin_socket(plugins_dir, driver)
         self.registration = RegistrationServicer(driver, self.endpoint)
         servicer = DraServicer(preparer)
-        self._plugin = _Socket(self.endpoint, lambda s: dpb_grpc.add_DRAPluginServicer_to_server(servicer, s))
+
+        def add(server: grpc.Server) -> None:
+            dpb_grpc.add_DRAPluginServicer_to_server(servicer, server)
+            if health is not None:
+                hpb_grpc.add_DRAResourceHealthServicer_to_server(health, server)
+        self._plugin = _Socket(self.endpoint, add)
         self._registry = _Socket(registration_socket(registry_dir, driver),
                                  lambda s: rpb_grpc.add_RegistrationServicer_to_server(self.registration, s))
 
@@ -405,6 +414,9 @@ class DraPlugin:
             stop.wait(poll)
 
     def stop(self) -> None:
-        # The registration socket first, so the kubelet stops calling before the service goes.
+        # The registration socket first, so the kubelet stops calling before the service goes; the health
+        # streams end cleanly rather than cut off when the server stops.
         self._registry.stop()
+        if self.health is not None:
+            self.health.stop()
         self._plugin.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from webhook.agent import nvml
 
@@ -14,12 +14,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The state at one version: health and presence by card index."""
+    """The state at one version: health and presence by card index, and why each Unhealthy card is so."""
 
     version: int
     healthy: dict[int, bool]
     present: dict[int, bool]
     closed: bool = False
+    reasons: dict[int, str] = field(default_factory=dict)
 
 
 class Board:
@@ -30,13 +31,17 @@ class Board:
         self._healthy = {c.index: True for c in cards}
         self._present = {c.index: True for c in cards}
         self._holds: dict[int, str] = {}  # card index -> why the agent keeps it Unhealthy (its MPS daemon is down)
+        self._reasons: dict[int, str] = {}  # card index -> what the backend said when it turned the card Unhealthy
         self._version = 0
         self._closed = False
         self._cond = threading.Condition()
 
     def _snapshot(self) -> Snapshot:
         healthy = {k: ok and k not in self._holds for k, ok in self._healthy.items()}
-        return Snapshot(self._version, healthy, dict(self._present), self._closed)
+        # The driver's word first: a card that NVML reports bad and whose MPS daemon is down is bad for NVML's reason.
+        reasons = {k: self._reasons.get(k, "") if not self._healthy[k] else self._holds.get(k, "")
+                   for k, ok in healthy.items() if not ok}
+        return Snapshot(self._version, healthy, dict(self._present), self._closed, reasons)
 
     def hold(self, index: int, reason: str | None) -> bool:
         """Keep card ``index`` Unhealthy for ``reason`` (None lifts it); True when that changed anything.
@@ -72,6 +77,10 @@ class Board:
                 return False
             self._healthy[card.index] = healthy
             self._present[card.index] = event.present
+            if healthy:
+                self._reasons.pop(card.index, None)
+            else:
+                self._reasons[card.index] = event.reason or ("gone" if not event.present else "reported Unhealthy")
             self._version += 1
             self._cond.notify_all()
         log.warning("gpushard: card %d (%s) is now %s%s%s", card.index, card.uuid,

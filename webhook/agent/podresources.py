@@ -33,8 +33,8 @@ class Holding:
 
 
 def holdings(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy) -> list[Holding]:
-    """The card shares in a List answer. Only ``<cardPrefix><k>`` counts: the kubelet may pick the IDs
-    of the node-wide ``gpushard.io/gpu`` from any card, so those name no card."""
+    """The card shares in a List answer. Only ``<cardPrefix><k>`` counts: the kubelet picks the IDs
+    of the node-wide ``gpushard.io/gpu`` without knowing the container's card, so those name no card."""
     found = []
     for pod in response.pod_resources:
         for container in pod.containers:
@@ -68,6 +68,27 @@ def dra_holdings(response: pb.ListPodResourcesResponse, policy: policy_mod.Polic
     return found
 
 
+def share_holders(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy,
+                  cards_by_pod: Mapping[tuple[str, str], int] | None = None) -> dict[str, int | None]:
+    """Each ID of the node-wide ``gpushard.io/gpu`` that a container holds, with that container's card: the
+    card of its ``<cardPrefix><k>`` IDs, or under backend dra (``cards_by_pod``) of its pod's prepared claim.
+    None where no single card is known (a container holding shares of no card, or of several)."""
+    found: dict[str, int | None] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ids = [i for d in container.devices if d.resource_name == policy.resources.shares for i in d.device_ids]
+            if not ids:
+                continue
+            if cards_by_pod is not None:
+                card = cards_by_pod.get((pod.namespace, pod.name))
+            else:
+                cards = {policy.resources.card_index(d.resource_name) for d in container.devices if d.device_ids}
+                cards.discard(None)
+                card = cards.pop() if len(cards) == 1 else None
+            found.update(dict.fromkeys(ids, card))
+    return found
+
+
 class Client:
     """A client of the kubelet's PodResources socket; the channel reconnects when the kubelet restarts."""
 
@@ -96,6 +117,12 @@ class Client:
         if cards_by_pod is not None:
             return dra_holdings(self.list(), policy, cards_by_pod())
         return holdings(self.list(), policy)
+
+    def share_holders(self, policy: policy_mod.Policy,
+                      cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None
+                      ) -> dict[str, int | None]:
+        """Who holds which ID of the node-wide resource, on which card (:func:`share_holders`)."""
+        return share_holders(self.list(), policy, cards_by_pod() if cards_by_pod is not None else None)
 
     def close(self) -> None:
         with self._lock:

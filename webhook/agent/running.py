@@ -18,10 +18,12 @@ from webhook.agent import (
     drabackend,
     exporting,
     health,
+    holders,
     isolation,
     kubelet,
     mps,
     nvml,
+    podresources,
     publishing,
 )
 from webhook.core import policy as policy_mod
@@ -42,7 +44,9 @@ class Agent:
                  poll: float = 1.0, tick: float = 1.0, register_timeout: float = 5.0,
                  mps_root: str = isolation.DEFAULT_MPS_ROOT, mps_options: dict | None = None,
                  dra: Callable[[Agent], drabackend.DraBackend] | None = None,
-                 conflicts: Callable[[Callable[[], list[nvml.Card]]], conflicting.Watcher] | None = None) -> None:
+                 conflicts: Callable[[Callable[[], list[nvml.Card]]], conflicting.Watcher] | None = None,
+                 pod_resources: podresources.Client | None = None,
+                 holders_refresh: float = holders.REFRESH_S) -> None:
         self.devices = devices
         self.policy = policy
         self.cards, self.excluded = _whole_cards(devices)
@@ -54,8 +58,14 @@ class Agent:
         root = isolation.MpsRoot(mps_root)
         limits = isolation.Limits(policy.isolation, policy.shares_per_card, root) \
             if policy.isolation != "none" else None
+        # The node-wide resource's IDs take the health of the card their container is on, which the kubelet's
+        # PodResources tells; without it they stay Healthy.
+        self.pod_resources = pod_resources
+        self.share_holders = holders.Holders(self._read_share_holders if pod_resources is not None else None,
+                                             refresh=holders_refresh)
         self.plugins = [deviceplugin.PluginServer(directory, r, self.cards, self.board, policy.shares_per_card, tick,
-                                                  strategy=policy.device_list_strategy, limits=limits)
+                                                  strategy=policy.device_list_strategy, limits=limits,
+                                                  share_holders=self.share_holders if r.card_index is None else None)
                         for r in self.resources]
         self.keeper = kubelet.Keeper(directory, self.plugins, poll=poll, timeout=register_timeout)
         self.publisher = publisher(self.present_cards) if publisher is not None else None
@@ -74,6 +84,11 @@ class Agent:
         self.dra = dra(self) if dra is not None else None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+    def _read_share_holders(self) -> dict[str, int | None]:
+        # Under backend dra no container holds a card's resource: its card is its pod's prepared claim's.
+        cards_by_pod = self.dra.plugin.preparer.cards_by_pod if self.dra is not None else None
+        return self.pod_resources.share_holders(self.policy, cards_by_pod)
 
     def present_cards(self) -> list[nvml.Card]:
         present = self.board.snapshot().present
@@ -134,6 +149,8 @@ class Agent:
         if self.mps is not None:
             self.mps.stop()
         self.board.close()
+        if self.pod_resources is not None:
+            self.pod_resources.close()
         self.devices.close()
 
 
@@ -214,7 +231,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                          folders, agent.mps_root, poll=args.poll_interval, timeout=timeout)
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
                   mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra,
-                  conflicts=conflicts)
+                  conflicts=conflicts,
+                  pod_resources=podresources.Client(getattr(args, "pod_resources_socket", None) or podresources.SOCKET))
     stop = threading.Event()
 
     def on_signal(signum, _frame):

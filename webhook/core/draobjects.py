@@ -60,6 +60,11 @@ def _whole(value: object) -> int | None:
 # --- names ---------------------------------------------------------------------------------------
 
 
+def pool_name(node: str) -> str:
+    """The node's pool: the name a claim's allocation, and the kubelet's health of its devices, go by."""
+    return node
+
+
 def device_name(index: int) -> str:
     """The device that is card ``index`` in a node's pool."""
     return f"card-{index}"
@@ -146,7 +151,7 @@ def resource_slice(node: str, cards: Iterable[CardFacts], shares_per_card: int, 
         "spec": {
             "driver": driver,
             "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "pool": {"name": pool_name(node), "generation": generation, "resourceSliceCount": 1},
             "devices": [device(c, shares_per_card) for c in sorted(cards, key=lambda c: c.index)],
         },
     }
