@@ -4,7 +4,9 @@
 - a fractional pod gets a claim from the webhook's template, the real scheduler allocates it on a card,
   consuming the pod's shares of it, and binds the pod; the real kubelet has the agent prepare the claim
   (its CDI spec written with the pod's fraction);
-- a pod that no card has room for stays Pending, the scheduler saying why, while two others share the cards.
+- a pod that no card has room for stays Pending, the scheduler saying why, while two others share the cards;
+- the kubelet opens the agent's DRA health stream, and a card's Xid reaches the status of the pod whose claim
+  holds it (allocatedResourcesStatus `claim:<the pod's claim name>`: Healthy, then Unhealthy).
 """
 
 from __future__ import annotations
@@ -84,3 +86,22 @@ def test_pod_no_card_fits_pending_with_the_schedulers_reason(dra, kubectl, names
     assert len(bound) <= 2 and len(waiting) >= 1
     message = next(c["message"] for c in waiting[0]["status"]["conditions"] if c["type"] == "PodScheduled")
     assert "cannot allocate all claims" in message, message
+
+
+def test_card_going_bad_reaches_the_pods_status(dra, kubectl, namespace, agent, kubelet):
+    kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod("watched", objects.container(gpu="0.2")))
+    pod = components.wait_for("the pod bound", lambda: (lambda p: p if p["spec"].get("nodeName") else None)(
+        kubectl.json("get", "pod", "watched", "-n", namespace)), timeout=90, explain=agent.tail)
+    claim = claim_of(kubectl, namespace, pod)
+    # The kubelet names the entry by the container's claim (resources.claims), not the generated claim.
+    card = int(claim["status"]["allocation"]["devices"]["results"][0]["device"].removeprefix("card-"))
+
+    def claim_health() -> set[str]:
+        statuses = kubectl.json("get", "pod", "watched", "-n", namespace)["status"].get("containerStatuses") or [{}]
+        return {d["health"] for r in statuses[0].get("allocatedResourcesStatus") or []
+                if r["name"] == "claim:gpushard-gpu" for d in r.get("resources", [])}
+    components.wait_for("the claim's device Healthy in the pod's status", lambda: claim_health() == {"Healthy"},
+                        timeout=90, explain=lambda: f"{claim_health()}\n{agent.tail()}\n{kubelet.tail(20)}")
+    agent.put(f"xid-{card}", "79")
+    components.wait_for("the card's Xid in the pod's status", lambda: claim_health() == {"Unhealthy"},
+                        timeout=90, explain=lambda: f"{claim_health()}\n{agent.tail()}\n{kubelet.tail(20)}")

@@ -209,7 +209,10 @@ def test_card_going_bad_reaches_the_pods_status(agent, kubectl, namespace, kubel
     agent.put("xid-1", "79")  # the GPU has fallen off the bus: critical, for card 1 only
     components.wait_for("card 1's Xid in its pod's status", lambda: health(1).get("gpushard.io/card-1") == {
         "Unhealthy"}, timeout=60, explain=lambda: f"{health(1)}\n{agent.tail()}\n{kubelet.tail(20)}")
-    # Every device of the pod on card 0 stays Healthy: the aggregate gpushard.io/gpu it holds included.
+    # The IDs of the node-wide gpushard.io/gpu follow the card of the container holding them: Unhealthy for
+    # the pod on card 1, and every device of the pod on card 0 stays Healthy.
+    components.wait_for("card 1's pod's gpushard.io/gpu Unhealthy too", lambda: health(1).get(
+        "gpushard.io/gpu") == {"Unhealthy"}, timeout=60, explain=lambda: f"{health(1)}\n{agent.tail()}")
     assert all(h == {"Healthy"} for h in health(0).values()), health(0)
     agent.wait_allocatable({"gpushard.io/card-1": "0", "gpushard.io/card-0": "100"})
 
