@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import math
 import os
@@ -190,6 +191,18 @@ def pods_state(api: kubernetes.client.CoreV1Api) -> list[tuple[int, str | None, 
     return out
 
 
+def pending_reasons(api: kubernetes.client.CoreV1Api, most: int = 3) -> list[tuple[str, int]]:
+    """The scheduler's most common messages on the pods still Pending (numbers of nodes blanked)."""
+    seen: collections.Counter = collections.Counter()
+    for pod in api.list_namespaced_pod(NAMESPACE, _request_timeout=60).items:
+        if pod.spec.node_name:
+            continue
+        condition = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
+        message = condition.message if condition and condition.message else "not tried yet"
+        seen[re.sub(r"\d+", "N", message)[:160]] += 1
+    return seen.most_common(most)
+
+
 def wait_bound(api, total: int, settle: float) -> tuple[float, list]:
     """Poll until every pod is bound, or binding stopped for ``settle`` seconds; (time of the last bind, pods)."""
     last_count, last_change = -1, time.monotonic()
@@ -334,6 +347,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
             "requests_per_admission": round(audit_total / max(1, len(sizes)), 4),
             "load_reached": round(sum(sizes) / (nodes * CARDS * SHARES), 3),
             "packing": round(bound_shares / max(1, first_fit_decreasing(nodes, sizes)), 4),
+            "pending_reasons": pending_reasons(admin),
         }
     finally:
         for w in webhooks:
