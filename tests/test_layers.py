@@ -36,7 +36,8 @@ KUBERNETES_CLIENTS = {
     "webhook.connecting", "webhook.cluster.informing", "webhook.cluster.kube", "webhook.cluster.templates",
     "webhook.auditing",
     "webhook.installing", "webhook.top", "webhook.relocation.controller", "webhook.relocation.lease",
-    "webhook.agent.authorizing", "webhook.agent.conflicting", "webhook.agent.drabackend", "webhook.agent.draplugin",
+    "webhook.agent.authorizing", "webhook.agent.conflicting", "webhook.agent.cordonwatching",
+    "webhook.agent.drabackend", "webhook.agent.draplugin",
     "webhook.agent.draslices", "webhook.agent.podlisting", "webhook.agent.publishing",
 }
 
