@@ -89,7 +89,9 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
     Without ``rng`` the best card (ties to the lower index, then the earlier node); with it, one of
     the best few (CHOICE_CANDIDATES, CHOICE_SLACK), drawn uniformly. When nothing fits, without
     ``rng`` the most free card's index; with it, an index drawn among those of the nodes the pod may
-    run on (``_waiting_index``). The draw uses only ``rng``, so a
+    run on (``_waiting_index``), one not cordoned on all of them. A card an operator cordoned has no
+    room (``Card.free``), so it is never chosen; a pod pinned to a card cordoned on every node it may
+    run on gets a warning that says so. The draw uses only ``rng``, so a
     caller that seeds it per request (as admission does, with the request's uid) leaves no trace
     on later choices.
     """
