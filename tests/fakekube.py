@@ -10,7 +10,7 @@ the pod proxy, and watch streams with resourceVersions (an object that stops mat
 sent as DELETED, as the API server does); it can expire history (watches from older versions,
 and continue tokens issued before, get 410 Gone) and drop every open watch connection; with
 ``tokens`` set it authenticates bearer tokens (401) and lets each read only its namespaces (403),
-as RBAC would. It answers TokenReviews (``users``: token -> user and groups) and
+as RBAC would. It answers TokenReviews (``users``: token -> user and groups), SelfSubjectReviews (``whoami``) and
 SubjectAccessReviews (``grants``: who may do what, by user or ``group:<name>``), and port-forwards
 to a pod (``forwards``: to a real local TCP address) over the WebSocket protocol the API server
 speaks (``v4.channel.k8s.io``: per port a data and an error channel, each opened by a frame
@@ -113,6 +113,8 @@ class FakeKube:
         # subresource, name: a missing key matches anything; or "path" for a non-resource URL).
         self.users: dict[str, tuple[str, tuple[str, ...]]] = {}
         self.grants: list[dict] = []
+        # SelfSubjectReview (`kubectl auth whoami`): the user a token in ``users`` names, else this one.
+        self.whoami = "kubernetes-admin"
         # Called with (namespace, name), the lock held, as an eviction arrives: what changes the pod
         # between a client's list and its eviction (the scheduler binding it, the kubelet starting it).
         self.before_eviction: list = []
@@ -488,7 +490,8 @@ class FakeKube:
             def _review(self) -> bool:
                 path = urlparse(self.path).path.rstrip("/")
                 if path not in ("/apis/authentication.k8s.io/v1/tokenreviews",
-                                "/apis/authorization.k8s.io/v1/subjectaccessreviews"):
+                                "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                                "/apis/authentication.k8s.io/v1/selfsubjectreviews"):
                     return False
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
@@ -497,7 +500,11 @@ class FakeKube:
                 review = json.loads(body or b"{}")
                 spec = review.get("spec") or {}
                 with fake.lock:
-                    if path.endswith("tokenreviews"):
+                    if path.endswith("selfsubjectreviews"):
+                        token = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+                        user = fake.users.get(token) or (fake.whoami, ("system:authenticated",))
+                        status = {"userInfo": {"username": user[0], "groups": list(user[1])}}
+                    elif path.endswith("tokenreviews"):
                         user = fake.users.get(str(spec.get("token") or ""))
                         status = {"authenticated": False, "error": "invalid bearer token"} if user is None else {
                             "authenticated": True, "user": {"username": user[0], "groups": list(user[1])}}

@@ -1,7 +1,7 @@
 """Every exit path of the README's table, by running the installed `gpushard` as an operator would.
 
 We test:
-- status, audit, top, `replace --once` and `certs --install` against the local API server down,
+- status, audit, top, `replace --once`, `certs --install`, cordon and uncordon against the local API server down,
   refusing the token (401), forbidding the account (403), and accepting connections without ever
   answering: each exits 3 with one `gpushard:` line that names the server and the context, no
   traceback, and each request is tried once (one connection to the silent server), so that
@@ -64,6 +64,8 @@ COMMANDS = {
     "top": ("top",),
     "replace": ("replace", "--once", "--dry-run"),
     "certs": ("certs", "--install"),
+    "cordon": ("cordon", "gpu-1", "0"),
+    "uncordon": ("uncordon", "gpu-1", "0"),
 }
 # What each failure mode says, besides the server and the context.
 SAID = {"down": "connection refused", "401": "refused the credentials (401 Unauthorized)",

@@ -3,7 +3,7 @@
 - webhook.settings imports only the core and libraries;
 - the admission server, the agent and the cluster views never import each other, nor the CLI;
 - nothing but the CLI imports the CLI;
-- the commands (audit and status, review, install, top, replace, serve, agent) never import each other;
+- the commands (audit and status, review, install, top, replace, serve, agent, cordon) never import each other;
 - only the modules named in KUBERNETES_CLIENTS import the kubernetes client library.
 """
 
@@ -28,15 +28,16 @@ FORBIDDEN = {
 
 # The modules (or packages) behind the commands of webhook.cli: each stands on its own.
 COMMANDS = ("webhook.auditing", "webhook.reviewing", "webhook.installing", "webhook.top", "webhook.relocation",
-            "webhook.admission", "webhook.agent")
+            "webhook.admission", "webhook.agent", "webhook.cordoning")
 
 # The few modules that talk to the API server through the kubernetes client library; everything
 # else reads plain JSON (webhook.core.objects) or goes through webhook.connecting.
 KUBERNETES_CLIENTS = {
     "webhook.connecting", "webhook.cluster.informing", "webhook.cluster.kube", "webhook.cluster.templates",
-    "webhook.auditing",
+    "webhook.auditing", "webhook.cordoning",
     "webhook.installing", "webhook.top", "webhook.relocation.controller", "webhook.relocation.lease",
-    "webhook.agent.authorizing", "webhook.agent.conflicting", "webhook.agent.drabackend", "webhook.agent.draplugin",
+    "webhook.agent.authorizing", "webhook.agent.conflicting", "webhook.agent.cordonwatching",
+    "webhook.agent.drabackend", "webhook.agent.draplugin",
     "webhook.agent.draslices", "webhook.agent.podlisting", "webhook.agent.publishing",
 }
 

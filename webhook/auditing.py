@@ -331,7 +331,9 @@ def read_dra_usage(conn: connecting.Client, policy) -> audit.Usage:
                    "resourceslices", conn, field_selector=f"spec.driver={names.DRA_DRIVER}")
     claims = _list(functools.partial(custom.list_cluster_custom_object, group, version, "resourceclaims"),
                    "resourceclaims", conn)
-    return drausage.usage(slices, claims, policy.shares_per_card)
+    # The nodes, for the cards an operator cordoned: those have left the slices.
+    nodes = _list(kubernetes.client.CoreV1Api(conn.api).list_node, "nodes", conn)
+    return drausage.usage(slices, claims, policy.shares_per_card, nodes=nodes)
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -509,7 +511,9 @@ def status_json(use: audit.Usage, shares_per_card: int, capped: bool = False) ->
         "nodes": [{
             "name": n.name, "capacity": n.capacity, "used": n.used, "free": n.free,
             "cards": [{"index": c.index, "model": c.model or None, "uuid": c.uuid or None,
-                       "capacity": c.capacity, "used": c.used, "free": c.free, "pods": holders(c.holders, c.memory_mib)}
+                       "capacity": c.capacity, "used": c.used, "free": c.free, "pods": holders(c.holders, c.memory_mib),
+                       # null, or the operator's cordon: {reason, by, at}, each "" when not recorded
+                       "cordoned": c.cordon.as_json() if c.cordon is not None else None}
                       for c in n.cards],
         } for n in use.nodes],
         "pending": [{"namespace": h.namespace, "name": h.name, "card": k, "shares": h.shares, **_asked(h)}
@@ -575,7 +579,8 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
             memory = c.memory_mib if capped else 0
             pods = ", ".join(f"{h.namespace}/{h.name} ({_held(h.shares, memory, shares_per_card)}{_asked_text(h)})"
                              for h in c.holders) or "-"
-            row(n.name, str(c.index), c.model, c.uuid or "-", c.used, c.free, c.capacity, pods)
+            card = f"{c.index} (cordoned)" if c.cordon is not None else str(c.index)
+            row(n.name, card, c.model, c.uuid or "-", c.used, c.free, c.capacity, pods)
         if len(n.cards) > 1:
             count = sum(len(c.holders) for c in n.cards)
             row(n.name, "all", "", "", n.used, n.free, n.capacity, f"{count} pod{'s' if count != 1 else ''}")
@@ -598,6 +603,10 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
               if (h.namespace, h.name) not in stranded]
     lines += [f"stranded: {h.namespace}/{h.name} waits on full card {k} while another card has room: {hint}"
               for h, k, hint in use.stranded]
+    # Who cordoned what, and why: the card takes no new pod; its pods run on until they end.
+    lines += [f"cordoned: card {c.index} of {n.name} ({c.cordon.said()}), {len(c.holders)} "
+              f"pod{'s' if len(c.holders) != 1 else ''} still on it"
+              for n in use.nodes for c in n.cards if c.cordon is not None]
     return text + "".join(line + "\n" for line in lines)
 
 

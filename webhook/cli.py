@@ -173,13 +173,35 @@ def _add_top(sub) -> None:
     p.set_defaults(func=cmd_top)
 
 
-PLUGIN_COMMANDS = ("status", "audit", "top", "review")
+def _add_cordon(sub) -> None:
+    for name, what in (("cordon", "take card CARD of NODE out of new placements; the pods on it keep running"),
+                       ("uncordon", "let card CARD of NODE take new pods again")):
+        p = sub.add_parser(name, help=what, description=f"{what[0].upper()}{what[1:]}.",
+                           parents=[kubectlflags.flags(scope=False, outputs=None)],
+                           epilog="Writes the annotation gpushard.io/card-<CARD>.cordoned on the Node and an Event; "
+                                  "needs patch on nodes and create on events (ClusterRole gpushard-cordoner).")
+        p.add_argument("node", metavar="NODE", help="the node's name")
+        p.add_argument("card", metavar="CARD", help="the card's index, as gpushard status lists it")
+        if name == "cordon":
+            p.add_argument("--reason", default="", metavar="TEXT",
+                           help="why, recorded on the Node and in its Event (e.g. 'fan replacement')")
+        p.set_defaults(func=cmd_cordon, cordon=name == "cordon")
+
+
+def cmd_cordon(args: argparse.Namespace) -> int:
+    from webhook import cordoning
+
+    return cordoning.run(args)
+
+
+PLUGIN_COMMANDS = ("status", "audit", "top", "review", "cordon", "uncordon")
 
 
 def build_plugin_parser() -> argparse.ArgumentParser:
     """`kubectl gpushard ...`: the commands of a cluster's user, with kubectl's flags."""
     parser = argparse.ArgumentParser(
-        prog="kubectl gpushard", description="gpushard as a kubectl plugin: shares per card, audits, reviews.",
+        prog="kubectl gpushard",
+        description="gpushard as a kubectl plugin: shares per card, audits, reviews, card cordons.",
         epilog="Exit codes: " + "; ".join(f"{code} {text}" for code, text in kubectlflags.EXIT_CODES))
     parser.add_argument("--version", action="version", version=f"gpushard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -187,6 +209,7 @@ def build_plugin_parser() -> argparse.ArgumentParser:
     _add_audit(sub)
     _add_top(sub)
     _add_review(sub)
+    _add_cordon(sub)
     _own_usage(parser, sub)
     return parser
 
@@ -298,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit(sub)
     _add_status(sub)
     _add_top(sub)
+    _add_cordon(sub)
 
     p = sub.add_parser("replace", help="evict pinned pods waiting on a full card while another card has room, "
                                        "so their controller recreates them (one leader, by a Lease)")

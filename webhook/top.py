@@ -51,6 +51,7 @@ class CardTop:
     healthy: bool = True
     unattributed_memory: int | None = None  # None: unknown, as the shares
     kubelet_reachable: bool = True  # the agent's PodResources answered its last scrape
+    cordoned: bool = False  # an operator cordoned it: its shares are not offered to new pods
 
 
 @dataclass
@@ -83,7 +84,8 @@ def parse(text: str) -> tuple[list[CardTop], list[PodTop]]:
     card_fields = {"gpushard_card_shares_allocated": "shares", "gpushard_card_shares_capacity": "capacity",
                    "gpushard_card_memory_used_bytes": "memory_used", "gpushard_card_memory_total_bytes": "memory_total",
                    "gpushard_card_utilization_ratio": "utilization", "gpushard_card_healthy": "healthy",
-                   "gpushard_card_unattributed_memory_bytes": "unattributed_memory"}
+                   "gpushard_card_unattributed_memory_bytes": "unattributed_memory",
+                   "gpushard_card_cordoned": "cordoned"}
     pod_fields = {"gpushard_container_shares": "shares", "gpushard_container_memory_used_bytes": "memory_used",
                   "gpushard_container_memory_share_bytes": "memory_share",
                   "gpushard_container_memory_cap_bytes": "memory_cap", "gpushard_container_over_share": "over_share",
@@ -125,7 +127,7 @@ def parse(text: str) -> tuple[list[CardTop], list[PodTop]]:
 
 
 def _typed(field: str, value: float):
-    if field in ("healthy", "over_share"):
+    if field in ("healthy", "over_share", "cordoned"):
         return value >= 1
     if field == "utilization":
         return value
@@ -275,7 +277,8 @@ def cards_table(cards: list[CardTop], no_headers: bool = False) -> str:
          f"{_mib(c.memory_used)}/{_mib(c.memory_total)}",
          _percent(c.utilization),
          _mib(c.unattributed_memory),
-         ("Healthy" if c.healthy else "Unhealthy") + ("" if c.kubelet_reachable else ", kubelet unreachable")]
+         ("Healthy" if c.healthy else "Unhealthy") + (", cordoned" if c.cordoned else "")
+         + ("" if c.kubelet_reachable else ", kubelet unreachable")]
         for c in cards], no_headers)
 
 

@@ -9,7 +9,8 @@ We test:
   at the right scope (cluster-wide lists need a ClusterRoleBinding), and nothing more;
 - the auditor ClusterRole covers `gpushard audit` and `gpushard status` and only reads;
 - the top Role covers `gpushard top` (agent pods and port-forwards to them) in gpushard's namespace, and only
-  reads; the metrics reader ClusterRole grants `get` on nodes/metrics alone, the right the agent checks;
+  reads; the cordoner ClusterRole covers `gpushard cordon` and `uncordon` exactly, and is bound to nobody;
+  the metrics reader ClusterRole grants `get` on nodes/metrics alone, the right the agent checks;
 - no rule uses "*", and neither the webhook, the agent nor the auditor may touch Secrets.
 """
 
@@ -43,6 +44,7 @@ PROGRAMS = {
     "auditor": ("webhook.auditing",),
     "top": ("webhook.top",),
     "gpushard-replacer": ("webhook.relocation.controller",),
+    "cordoner": ("webhook.cordoning",),
 }
 # Objects named in the manifests, for rules limited by resourceNames.
 NAMED = {("", "secrets"): "gpushard-tls", ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): "gpushard",
@@ -262,6 +264,19 @@ def test_the_top_role_covers_top_in_gpushard_s_namespace_and_only_reads(objects)
     assert _triples(rules) == {(c.group, c.resource, c.verb) for c in calls} | {("", "pods/portforward", "create")}
     assert not [o for o in objects if o["kind"].endswith("Binding") and o.get("roleRef", {}).get("name") ==
                 "gpushard-top"]
+
+
+def test_the_cordoner_role_covers_cordon_and_uncordon_exactly_and_is_bound_to_nobody(objects):
+    rules = [(rule, None) for rule in _rules(objects, "ClusterRole", "gpushard-cordoner")]
+    calls = required()["cordoner"]
+    assert {(c.group, c.resource, c.verb) for c in calls} == {
+        ("", "nodes", "list"), ("", "nodes", "patch"), ("", "events", "create"),
+        ("authentication.k8s.io", "selfsubjectreviews", "create")}
+    missing = sorted(c.method for c in calls if not any(_allows(rule, scope, c) for rule, scope in rules))
+    assert missing == []
+    assert _triples(rules) == {(c.group, c.resource, c.verb) for c in calls}
+    assert not [o for o in objects if o["kind"].endswith("Binding") and o.get("roleRef", {}).get("name") ==
+                "gpushard-cordoner"]
 
 
 def test_the_metrics_reader_grants_what_the_agent_checks(objects):

@@ -284,7 +284,8 @@ class StateCollector(registry.Collector):
             return
         cards = [(node.name, card) for node in snapshot.nodes for card in node.cards]
         free = prom.GaugeMetricFamily("gpushard_view_free_shares", "Free shares of each card as the view sees "
-                                      "them (capacity minus shares held by pods)", labels=["node", "gpu"])
+                                      "them (capacity minus shares held by pods; at most 0 on a cordoned card)",
+                                      labels=["node", "gpu"])
         for node_name, card in cards[:self.max_cards]:
             free.add_metric([node_name, str(card.index)], card.free)
         yield free
@@ -294,6 +295,13 @@ class StateCollector(registry.Collector):
         total.add_metric(["used"], sum(card.used for _, card in cards))
         total.add_metric(["free"], sum(max(0, card.free) for _, card in cards))
         yield total
+        cordoned = prom.GaugeMetricFamily("gpushard_view_cordoned_cards", "Cards an operator cordoned, by node, as "
+                                          "the view sees them (nodes without one have no series)", labels=["node"])
+        for node in snapshot.nodes:
+            count = sum(1 for card in node.cards if card.cordoned)
+            if count:
+                cordoned.add_metric([node.name], count)
+        yield cordoned
         g = prom.GaugeMetricFamily("gpushard_view_cards", "Cards the view sees, and whether each has its own "
                                    "free-shares series", labels=["series"])
         g.add_metric(["listed"], min(len(cards), self.max_cards))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
@@ -34,12 +35,14 @@ class Servicer(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: allocation.Resource, cards: list[nvml.Card], board: health.Board,
                  shares_per_card: int, tick: float = 1.0,
                  strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY,
-                 limits: isolation.Limits | None = None, share_holders: holders.Holders | None = None) -> None:
+                 limits: isolation.Limits | None = None, share_holders: holders.Holders | None = None,
+                 cordoned: Callable[[], frozenset[int]] = frozenset) -> None:
         self.resource = resource
         self.strategy = strategy
         # Only the node-wide resource's list depends on who holds its IDs; none at all for a card's.
         self.holders = (share_holders or holders.Holders(None)) if resource.card_index is None else None
         self.limits = limits
+        self.cordoned = cordoned  # the card indexes an operator cordoned now
         self.cards = list(cards)
         self.board = board
         self.shares_per_card = shares_per_card
@@ -60,6 +63,20 @@ class Servicer(pb_grpc.DevicePluginServicer):
             alone = allocation.device_list(self.resource, self.cards, snapshot.healthy, self.shares_per_card)
             self.holders.listed(listed, depends=listed != alone, healthy=allocation.HEALTHY)
         return [pb.Device(ID=device, health=state) for device, state in listed]
+
+    def _offered(self, devices: list[pb.Device]) -> list[pb.Device]:
+        """What the stream lists: nothing for a card an operator cordoned.
+
+        Withdrawn rather than Unhealthy: the kubelet then counts neither capacity nor allocatable for
+        the card, so no new pod fits; pods holding its IDs keep them (the kubelet's checkpoint, not this
+        list, is what a restarted container gets its devices from), and their status keeps saying
+        Healthy, as the kubelet reports an ID it no longer lists (docs/agent.md, "A card in maintenance").
+        The node-wide shares resource keeps listing the card: its IDs name no card, and the pods on it
+        hold some of them.
+        """
+        if self.resource.card_index is not None and self.resource.card_index in self.cordoned():
+            return []
+        return devices
 
     def GetDevicePluginOptions(self, request, context):
         return OPTIONS
@@ -83,7 +100,7 @@ class Servicer(pb_grpc.DevicePluginServicer):
             if snapshot.closed:
                 return
             seen = snapshot.version
-            devices = self._devices(snapshot)
+            devices = self._offered(self._devices(snapshot))
             if devices != sent:
                 sent = devices
                 yield pb.ListAndWatchResponse(devices=devices)
@@ -133,12 +150,14 @@ class PluginServer:
     def __init__(self, directory: str, resource: allocation.Resource, cards: list[nvml.Card],
                  board: health.Board, shares_per_card: int, tick: float = 1.0, workers: int = 8,
                  strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY,
-                 limits: isolation.Limits | None = None, share_holders: holders.Holders | None = None) -> None:
+                 limits: isolation.Limits | None = None, share_holders: holders.Holders | None = None,
+                 cordoned: Callable[[], frozenset[int]] = frozenset) -> None:
         self.directory = directory
         self.resource = resource
         if resource.card_index is None and share_holders is None:
             share_holders = holders.Holders(None)  # one for every start: what Allocate handed out outlives a restart
-        self._servicer_args = (resource, list(cards), board, shares_per_card, tick, strategy, limits, share_holders)
+        self._servicer_args = (resource, list(cards), board, shares_per_card, tick, strategy, limits, share_holders,
+                               cordoned)
         self._workers = workers
         self.servicer: Servicer | None = None
         self._server: grpc.Server | None = None

@@ -53,17 +53,26 @@ class DraBackend:
                                       read_pod=draplugin.api_pod_reader(api, timeout), pod_shares=self.pod_shares)
         self.health = drahealth.HealthServicer(board, self.device_health, resend=health_resend)
         self.plugin = draplugin.DraPlugin(preparer, folders.registry, folders.plugins, health=self.health)
+        # Set by the agent: the cards an operator cordoned, which leave the slice as an unhealthy card does.
+        self.cordoned: Callable[[], frozenset[int]] = frozenset
 
     def pod_shares(self, pod: dict) -> int:
         """A pod's shares as gpushard counts them (its containers' gpushard.io/gpu), as the webhook did."""
         return req.effective_shares(req.read_spec(pod.get("spec") or {}, self.policy))
 
     def healthy_facts(self) -> list[draobjects.CardFacts]:
-        """The cards the scheduler may place new claims on: present and Healthy."""
+        """The cards the scheduler may place new claims on: present, Healthy and not cordoned.
+
+        A cordoned card leaves the slice rather than carry a device taint: with DRADeviceTaints off (it
+        is beta in 1.36, and a cluster may turn it off) the API server drops the taint and the cordon
+        would hold nothing, where the scheduler alone picks the card. Claims prepared on it keep it
+        (``present_cards``)."""
         snapshot = self.board.snapshot()
+        cordoned = self.cordoned()
         return [draobjects.CardFacts(c.index, c.uuid, c.model, c.memory_mib, self.policy.isolation,
                                      self.memory_limits)
-                for c in self.cards if snapshot.present.get(c.index) and snapshot.healthy.get(c.index)]
+                for c in self.cards if snapshot.present.get(c.index) and snapshot.healthy.get(c.index)
+                and c.index not in cordoned]
 
     def device_health(self, snapshot: health.Snapshot) -> list[drahealth.DeviceState]:
         """Every card's health for the kubelet: those in the slice Healthy, and those that left it Unhealthy

@@ -65,6 +65,7 @@ class CardRow:
     unattributed_bytes: int = 0
     unattributed_processes: int = 0
     containers: list[ContainerRow] = field(default_factory=list)
+    cordoned: bool = False  # an operator cordoned it: its shares are not offered to new pods
 
 
 @dataclass
@@ -101,7 +102,8 @@ class Observer:
     def __init__(self, node: str, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board | None,
                  policy: policy_mod.Policy, holdings: Callable[[], list[podresources.Holding]],
                  procs: attributing.ProcReader, pods: podlisting.NodePods | None,
-                 memory_cap: Callable[[nvml.Card, int], int | None] = no_cap, conflicts=None) -> None:
+                 memory_cap: Callable[[nvml.Card, int], int | None] = no_cap, conflicts=None,
+                 cordoned: Callable[[], frozenset[int]] = frozenset) -> None:
         self.node = node
         self.cards = sorted(cards, key=lambda c: c.index)
         self.devices = devices
@@ -112,6 +114,7 @@ class Observer:
         self.pods = pods
         self.memory_cap = memory_cap
         self.conflicts = conflicts  # a conflicting.Watcher, or None
+        self.cordoned = cordoned
 
     def _owner(self, pid: int, holders: dict[tuple[str, str, str], ContainerRow]) -> ContainerRow | None:
         ref = self.procs.container_of(pid)
@@ -147,6 +150,7 @@ class Observer:
         except podresources.PodResourcesError as exc:
             log.warning("gpushard: %s", exc)
             held, up = [], False
+        cordoned = self.cordoned()
         per_card: dict[int, list[podresources.Holding]] = {}
         for h in held:
             per_card.setdefault(h.card, []).append(h)
@@ -154,7 +158,7 @@ class Observer:
         for card in self.cards:
             row = CardRow(card, healthy=snapshot.healthy.get(card.index, True) if snapshot else True,
                           present=snapshot.present.get(card.index, True) if snapshot else True,
-                          usage=usage.get(card.uuid))
+                          usage=usage.get(card.uuid), cordoned=card.index in cordoned)
             total = row.usage.memory_total_bytes if row.usage else card.memory_mib * nvml.MIB
             holders: dict[tuple[str, str, str], ContainerRow] = {}
             for h in per_card.get(card.index, []):
@@ -197,6 +201,8 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
     g_alloc = gauge("gpushard_card_shares_allocated",
                     "Shares of the card held by containers, as the kubelet's PodResources reports", CARD_LABELS)
     g_health = gauge("gpushard_card_healthy", "1 when the card is healthy and present, else 0", CARD_LABELS)
+    g_cordon = gauge("gpushard_card_cordoned", "1 when an operator cordoned the card (gpushard cordon): its shares "
+                     "are not offered to new pods, its pods keep running", CARD_LABELS)
     c_xid = prom.CounterMetricFamily("gpushard_card_xid_errors", "Critical Xid errors on the card since the agent "
                                      "started", labels=CARD_LABELS)
     g_unattr = gauge("gpushard_card_unattributed_memory_bytes",
@@ -228,6 +234,7 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
         if obs.pod_resources_up:
             g_alloc.add_metric(labels, row.shares_allocated)
         g_health.add_metric(labels, 1 if row.healthy and row.present else 0)
+        g_cordon.add_metric(labels, 1 if row.cordoned else 0)
         if row.usage is not None:
             g_total.add_metric(labels, row.usage.memory_total_bytes)
             g_used.add_metric(labels, row.usage.memory_used_bytes)
@@ -260,7 +267,9 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
     up.add_metric([obs.node], 1 if obs.pod_resources_up else 0)
     took = gauge("gpushard_agent_scrape_duration_seconds", "Time to gather this scrape", ["node"])
     took.add_metric([obs.node], obs.seconds)
-    yield from (g_total, g_used, g_util, g_cap, g_alloc, g_health, c_xid, g_unattr, g_unproc,
+    cordons = gauge("gpushard_agent_cordoned_cards", "Cards of this node an operator cordoned", ["node"])
+    cordons.add_metric([obs.node], sum(1 for row in obs.cards if row.cordoned))
+    yield from (g_total, g_used, g_util, g_cap, g_alloc, g_health, g_cordon, cordons, c_xid, g_unattr, g_unproc,
                 k_shares, k_used, k_share, k_cap, k_procs, k_util, k_over, p_asked, up, took)
     if obs.dra_conflicts is not None:
         count = gauge("gpushard_agent_dra_conflicts",
@@ -403,7 +412,8 @@ class Server:
 
 def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board, api,
           node_name: str | None, conflicts=None,
-          cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None) -> Server | None:
+          cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None,
+          cordoned: Callable[[], frozenset[int]] = frozenset) -> Server | None:
     """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts.
 
     ``cards_by_pod`` (backend dra: the DRA plugin's prepared claims) says which card each pod's
@@ -423,7 +433,7 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
     # Isolation, where configured, caps each container's memory; without it there is no cap to report.
     observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy, cards_by_pod),
                         attributing.ProcReader(args.proc_root), pods,
-                        memory_cap_for(policy.isolation, policy.shares_per_card), conflicts)
+                        memory_cap_for(policy.isolation, policy.shares_per_card), conflicts, cordoned)
     reviewer = authorizing.Reviewer(api, node_name or "", timeout=settings.agent.metrics_request_timeout) \
         if api is not None else None
     if reviewer is None:

@@ -100,6 +100,12 @@ class Board:
                 return self._snapshot()
             return None
 
+    def touch(self) -> None:
+        """Move the version on with no health change: something else the streams list changed (a cordon)."""
+        with self._cond:
+            self._version += 1
+            self._cond.notify_all()
+
     def poke(self) -> None:
         """Wake every waiter so it can check its ``interrupted``."""
         with self._cond:

@@ -1,4 +1,4 @@
-"""The wiring of `gpushard agent`: backend, health watcher, plugin servers, kubelet keeper, publisher."""
+"""The wiring of `gpushard agent`: backend, health watcher, plugin servers, kubelet keeper, publisher, cordons."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from webhook import settings as settings_mod
 from webhook.agent import (
     allocation,
     conflicting,
+    cordonwatching,
     deviceplugin,
     drabackend,
     exporting,
@@ -46,7 +47,8 @@ class Agent:
                  dra: Callable[[Agent], drabackend.DraBackend] | None = None,
                  conflicts: Callable[[Callable[[], list[nvml.Card]]], conflicting.Watcher] | None = None,
                  pod_resources: podresources.Client | None = None,
-                 holders_refresh: float = holders.REFRESH_S) -> None:
+                 holders_refresh: float = holders.REFRESH_S,
+                 cordons: Callable[[], cordonwatching.Watcher] | None = None) -> None:
         self.devices = devices
         self.policy = policy
         self.cards, self.excluded = _whole_cards(devices)
@@ -58,6 +60,10 @@ class Agent:
         root = isolation.MpsRoot(mps_root)
         limits = isolation.Limits(policy.isolation, policy.shares_per_card, root) \
             if policy.isolation != "none" else None
+        # The cards an operator cordoned on this Node (read, never written): their shares are not offered.
+        self.cordons = cordons() if cordons is not None else None
+        if self.cordons is not None:
+            self.cordons.on_change = self._cordons_changed
         # The node-wide resource's IDs take the health of the card their container is on, which the kubelet's
         # PodResources tells; without it they stay Healthy.
         self.pod_resources = pod_resources
@@ -65,7 +71,8 @@ class Agent:
                                              refresh=holders_refresh)
         self.plugins = [deviceplugin.PluginServer(directory, r, self.cards, self.board, policy.shares_per_card, tick,
                                                   strategy=policy.device_list_strategy, limits=limits,
-                                                  share_holders=self.share_holders if r.card_index is None else None)
+                                                  share_holders=self.share_holders if r.card_index is None else None,
+                                                  cordoned=self.cordoned)
                         for r in self.resources]
         self.keeper = kubelet.Keeper(directory, self.plugins, poll=poll, timeout=register_timeout)
         self.publisher = publisher(self.present_cards) if publisher is not None else None
@@ -82,6 +89,8 @@ class Agent:
         self.tick = tick
         self.mps_root = root
         self.dra = dra(self) if dra is not None else None
+        if self.dra is not None:
+            self.dra.cordoned = self.cordoned
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -93,6 +102,16 @@ class Agent:
     def present_cards(self) -> list[nvml.Card]:
         present = self.board.snapshot().present
         return [c for c in self.cards if present.get(c.index, False)]
+
+    def cordoned(self) -> frozenset[int]:
+        """The card indexes an operator cordoned on this Node, as last read."""
+        return self.cordons.cordoned if self.cordons is not None else frozenset()
+
+    def _cordons_changed(self) -> None:
+        # The streams list again (the card-k plugin withdraws or offers its shares); health is untouched.
+        self.board.touch()
+        if self.dra is not None:
+            self.dra.changed()
 
     def _changed(self) -> None:
         if self.publisher is not None:
@@ -120,6 +139,9 @@ class Agent:
         self._threads.append(thread)
 
     def start(self) -> None:
+        if self.cordons is not None:
+            # First, so that the Node's cordons are usually read before the kubelet first lists the shares.
+            self._thread("gpushard-cordons", self.cordons.run, self._stop)
         if self.mps is not None:
             # Daemons first: the kubelet may allocate as soon as a plugin registers.
             self.mps.start()
@@ -139,6 +161,8 @@ class Agent:
     def stop(self) -> None:
         """Stop polling, end the streams, remove our sockets, release NVML."""
         self._stop.set()
+        if self.cordons is not None:
+            self.cordons.close()
         if self.publisher is not None:
             self.publisher.changed()  # wakes it to see the stop
         for thread in self._threads:
@@ -216,9 +240,13 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
 
     dra = None
     conflicts = None
+    cordons = None
     if api is not None:
         def conflicts(cards):
             return conflicting.Watcher(api, node_name, cards, timeout=timeout)
+
+        def cordons():
+            return cordonwatching.Watcher(api, node_name)
 
     if settings.policy.backend == policy_mod.DRA:
         folders = drabackend.Folders(
@@ -231,7 +259,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                          folders, agent.mps_root, poll=args.poll_interval, timeout=timeout)
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
                   mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra,
-                  conflicts=conflicts,
+                  conflicts=conflicts, cordons=cordons,
                   pod_resources=podresources.Client(getattr(args, "pod_resources_socket", None) or podresources.SOCKET))
     stop = threading.Event()
 
@@ -251,7 +279,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                  ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
         try:
             metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name,
-                                      conflicts=agent.conflicts,
+                                      conflicts=agent.conflicts, cordoned=agent.cordoned,
                                       cards_by_pod=agent.dra.plugin.preparer.cards_by_pod if agent.dra else None)
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}")

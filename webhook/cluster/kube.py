@@ -70,7 +70,8 @@ class _Pod:
 
 
 def read_node(obj: dict, policy: Policy) -> placement.Node | None:
-    """A node's cards, labels, taints, readiness and cordon; None for a node without gpushard cards."""
+    """A node's cards (and which an operator cordoned), labels, taints, readiness and cordon; None for a
+    node without gpushard cards."""
     cards_of = objects.node_cards(obj, policy)
     indexes = cards_of.indexes
     if not indexes:
@@ -82,8 +83,9 @@ def read_node(obj: dict, policy: Policy) -> placement.Node | None:
     for k in indexes:
         info = cards_of.inventory.get(k, {})
         # A card in the inventory but not in allocatable is known but not (yet) offered: room 0.
+        # A cordoned card keeps its capacity and its pods; it has no room for new ones (Card.free).
         cards.append(placement.Card(k, cards_of.cards.get(k, 0), 0, str(info.get("uuid") or ""),
-                                    str(info.get("model") or ""), objects.card_memory(info)))
+                                    str(info.get("model") or ""), objects.card_memory(info), k in cards_of.cordoned))
     taints = tuple(placement.Taint(str(t.get("key")), str(t.get("value") or ""), str(t.get("effect") or ""))
                    for t in spec.get("taints") or () if isinstance(t, dict) and t.get("key"))
     ready = any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
@@ -257,8 +259,7 @@ class KubeView:
         current = self._current.get(name)
         if current is None or self._built_from.get(name) is not base:
             node = placement.Node(base.name, base.labels, base.taints, base.ready, base.unschedulable, tuple(
-                placement.Card(c.index, c.capacity, self._used.get((name, c.index), 0)
-                               + self._tentative.get((name, c.index), 0), c.uuid, c.model, c.memory_mib)
+                c.with_used(self._used.get((name, c.index), 0) + self._tentative.get((name, c.index), 0))
                 for c in base.cards))
             self._built_from[name] = base
             at = {c.index: j for j, c in enumerate(base.cards)}
@@ -273,7 +274,7 @@ class KubeView:
             if used != c.used:
                 if changed is None:
                     changed = list(cards)
-                changed[j] = placement.Card(c.index, c.capacity, used, c.uuid, c.model, c.memory_mib)
+                changed[j] = c.with_used(used)
         if changed is None:
             return current
         return placement.Node(current.name, current.labels, current.taints, current.ready, current.unschedulable,

@@ -37,7 +37,8 @@ def _str_map(where: str, value: Any) -> dict[str, str]:
 
 
 def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.View:
-    """The view described by a parsed cluster file (SPEC.md's format)."""
+    """The view described by a parsed cluster file (SPEC.md's format; a card may also say ``healthy: false``
+    or ``cordoned: true``: no room for new pods, its ``usedShares`` still held)."""
     if not isinstance(data, dict) or not isinstance(data.get("nodes", []), list):
         raise ViewFileError(f"{source}: expected a mapping with a list under 'nodes'")
     nodes = []
@@ -60,6 +61,9 @@ def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.
             capacity = _int(f"{cw}.capacity", c.get("capacity"), shares_per_card)
             if c.get("healthy", True) is False:
                 capacity = 0
+            cordoned = c.get("cordoned", False)
+            if not isinstance(cordoned, bool):
+                raise ViewFileError(f"{cw}.cordoned: must be true or false, got {cordoned!r}")
             cards.append(placement.Card(
                 index=_int(f"{cw}.index", c.get("index")),
                 capacity=capacity,
@@ -67,6 +71,7 @@ def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.
                 uuid=str(c.get("uuid") or ""),
                 model=str(c.get("model") or ""),
                 memory_mib=_int(f"{cw}.memoryMiB", c.get("memoryMiB"), 0),
+                cordoned=cordoned,
             ))
         indexes = [c.index for c in cards]
         if len(set(indexes)) != len(indexes):
@@ -173,8 +178,7 @@ class StaticView:
         for name in touched:
             n = self._base[name]
             changes[name] = placement.Node(n.name, n.labels, n.taints, n.ready, n.unschedulable, tuple(
-                placement.Card(c.index, c.capacity, c.used + self._placed[(name, c.index)], c.uuid, c.model,
-                               c.memory_mib) for c in n.cards))
+                c.with_used(c.used + self._placed[(name, c.index)]) for c in n.cards))
         self._view = placement.replace_nodes(self._view, changes)
 
     def close(self) -> None:

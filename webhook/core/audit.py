@@ -404,10 +404,11 @@ class CardUse:
     model: str = ""
     uuid: str = ""
     memory_mib: int = 0  # from the agent's inventory; 0 when unknown
+    cordon: objects.Cordon | None = None  # an operator's cordon: no room for new pods, whatever is free
 
     @property
     def free(self) -> int:
-        return max(self.capacity - self.used, 0)
+        return 0 if self.cordon is not None else max(self.capacity - self.used, 0)
 
 
 @dataclass(frozen=True)
@@ -454,6 +455,7 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
 
     Cards come from the nodes' allocatable per-card resources; a card that pods hold but the
     node no longer offers (unhealthy, gone) shows with capacity 0 so that its holders stay visible.
+    A card an operator cordoned carries its cordon and has no free shares.
     """
     pods = list(pods)
     held = _card_use(pods, policy)
@@ -484,7 +486,7 @@ def usage(nodes: Iterable[dict], pods: Iterable[dict], policy: Policy) -> Usage:
             cards.append(CardUse(index=k, capacity=node.cards.get(k, 0), used=sum(h.shares for h in holders),
                                  holders=holders, model=str(info.get("model") or ""),
                                  uuid=str(info.get("uuid") or ""),
-                                 memory_mib=objects.card_memory(info)))
+                                 memory_mib=objects.card_memory(info), cordon=node.cordoned.get(k)))
         out.append(NodeUse(node.name, tuple(cards)))
     pending.sort(key=lambda p: (p[0].namespace, p[0].name))
     return Usage(tuple(sorted(out, key=lambda n: n.name)), tuple(pending), _stranded(out, pending, owners))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from webhook.core import audit, draobjects, names
+from webhook.core import audit, draobjects, names, objects
 
 
 def _attribute(device: dict, name: str) -> object:
@@ -32,8 +32,12 @@ def _holder_name(claim: dict) -> str:
 
 
 def usage(slices: Iterable[dict], claims: Iterable[dict], shares_per_card: int,
-          driver: str = names.DRA_DRIVER) -> audit.Usage:
-    """Per node and card: the slice's shares, and the claims allocated on it."""
+          driver: str = names.DRA_DRIVER, nodes: Iterable[dict] = ()) -> audit.Usage:
+    """Per node and card: the slice's shares, and the claims allocated on it. ``nodes``: the Nodes, for
+    the cards an operator cordoned (such a card has left the slice: it shows with capacity 0, as one
+    that turned Unhealthy, with its cordon)."""
+    cordons = {str(objects.meta(n).get("name") or ""): objects.read_cordons(objects.meta(n).get("annotations"))
+               for n in nodes}
     offered: dict[str, dict[int, tuple[int, dict]]] = {}
     for obj in slices:
         spec = obj.get("spec") or {}
@@ -56,16 +60,18 @@ def usage(slices: Iterable[dict], claims: Iterable[dict], shares_per_card: int,
         for result in results:
             held.setdefault((result.pool, result.card), []).append(
                 audit.Holder(namespace, _holder_name(claim), result.shares))
-    nodes = []
-    for node in sorted(set(offered) | {n for n, _k in held}):
+    out = []
+    for node in sorted(set(offered) | {n for n, _k in held} | {n for n, found in cordons.items() if found}):
         cards = []
-        for k in sorted(set(offered.get(node, {})) | {k for n, k in held if n == node}):
+        cordoned = cordons.get(node, {})
+        for k in sorted(set(offered.get(node, {})) | {k for n, k in held if n == node} | set(cordoned)):
             capacity, device = offered.get(node, {}).get(k, (0, {}))
             holders = tuple(sorted(held.get((node, k), ()), key=lambda h: (h.namespace, h.name)))
             memory = _attribute(device, "memoryMiB")
             cards.append(audit.CardUse(
                 index=k, capacity=capacity, used=sum(h.shares for h in holders), holders=holders,
                 model=str(_attribute(device, "model") or ""), uuid=str(_attribute(device, "uuid") or ""),
-                memory_mib=memory if isinstance(memory, int) and not isinstance(memory, bool) and memory > 0 else 0))
-        nodes.append(audit.NodeUse(node, tuple(cards)))
-    return audit.Usage(tuple(nodes))
+                memory_mib=memory if isinstance(memory, int) and not isinstance(memory, bool) and memory > 0 else 0,
+                cordon=cordoned.get(k)))
+        out.append(audit.NodeUse(node, tuple(cards)))
+    return audit.Usage(tuple(out))

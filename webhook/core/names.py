@@ -35,6 +35,19 @@ CARDS_LABEL = "gpushard.io/cards"
 CARD_MEMORY_LABEL_PREFIX = "gpushard.io/card-"
 CARD_MEMORY_LABEL_SUFFIX = ".memory-mib"
 
+# What an operator writes on a Node (`gpushard cordon NODE CARD`; never the agent): card <k> takes no new
+# pod, while pods on it keep it. One annotation per card, gpushard.io/card-<k>.cordoned, so that cordons
+# of different cards are different keys: two operators cordoning cards 1 and 3 at once each merge-patch
+# their own key, where one list ("1,3") would need a read, a change and a write that can lose the other's.
+# Its value is JSON {"reason": ..., "by": ..., "at": ...}; any value at all, even one that is no JSON,
+# cordons the card (the strict reading of what an operator wrote by hand).
+CARD_CORDON_ANNOTATION_PREFIX = "gpushard.io/card-"
+CARD_CORDON_ANNOTATION_SUFFIX = ".cordoned"
+# The Events `gpushard cordon` and `gpushard uncordon` record on the Node: reasons and source.
+CORDONED_REASON = "GpushardCardCordoned"
+UNCORDONED_REASON = "GpushardCardUncordoned"
+CORDON_COMPONENT = "gpushard-cordon"
+
 # Container environment.
 VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 FRACTION_ENV = "GPUSHARD_FRACTION"
@@ -148,9 +161,24 @@ def card_memory_label(index: int) -> str:
 
 def card_memory_index(key: str) -> int | None:
     """The card index a card-memory label key names, or None if it is not one."""
-    if not key.startswith(CARD_MEMORY_LABEL_PREFIX) or not key.endswith(CARD_MEMORY_LABEL_SUFFIX):
+    return _card_key_index(key, CARD_MEMORY_LABEL_PREFIX, CARD_MEMORY_LABEL_SUFFIX)
+
+
+def card_cordon_annotation(index: int) -> str:
+    """The node annotation that cordons card ``index``."""
+    return f"{CARD_CORDON_ANNOTATION_PREFIX}{index}{CARD_CORDON_ANNOTATION_SUFFIX}"
+
+
+def card_cordon_index(key: str) -> int | None:
+    """The card index a cordon annotation key names, or None if it is not one."""
+    return _card_key_index(key, CARD_CORDON_ANNOTATION_PREFIX, CARD_CORDON_ANNOTATION_SUFFIX)
+
+
+def _card_key_index(key: str, prefix: str, suffix: str) -> int | None:
+    """The card index between ``prefix`` and ``suffix`` of ``key``: digits, no leading zero."""
+    if not key.startswith(prefix) or not key.endswith(suffix) or len(key) <= len(prefix) + len(suffix):
         return None
-    middle = key[len(CARD_MEMORY_LABEL_PREFIX):-len(CARD_MEMORY_LABEL_SUFFIX)]
+    middle = key[len(prefix):-len(suffix)]
     if not (middle.isascii() and middle.isdigit()) or len(middle) > 9 or (len(middle) > 1 and middle[0] == "0"):
         return None
     return int(middle)

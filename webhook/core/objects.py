@@ -112,6 +112,53 @@ def card_memory(entry: Mapping) -> int:
     return memory if isinstance(memory, int) and not isinstance(memory, bool) and memory > 0 else 0
 
 
+# --- cordons (written by an operator with `gpushard cordon`, read by everyone else) ------------------
+
+@dataclass(frozen=True)
+class Cordon:
+    """An operator's cordon of one card: why, who, when (each may be empty: a hand-written annotation)."""
+
+    reason: str = ""
+    by: str = ""
+    at: str = ""  # RFC 3339, as Kubernetes writes times
+
+    def said(self) -> str:
+        """The cordon in a few words, for tables and messages: ``by alice at 2026-03-01T10:00:00Z: fan``."""
+        who = " ".join(part for part in (f"by {self.by}" if self.by else "", f"at {self.at}" if self.at else "")
+                       if part)
+        return ": ".join(part for part in (who, self.reason) if part) or "no reason given"
+
+    def as_json(self) -> dict:
+        return {"reason": self.reason, "by": self.by, "at": self.at}
+
+
+def write_cordon(cordon: Cordon) -> str:
+    """The cordon annotation's value: compact JSON of what is known."""
+    return json.dumps({k: v for k, v in cordon.as_json().items() if v}, separators=(",", ":"))
+
+
+def read_cordon(value: object) -> Cordon:
+    """A cordon annotation's value. Any value cordons the card: text that is no JSON object is its reason."""
+    text = value if isinstance(value, str) else ""
+    try:
+        parsed = json.loads(text) if text.lstrip().startswith("{") else None
+    except (ValueError, RecursionError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        return Cordon(reason=text.strip())
+    return Cordon(*(parsed[k] if isinstance(parsed.get(k), str) else "" for k in ("reason", "by", "at")))
+
+
+def read_cordons(annotations: object) -> dict[int, Cordon]:
+    """Card index -> cordon, from a Node's annotations (``gpushard.io/card-<k>.cordoned``), by index."""
+    found = {}
+    for key, value in mapping(annotations).items():
+        index = names.card_cordon_index(str(key))
+        if index is not None:
+            found[index] = read_cordon(value)
+    return dict(sorted(found.items()))
+
+
 # --- Nodes -------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -123,6 +170,7 @@ class NodeCards:
     cards: Mapping[int, int]  # card index -> allocatable shares, by index
     fraction_allocatable: int = 0  # allocatable of the fraction resource (NVIDIA's plugin)
     inventory: Mapping[int, Mapping[str, object]] = field(default_factory=dict)
+    cordoned: Mapping[int, Cordon] = field(default_factory=dict)  # cards an operator cordoned, by index
 
     @property
     def indexes(self) -> list[int]:
@@ -131,7 +179,8 @@ class NodeCards:
 
 
 def node_cards(node: dict, policy: Policy) -> NodeCards:
-    """A Node's cards from its allocatable per-card resources and its inventory, and whether it is shared."""
+    """A Node's cards from its allocatable per-card resources and its inventory, the cards an operator
+    cordoned, and whether it is shared."""
     res = policy.resources
     m = meta(node)
     allocatable = mapping(mapping(node.get("status")).get("allocatable"))
@@ -140,13 +189,15 @@ def node_cards(node: dict, policy: Policy) -> NodeCards:
         index = res.card_index(str(resource))
         if index is not None:
             cards[index] = count(value)
-    inventory = read_inventory(mapping(m.get("annotations")).get(names.INVENTORY_ANNOTATION))
+    annotations = mapping(m.get("annotations"))
+    inventory = read_inventory(annotations.get(names.INVENTORY_ANNOTATION))
     return NodeCards(
         name=str(m.get("name") or ""),
         shared=bool(cards) or bool(inventory) or names.CARDS_LABEL in mapping(m.get("labels")),
         cards=dict(sorted(cards.items())),
         fraction_allocatable=count(allocatable.get(res.fraction, 0)),
         inventory=inventory,
+        cordoned=read_cordons(annotations),
     )
 
 

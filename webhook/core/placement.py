@@ -79,7 +79,7 @@ def _waiting_index(view: View, mask: int, rng: random.Random) -> int:
     it may run on: waiting pods then spread over the indexes, and room freed on any index finds a pod
     waiting for it, where all of them waiting on the most free card's index leave room freed on the
     others to pods that come later (the churn figures in docs/placement.md)."""
-    ks = view.card_indexes(mask)
+    ks = view.open_indexes(mask) or view.card_indexes(mask)  # not an index cordoned on all of them
     return ks[rng.randrange(len(ks))]
 
 
@@ -89,7 +89,9 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
     Without ``rng`` the best card (ties to the lower index, then the earlier node); with it, one of
     the best few (CHOICE_CANDIDATES, CHOICE_SLACK), drawn uniformly. When nothing fits, without
     ``rng`` the most free card's index; with it, an index drawn among those of the nodes the pod may
-    run on (``_waiting_index``). The draw uses only ``rng``, so a
+    run on (``_waiting_index``), one not cordoned on all of them. A card an operator cordoned has no
+    room (``Card.free``), so it is never chosen; a pod pinned to a card cordoned on every node it may
+    run on gets a warning that says so. The draw uses only ``rng``, so a
     caller that seeds it per request (as admission does, with the request's uid) leaves no trace
     on later choices.
     """
@@ -109,9 +111,17 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
     else:
         hit = view.best(mask, ask.pin, ask.shares, strategy)
     if hit is None:
+        if ask.pin is not None and view.cordoned_on(mask, ask.pin):
+            # Admitted, as a pod that fits nowhere is: cordons come and go, and the pod starts once
+            # an operator uncordons the card (or re-placement moves it, when its owner recreates it).
+            return Choice(ask.pin, findings=(_warn(f.NO_ROOM, (
+                f"card {ask.pin} is cordoned on every node the pod may run on; it stays Pending until "
+                "uncordoned, or pin another card")),))
         _pos, k = view.most_free(mask, ask.pin)
         if rng is not None and ask.pin is None:
             k = _waiting_index(view, mask, rng)
+        elif ask.pin is None and view.cordoned_on(mask, k):
+            k = next(iter(view.open_indexes(mask)), k)  # wait where an operator has not cordoned the card
         return Choice(k, findings=(_warn(
             f.NO_ROOM, f"no card has {ask.shares} free shares now; card {k} chosen, "
             "the pod stays Pending until one frees up"),))
@@ -185,7 +195,7 @@ def choose_sized(view: View, ask: Ask, shares_for: Callable[[int], int], shares_
             f"no shared node this pod may run on has a card of {mib} MiB; card {k} of that size chosen, "
             "the pod may stay Pending")),))
     mib, masks = waiting
-    ks = sorted(masks)
+    ks = [k for k in sorted(masks) if not view.cordoned_on(masks[k], k)] or sorted(masks)
     k = ks[rng.randrange(len(ks))] if rng is not None else ks[0]
     shares = shares_for(mib)
     return SizedChoice(k, mib, shares, findings=(_warn(f.NO_ROOM, (

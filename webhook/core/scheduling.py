@@ -1,6 +1,6 @@
 """What the scheduler reads of a pod and a node, and the terms gpushard adds for it.
 
-The view types (``Node``, its ``Card``s and ``Taint``s), what placement knows of a pod (``Ask``,
+The view types (``Node``, its ``Card``s, cordoned or not, and ``Taint``s), what placement knows of a pod (``Ask``,
 from its spec), the scheduling predicates (``eligible``: node name, selector, required node
 affinity, taints against tolerations, readiness and cordon), and the node-affinity terms that
 carry a choice to the scheduler (the preferred hint, the required node, a card's memory size).
@@ -38,17 +38,21 @@ class Card:
     uuid: str = ""
     model: str = ""
     memory_mib: int = 0
+    # An operator cordoned it (gpushard cordon): no room for new pods, while the pods on it still count.
+    cordoned: bool = False
 
     @property
     def free(self) -> int:
-        return self.capacity - self.used
+        """Shares a new pod may take: none on a cordoned card (its capacity still shows what it has)."""
+        free = self.capacity - self.used
+        return min(free, 0) if self.cordoned else free
 
     def with_used(self, used: int) -> Card:
         """This card with ``used`` shares held. A remembered choice makes one per review: its fields
         are set as one dict, where the frozen ``__init__`` sets each through object.__setattr__."""
         card = _new(Card)
         _set(card, "__dict__", {"index": self.index, "capacity": self.capacity, "used": used, "uuid": self.uuid,
-                                "model": self.model, "memory_mib": self.memory_mib})
+                                "model": self.model, "memory_mib": self.memory_mib, "cordoned": self.cordoned})
         return card
 
 

@@ -7,10 +7,12 @@ indexes, built lazily and cached on the frozen object:
   node affinity, tolerations), the eligible nodes as a bitset over node positions. It depends
   only on labels, taints, readiness and cordon, so views that differ only in shares share it.
 - what is free where: for each free-share count, the cards that have exactly that many shares
-  free, as one bitset over (card index, node) slots.
+  free, as one bitset over (card index, node) slots. A cordoned card has none free (``Card.free``):
+  it sits at 0 or below, where no pod fits, and its pods still count.
 
 Placement asks them through the view's queries (``candidates``, ``best``, ``draw``,
-``most_free``, ``card_indexes``, ``sizes``), which answer in bitsets over node positions
+``most_free``, ``card_indexes``, ``sizes``, and for cordoned cards ``open_indexes`` and
+``cordoned_on``), which answer in bitsets over node positions
 (``node(i)``; ``lowest_node(bits)``). ``replace_nodes`` derives a new view from an old one by
 updating the indexes for the changed nodes only, as a live view needs on every watch event.
 The results are exactly those of the plain scan over ``view.nodes``.
@@ -132,6 +134,18 @@ class View:
     def sizes(self) -> dict[int, dict[int, int]]:
         """Card size in MiB -> card index -> the nodes whose card of that index has that size."""
         return _sizes(self)
+
+    def open_indexes(self, nodes: int) -> list[int]:
+        """The card indexes that some of ``nodes`` have and have not cordoned, in order."""
+        usage, cordons = self._usage, _cordons(self)
+        if not cordons:
+            return self.card_indexes(nodes)
+        return [k for k in usage.ks if usage.has_k.get(k, 0) & nodes & ~cordons.get(k, 0)]
+
+    def cordoned_on(self, nodes: int, k: int) -> bool:
+        """Whether card ``k`` is cordoned on every one of ``nodes`` that has such a card (and one has)."""
+        have = self._usage.has_k.get(k, 0) & nodes
+        return bool(have) and not have & ~_cordons(self).get(k, 0)
 
 
 # --- indexes -----------------------------------------------------------------------------------
@@ -293,7 +307,7 @@ class _Usage:
         for i, node in enumerate(nodes):
             bit = 1 << i
             for card in node.cards:
-                free = card.capacity - card.used
+                free = card.free
                 table = by_kf.get(card.index)
                 if table is None:
                     table = by_kf[card.index] = {}
@@ -337,11 +351,11 @@ class _Usage:
                     gone, came = [a for a, _b in pairs], [b for _a, b in pairs]
             bit = 1 << i
             for c in gone:
-                free = c.capacity - c.used
+                free = c.free
                 bits = changed[free] if free in changed else levels.get(free, (0, 0))[0]
                 changed[free] = bits & ~(bit << (slot[c.index] * stride))
             for c in came:
-                free = c.capacity - c.used
+                free = c.free
                 bits = changed[free] if free in changed else levels.get(free, (0, 0))[0]
                 changed[free] = bits | (bit << (slot[c.index] * stride))
             if gone is was_cards and {c.index for c in was_cards} != {c.index for c in now_cards}:
@@ -579,6 +593,8 @@ def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
             result.__dict__["_sizes"] = view.__dict__["_sizes"]  # the same labels and cards: the same sizes
         else:
             result.__dict__["_sizes"] = _sizes_with(view.__dict__["_sizes"], new)
+    if "_cordons" in view.__dict__:
+        result.__dict__["_cordons"] = _cordons_with(view.__dict__["_cordons"], new)
     if "_usage" in view.__dict__:  # only keep an index someone has paid for
         result.__dict__["_usage"] = view._usage.derive(old, new, result)
     return result
@@ -598,8 +614,10 @@ def replace_card(view: View, node: Node, j: int) -> View:
     result.__dict__["_topology"] = topology  # the same scheduling: only shares moved
     if "_sizes" in view.__dict__:
         result.__dict__["_sizes"] = view.__dict__["_sizes"]
+    if "_cordons" in view.__dict__:  # only shares moved: the same cards are cordoned
+        result.__dict__["_cordons"] = view.__dict__["_cordons"]
     if "_usage" in view.__dict__:
-        result.__dict__["_usage"] = view._usage.moved(i, now.index, was.capacity - was.used, now.capacity - now.used)
+        result.__dict__["_usage"] = view._usage.moved(i, now.index, was.free, now.free)
     return result
 
 
@@ -668,3 +686,37 @@ def _sizes_with(sizes: dict[int, dict[int, int]], changed: Mapping[int, Node]) -
     return {mib: by_k for mib, by_k in out.items() if by_k}
 
 
+
+
+def _cordons(view: View) -> dict[int, int]:
+    """Card index -> the nodes that have that card cordoned, as a bitset over node positions.
+
+    Cached on the view and carried by ``replace_nodes`` and ``replace_card``, updated for the changed
+    nodes only; read where nothing fits (which index a pod waits on) and for a pin, never on the way
+    to a card that fits, so a view that never reaches those pays nothing for it.
+    """
+    cached = view.__dict__.get("_cordons")
+    if cached is not None:
+        return cached
+    found: dict[int, int] = {}
+    for i, node in enumerate(view.nodes):
+        for card in node.cards:
+            if card.cordoned:
+                found[card.index] = found.get(card.index, 0) | (1 << i)
+    view.__dict__["_cordons"] = found
+    return found
+
+
+def _cordons_with(cordons: dict[int, int], changed: Mapping[int, Node]) -> dict[int, int]:
+    """``_cordons`` after the nodes at ``changed``'s positions became its nodes (positions may be new)."""
+    if not cordons and not any(c.cordoned for node in changed.values() for c in node.cards):
+        return cordons  # the usual cluster: nothing cordoned before or after
+    clear = 0
+    for i in changed:
+        clear |= 1 << i
+    out = {k: bits & ~clear for k, bits in cordons.items()}
+    for i, node in changed.items():
+        for card in node.cards:
+            if card.cordoned:
+                out[card.index] = out.get(card.index, 0) | (1 << i)
+    return {k: bits for k, bits in out.items() if bits}
