@@ -65,7 +65,7 @@ def verdicts(policy_and_binding) -> dict:
 
 EXPECTED = {"agent publishes beside a cordon": True, "agent publishes, no annotations before": True,
             "agent cordons": False, "agent changes a cordon": False, "agent uncordons": False,
-            "agent drops every annotation": False, "agent writes card-01 (no cordon)": True,
+            "agent drops every annotation": False, "agent writes card-01 (no cordon)": False,
             "operator cordons": True, "operator uncordons": True}
 
 
@@ -73,14 +73,22 @@ def test_the_agent_may_not_write_a_cordon(shipped):
     outcomes = verdicts(shipped)
     assert {name: o.allowed for name, o in outcomes.items()} == EXPECTED
     for name, allowed in EXPECTED.items():
-        if not allowed:
+        if not allowed and name != "agent writes card-01 (no cordon)":
             assert outcomes[name].message == MESSAGE, name
+    # Not a cordon (the cordon rule leaves it alone), but no key of the agent's either: refused as foreign.
+    assert outcomes["agent writes card-01 (no cordon)"].message == (
+        'gpushard: the agent may change only gpushard\'s own labels and annotations on its Node, not '
+        '"gpushard.io/card-01.cordoning"')
     assert not outcomes["operator cordons"].matched and not outcomes["operator uncordons"].matched
 
 
-def test_without_the_validation_the_agent_could_uncordon(shipped):
+def test_without_the_validation_the_agent_is_refused_without_being_told_who_cordons(shipped):
+    # The rule that the agent writes only gpushard's own keys refuses a cordon too; the cordon rule, first,
+    # makes the message say who cordons.
     policy, binding = shipped
     broken = copy.deepcopy(policy)
     broken["spec"]["validations"] = [v for v in broken["spec"]["validations"] if ".cordoned" not in v["expression"]]
     assert len(broken["spec"]["validations"]) == len(policy["spec"]["validations"]) - 1
-    assert {name: o.allowed for name, o in verdicts((broken, binding)).items()} != EXPECTED
+    outcomes = verdicts((broken, binding))
+    assert {name: o.allowed for name, o in outcomes.items()} == EXPECTED
+    assert outcomes["agent uncordons"].message != MESSAGE
