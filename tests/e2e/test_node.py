@@ -9,17 +9,21 @@
 - after a kubelet restart the agent registers again: the node advertises its shares again and the pod keeps
   its devices;
 - a card's Xid reaches the status of the pod on that card (allocatedResourcesStatus, Unhealthy) and of no
-  other pod, every resource included; after the agent restarts on the serviced card it is Healthy again.
+  other pod, every resource included; after the agent restarts on the serviced card it is Healthy again;
+- `gpushard cordon` takes a card out of new placements on the real scheduler (its allocatable drops to 0, new
+  pods land on the other card, a pod pinned to it waits with a warning, an Event says who and why, `status`
+  shows it) while the pod already on it keeps it; `gpushard uncordon` gives it back and the waiting pod binds.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import kubernetes
 import pytest
 
-from tests.e2e import components, objects
+from tests.e2e import components, gpushard, objects
 from webhook.agent import podresources
 
 CHECKPOINT = components.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
@@ -220,3 +224,35 @@ def test_card_going_bad_reaches_the_pods_status(agent, kubectl, namespace, kubel
     agent.reload()
     components.wait_for("card 1 Healthy again in its pod's status", lambda: health(1).get(
         "gpushard.io/card-1") == {"Healthy"}, timeout=60, explain=kubelet.tail)
+
+
+def test_cordoned_card_gets_no_new_pod(agent, kubectl, namespace, plane):
+    def gpushard_cli(*args: str):
+        done = subprocess.run([gpushard.GPUSHARD, *args, f"--kubeconfig={plane.kubectl.config}"],
+                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+    kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+        "held", objects.container(gpu="5", resource="gpushard.io/card-0")))
+    held = bound(kubectl, namespace, "held")
+    gpushard_cli("cordon", NODE, "0", "--reason", "e2e maintenance")
+    try:
+        agent.wait_allocatable({"gpushard.io/card-0": "0", "gpushard.io/card-1": "100"})
+        events = kubectl.json("get", "events", "-A", "--field-selector", f"involvedObject.name={NODE}")["items"]
+        assert any("e2e maintenance" in (e.get("message") or "") for e in events)
+        for i in range(3):
+            kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(f"new-{i}", objects.container(
+                gpu="0.1")))
+            pod = bound(kubectl, namespace, f"new-{i}")
+            assert pod["metadata"]["annotations"]["gpushard.io/card"] == "1"
+        done = kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+            "pinned", objects.container(gpu="5", resource="gpushard.io/card-0")))
+        assert "Warning: gpushard:" in done.stderr and "cordoned" in done.stderr, done.stderr
+        status = gpushard_cli("status")
+        assert "cordoned" in status.stdout, status.stdout
+        # The pod that held card 0 keeps it.
+        assert kubectl.json("get", "pod", "held", "-n", namespace)["metadata"]["uid"] == held["metadata"]["uid"]
+    finally:
+        gpushard_cli("uncordon", NODE, "0")
+    agent.wait_allocatable({"gpushard.io/card-0": "100"})
+    bound(kubectl, namespace, "pinned")
