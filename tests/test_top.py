@@ -206,4 +206,4 @@ def test_no_agent_or_none_answering(kube, capsys):
     assert status == 3
     assert "gpushard: no agent answered" in err
     status, _, err = cli.main(["top", "--kubeconfig", "/nonexistent/kubeconfig"]), None, capsys.readouterr().err
-    assert status == 2 and err.startswith("gpushard: --kubeconfig /nonexistent/kubeconfig: no such file")
+    assert status == 2 and err.startswith('gpushard: --kubeconfig "/nonexistent/kubeconfig": no such file')
