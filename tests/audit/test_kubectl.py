@@ -170,7 +170,8 @@ def test_a_namespace_whose_object_cannot_be_read_is_audited_as_enforced(fake, tm
     assert json.loads(out)["findings"] == [] and json.loads(out)["summary"]["objects"] == 5
     fake.objects["namespaces"].pop(("", "research"))
     code, out, err = run(["audit", "-n", "research", "--kubeconfig", path], capsys)
-    assert (code, out, err) == (2, "", "gpushard: namespace research not found\n")
+    assert (code, out, err) == (2, "", f'gpushard: namespace "research" not found at the Kubernetes API at {fake.url} '
+                                      "(context fake); check its name (kubectl get namespaces), or leave -n out\n")
 
 
 def test_the_contexts_namespace_is_the_default_of_n_as_in_kubectl(fake, tmp_path, capsys):
