@@ -177,7 +177,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                    "and libnvidia-ml.so.1 visible to the agent, pass --fake-inventory FILE "
                                    "to advertise cards from a file, or --allow-no-gpus to advertise none")
     except nvml.InventoryError as exc:
-        return _fail(EXIT_USAGE, f"gpushard: bad inventory file: {exc}")
+        return _fail(EXIT_USAGE, f"gpushard: bad inventory file: {' '.join(str(exc).split())}; check the file "
+                                 "given to --fake-inventory")
 
     publisher = None
     api = None
@@ -191,8 +192,10 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
             api = publishing.api_client()
         except Exception as exc:  # kubernetes.config raises several unrelated types
             devices.close()
-            return _fail(EXIT_NO_API, f"gpushard: no Kubernetes API credentials ({exc}); run in a pod with a "
-                                      "service account, set KUBECONFIG, or pass --no-publish")
+            # The loader's own advice names flags the agent does not take: only its reason is kept.
+            reason = " ".join(str(exc).split()).removeprefix("gpushard: ").split("; ")[0]
+            return _fail(EXIT_NO_API, f"gpushard: no Kubernetes API credentials ({reason}); run in a pod with a "
+                                      "service account, set KUBECONFIG to a kubeconfig file, or pass --no-publish")
 
         def publisher(cards):
             return publishing.Publisher(api, node_name, cards, timeout=timeout)
@@ -236,7 +239,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                       conflicts=agent.conflicts,
                                       cards_by_pod=agent.dra.plugin.preparer.cards_by_pod if agent.dra else None)
         except OSError as exc:
-            return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}")
+            return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}; pick a "
+                                     "free --metrics-port")
         while not stop.wait(1.0):
             pass
     finally:
