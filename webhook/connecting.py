@@ -94,7 +94,8 @@ def parse_timeout(text: str | None, default: float | None = None) -> float | Non
                               "(a number of seconds, or e.g. 30s, 1m, 1m30s; 0 for none)") from None
         seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if seconds < 0 or seconds != seconds or seconds == float("inf"):
-        raise ConfigError(f"gpushard: --request-timeout {text!r} must be a finite duration of 0 or more")
+        raise ConfigError(f"gpushard: --request-timeout {text!r} must be a finite duration of 0 or more "
+                          "(e.g. 30s; 0 waits for ever)")
     return seconds or None
 
 
@@ -195,6 +196,12 @@ def client(kubeconfig: str | None = None, context: str | None = None, request_ti
                   Target(configuration.host, str(chosen), source, request_timeout,
                          namespace if isinstance(namespace, str) and namespace else None),
                   request_timeout)
+
+
+def config_reason(exc: BaseException) -> str:
+    """A loader failure's reason alone, without the advice that names the command line's flags: for a
+    program that takes none of them (the agent), which gives its own."""
+    return " ".join(str(exc).split()).removeprefix("gpushard: ").split("; ")[0]
 
 
 def transport_reason(exc: BaseException) -> str:

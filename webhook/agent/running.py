@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from webhook import connecting
 from webhook import settings as settings_mod
 from webhook.agent import (
     allocation,
@@ -192,9 +193,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
             api = publishing.api_client()
         except Exception as exc:  # kubernetes.config raises several unrelated types
             devices.close()
-            # The loader's own advice names flags the agent does not take: only its reason is kept.
-            reason = " ".join(str(exc).split()).removeprefix("gpushard: ").split("; ")[0]
-            return _fail(EXIT_NO_API, f"gpushard: no Kubernetes API credentials ({reason}); run in a pod with a "
+            return _fail(EXIT_NO_API, f"gpushard: no Kubernetes API credentials ({connecting.config_reason(exc)}); "
+                                      "run in a pod with a "
                                       "service account, set KUBECONFIG to a kubeconfig file, or pass --no-publish")
 
         def publisher(cards):
