@@ -683,10 +683,10 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
     if not no_headers and not use.nodes:
         if selector and shared_nodes:
             lines.append(f"gpushard: no shared node matches -l {selector} ({shared_nodes} shared "
-                         f"node{'s' if shared_nodes != 1 else ''} in all)")
-        else:
-            lines.append(empty or "gpushard: no shared nodes: no node offers a per-card resource; check that the "
-                                  f"agent runs on the GPU nodes ({AGENT_PODS}) and read its log")
+                         f"node{'s' if shared_nodes != 1 else ''} in all); see their labels with kubectl get nodes "
+                         f"-l {names.CARDS_LABEL} --show-labels")
+        elif empty:
+            lines.append(empty)
     # One verdict per pod: a stranded pod is told as stranded, not also as pending.
     stranded = {(h.namespace, h.name) for h, _k, _hint in use.stranded}
     lines += [f"pending: {h.namespace}/{h.name} waits for card {k} ({h.shares} shares)" for h, k in use.pending

@@ -46,7 +46,9 @@ def _static_view(path: str | None, shares_per_card: int):
     except static.ViewFileError as exc:
         hint = "fix it (examples/cluster.yaml shows the format)" if Path(path).is_file() \
             else "check the path given to --cluster"
-        print(f"gpushard: bad cluster file: {_one_line(exc)}; {hint}", file=sys.stderr)
+        said = _one_line(exc)
+        said = said if said.startswith(f"{path}:") else f"{path}: {said}"
+        print(f"gpushard: bad cluster file: {said}; {hint}", file=sys.stderr)
         raise SystemExit(kubectlflags.USAGE) from None
 
 

@@ -266,7 +266,8 @@ def gather(core, namespace: str, node: str | None = None, err: IO[str] | None = 
                 why = f"HTTP {status} {getattr(exc, 'reason', '')}".strip()
             if why == "timed out" and timeout:
                 why = f"no answer within {timeout:g}s through the port-forward"
-            print(f"gpushard: cannot read the metrics of agent {agent.pod} on node {agent.node!r}: {why}", file=err)
+            print(f"gpushard: cannot read the metrics of agent {agent.pod} on node {agent.node!r}: {why}; read its "
+                  f"log (kubectl -n {namespace} logs {agent.pod})", file=err)
             continue
         answered += 1
         c, p = parse(text)
