@@ -10,7 +10,9 @@ the pod proxy, and watch streams with resourceVersions (an object that stops mat
 sent as DELETED, as the API server does); it can expire history (watches from older versions,
 and continue tokens issued before, get 410 Gone) and drop every open watch connection; with
 ``tokens`` set it authenticates bearer tokens (401) and lets each read only its namespaces (403),
-as RBAC would. It answers TokenReviews (``users``: token -> user and groups), SelfSubjectReviews (``whoami``) and
+as RBAC would, less the resources and subresources ``refused`` names for it; ``unserved`` API groups
+answer 404, as on an older API server. It answers TokenReviews (``users``: token -> user and groups),
+SelfSubjectReviews (``whoami``) and
 SubjectAccessReviews (``grants``: who may do what, by user or ``group:<name>``), and port-forwards
 to a pod (``forwards``: to a real local TCP address) over the WebSocket protocol the API server
 speaks (``v4.channel.k8s.io``: per port a data and an error channel, each opened by a frame
@@ -102,6 +104,11 @@ class FakeKube:
         # Bearer tokens and the namespaces each may read (None: everything), as RBAC would allow;
         # None here means no authentication at all. A namespace's own object counts as inside it.
         self.tokens: dict[str, tuple[str, ...] | None] | None = None
+        # What a token may not touch even where its namespaces allow it (403), as a role without that
+        # rule: resources ("deployments") or subresources ("pods/portforward").
+        self.refused: dict[str, tuple[str, ...]] = {}
+        # API groups ("resource.k8s.io/v1") this server does not serve (404), as an older API server.
+        self.unserved: set[str] = set()
         # The pod proxy (GET .../pods/<name>:<port>/proxy/<path>): (namespace, name, port) -> handler(path)
         # giving (status, body); a pod with no handler answers 503 as the API server does for no endpoint.
         self.proxies: dict[tuple[str, str, int], object] = {}
@@ -245,7 +252,7 @@ class FakeKube:
                 namespace = ""
                 if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in KINDS:
                     namespace, rest = rest[1], rest[2:]
-                if not rest or rest[0] not in KINDS or GROUPS.get(rest[0], "v1") != group:
+                if not rest or rest[0] not in KINDS or GROUPS.get(rest[0], "v1") != group or group in fake.unserved:
                     return None, None, None, query
                 return rest[0], namespace, (rest[1] if len(rest) > 1 else None), query
 
@@ -270,12 +277,16 @@ class FakeKube:
                     return False
                 allowed = fake.tokens[token]
                 resource, namespace, name, _query = self._route()
-                if allowed is None or namespace in allowed or (resource == "namespaces" and name in allowed):
+                tail = urlparse(self.path).path.rstrip("/").rsplit("/", 1)[-1]
+                asked = f"{resource}/{tail}" if name and tail != name else resource
+                refused = asked in fake.refused.get(token, ()) or resource in fake.refused.get(token, ())
+                if not refused and (allowed is None or namespace in allowed
+                                    or (resource == "namespaces" and name in allowed)):
                     return True
                 scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
                 group = GROUPS.get(resource or "", "v1").rpartition("/")[0]
                 self._status(403, "Forbidden", f'{resource} is forbidden: User "{token}" cannot '
-                                               f'{self.command.lower()} resource "{resource}" in API group '
+                                               f'{self.command.lower()} resource "{asked}" in API group '
                                                f'"{group}" {scope}')
                 return False
 

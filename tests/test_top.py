@@ -147,7 +147,8 @@ def test_an_agent_away_is_named_and_the_others_shown(kube, capsys):
     assert status == 0
     assert "node-a" in out and "node-b" not in out
     assert err == ("gpushard: cannot read the metrics of agent agent-b on node 'node-b': port-forward failed: "
-                   "error forwarding port 9401 to pod agent-b: connection refused\n")
+                   "error forwarding port 9401 to pod agent-b: connection refused; read its log "
+                   "(kubectl -n gpushard-system logs agent-b)\n")
 
 
 def test_a_kubelet_the_agent_cannot_reach_shows_as_unknown_not_zero(kube, capsys):
@@ -180,7 +181,7 @@ def test_an_agent_that_never_answers_is_told_plainly(kube, capsys):
         status, out, err = top(kube, capsys, "cards", "--request-timeout", "1s")
     assert status == 0 and "node-b" in out
     assert err == ("gpushard: cannot read the metrics of agent agent-a on node 'node-a': no answer within 1s "
-                   "through the port-forward\n")
+                   "through the port-forward; read its log (kubectl -n gpushard-system logs agent-a)\n")
 
 
 def test_pods_default_to_the_contexts_namespace(kube, capsys, tmp_path):
@@ -206,4 +207,4 @@ def test_no_agent_or_none_answering(kube, capsys):
     assert status == 3
     assert "gpushard: no agent answered" in err
     status, _, err = cli.main(["top", "--kubeconfig", "/nonexistent/kubeconfig"]), None, capsys.readouterr().err
-    assert status == 2 and err.startswith("gpushard: --kubeconfig /nonexistent/kubeconfig: no such file")
+    assert status == 2 and err.startswith('gpushard: --kubeconfig "/nonexistent/kubeconfig": no such file')

@@ -31,7 +31,26 @@ FINISHED_PODS_OUT = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class UsageError(Exception):
-    """Input gpushard cannot audit (a file, a document, the cluster); the message starts with gpushard:."""
+    """Input gpushard cannot audit (a file, a document, the cluster); the message starts with gpushard:.
+
+    ``status`` is the API server's HTTP status, for a refusal of the cluster."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+# What grants the reads of `audit` and `status`, told with a 403 (webhook.connecting.forbidden).
+AUDITOR_RIGHTS = ("the ClusterRole gpushard-auditor grants it (deploy/base/rbac-auditor.yaml): bind it to this "
+                  "account, as examples/auditor-binding.yaml does")
+DRA_AUDITOR_RIGHTS = ("the ClusterRole gpushard-auditor of deploy/overlays/dra grants it: bind it to this account, "
+                      "as examples/auditor-binding.yaml does")
+
+
+def namespace_rights(namespace: str) -> str:
+    """As AUDITOR_RIGHTS, for `audit -n NS`: a RoleBinding in that namespace is enough."""
+    return (f'the ClusterRole gpushard-auditor grants it (deploy/base/rbac-auditor.yaml): bind it to this account '
+            f'in namespace "{namespace}" (a RoleBinding), or cluster-wide as examples/auditor-binding.yaml does')
 
 
 # --- manifests -------------------------------------------------------------------------------------
@@ -167,7 +186,8 @@ def _list(call: Callable, what: str, conn: connecting.Client, **selectors) -> li
             except kubernetes.client.ApiException as exc:
                 if exc.status in (401, 403):
                     raise
-                raise UsageError(f"gpushard: cannot list {what}: {exc.status} {exc.reason}") from None
+                raise UsageError(str(connecting.answered(conn.target.where, f"list {what}", exc)),
+                                 exc.status) from None
             body = json.loads(response.data)
         kind = str(body.get("kind") or "").removesuffix("List")
         for item in body.get("items") or []:
@@ -243,15 +263,18 @@ def _namespace(core, namespace: str, conn: connecting.Client, err: IO[str]) -> l
                 response = core.read_namespace(namespace, _preload_content=False, _request_timeout=conn.timeout)
             except kubernetes.client.ApiException as exc:
                 if exc.status == 404:
-                    raise UsageError(f"gpushard: namespace {namespace} not found") from None
+                    raise UsageError(f'gpushard: namespace "{namespace}" not found at {conn.target.where}; check '
+                                     "its name (kubectl get namespaces), or leave -n out", 404) from None
                 if exc.status in (401, 403):
                     raise  # reaching() words it, naming the server and the context
-                raise UsageError(f"gpushard: cannot get namespace {namespace}: {exc.status} {exc.reason}") from None
+                raise UsageError(str(connecting.answered(conn.target.where, f"get namespace {namespace}", exc)),
+                                 exc.status) from None
     except connecting.ApiError as exc:
         if exc.status != 403:
             raise
         print(f"gpushard: cannot read namespace {namespace} (403), so its {names.MODE_LABEL} label is unknown; "
-              "its objects are audited as if it enforced gpushard", file=err)
+              "its objects are audited as if it enforced gpushard (to audit it as it is, get the right to read "
+              "it: the ClusterRole gpushard-auditor grants it)", file=err)
         return []
     obj = json.loads(response.data)
     obj.setdefault("kind", audit.NAMESPACE_KIND)
@@ -327,13 +350,82 @@ def read_dra_usage(conn: connecting.Client, policy) -> audit.Usage:
 
     custom = kubernetes.client.CustomObjectsApi(conn.api)
     group, version = names.DRA_API_VERSION.split("/")
-    slices = _list(functools.partial(custom.list_cluster_custom_object, group, version, "resourceslices"),
-                   "resourceslices", conn, field_selector=f"spec.driver={names.DRA_DRIVER}")
+    try:
+        slices = _list(functools.partial(custom.list_cluster_custom_object, group, version, "resourceslices"),
+                       "resourceslices", conn, field_selector=f"spec.driver={names.DRA_DRIVER}")
+    except UsageError as exc:
+        if exc.status != 404:
+            raise
+        raise connecting.ApiError(
+            f"gpushard: backend dra, but {conn.target.where} serves no {names.DRA_API_VERSION} ResourceSlices "
+            "(404): backend dra needs Kubernetes 1.36 or newer, or 1.34 with DRAConsumableCapacity on (docs/dra.md); "
+            "on an older cluster, leave backend: dra out of --config", 404) from None
+    if not slices:
+        _need_device_class(custom, conn)
     claims = _list(functools.partial(custom.list_cluster_custom_object, group, version, "resourceclaims"),
                    "resourceclaims", conn)
     # The nodes, for the cards an operator cordoned: those have left the slices.
     nodes = _list(kubernetes.client.CoreV1Api(conn.api).list_node, "nodes", conn)
     return drausage.usage(slices, claims, policy.shares_per_card, nodes=nodes)
+
+
+def _need_device_class(custom, conn: connecting.Client) -> None:
+    """No slice of gpushard's driver: an ApiError when gpushard's DeviceClass is missing too (the dra overlay
+    was never applied). The auditor role may not read DeviceClasses: anything but a 404 says nothing, and
+    the caller tells the missing slices instead."""
+    import kubernetes
+
+    from webhook.core import names
+
+    group, version = names.DRA_API_VERSION.split("/")
+    try:
+        custom.get_cluster_custom_object(group, version, "deviceclasses", names.DRA_DEVICE_CLASS,
+                                         _request_timeout=conn.timeout)
+    except kubernetes.client.ApiException as exc:
+        if exc.status == 404:
+            raise connecting.ApiError(
+                f"gpushard: backend dra, but {conn.target.where} has no DeviceClass {names.DRA_DEVICE_CLASS}: the dra "
+                "overlay is not applied; apply it (kubectl apply -k deploy/overlays/dra), or leave backend: dra out "
+                "of --config", 404) from None
+    except Exception:  # noqa: BLE001 - unreachable now, or a timeout: the missing slices are told all the same
+        pass
+
+
+def dra_slices_exist(conn: connecting.Client) -> bool:
+    """Whether gpushard's driver publishes any ResourceSlice: a cluster that runs backend dra. False when
+    they cannot be read (no DRA API, or no right to list them)."""
+    import kubernetes
+
+    from webhook.core import names
+
+    group, version = names.DRA_API_VERSION.split("/")
+    try:
+        response = kubernetes.client.CustomObjectsApi(conn.api).list_cluster_custom_object(
+            group, version, "resourceslices", field_selector=f"spec.driver={names.DRA_DRIVER}", limit=1,
+            _preload_content=False, _request_timeout=conn.timeout)
+        return bool(json.loads(response.data).get("items"))
+    except Exception:  # noqa: BLE001 - only a hint for an empty status: never its failure
+        return False
+
+
+AGENT_PODS = "kubectl -n gpushard-system get pods -l app.kubernetes.io/component=agent -o wide"
+
+
+def empty_cluster_note(conn: connecting.Client, policy) -> str:
+    """What `status` says when no node is shared, with where to look next."""
+    from webhook.core import names
+
+    where = conn.target.where
+    if policy.backend == DRA_BACKEND:
+        return (f"gpushard: no shared nodes at {where}: no ResourceSlice of driver {names.DRA_DRIVER}; check that "
+                f"the agents run there with backend: dra ({AGENT_PODS}) and read their log")
+    offered = f"{policy.resources.card_prefix}<k>"
+    if dra_slices_exist(conn):
+        return (f"gpushard: no node at {where} offers {offered}, but ResourceSlices of driver {names.DRA_DRIVER} "
+                "exist: the cluster runs backend dra; pass --config a file with backend: dra (the cluster's own: "
+                "kubectl -n gpushard-system get configmap gpushard-config -o yaml)")
+    return (f"gpushard: no shared nodes at {where}: no node offers {offered}; check that the agent runs on the "
+            f"GPU nodes ({AGENT_PODS}) and read its log")
 
 
 # --- output ----------------------------------------------------------------------------------------
@@ -472,6 +564,7 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
         else:
             conn = kubectlflags.client_for(args)
             namespace = kubectlflags.namespace_of(args, conn.target)
+            conn.target.rights = AUDITOR_RIGHTS if namespace is None else namespace_rights(namespace)
             objects = read_cluster(conn, err, namespace, getattr(args, "selector", None))
             target = "cluster" if namespace is None else f"namespace {namespace}"
         items = audit.audit(objects, settings.policy)
@@ -556,11 +649,12 @@ def _percent(used: int, capacity: int) -> str:
 
 def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False, shares_per_card: int = 100,
                  capped: bool = False, selector: str | None = None, shared_nodes: int | None = None,
-                 namespace: str | None = None) -> str:
+                 namespace: str | None = None, empty: str | None = None) -> str:
     """One row per card, a total row per node and for the cluster; every row on one line, as kubectl
     prints tables (a long PODS cell runs on instead of wrapping, so grep and awk see whole rows).
     ``wide`` adds the card's UUID and the model in full; ``namespace`` names the one namespace whose
-    pods ``use`` holds (`status -n`), in the TOTAL row.
+    pods ``use`` holds (`status -n`), in the TOTAL row; ``empty`` is the line for a cluster without a
+    shared node (``empty_cluster_note``).
 
     Each holder shows its shares and, where the card's memory is known, the memory cap those shares
     get under isolation (shares x the card's memory / sharesPerCard, floored); ``capped`` is False
@@ -594,9 +688,10 @@ def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False,
     if not no_headers and not use.nodes:
         if selector and shared_nodes:
             lines.append(f"gpushard: no shared node matches -l {selector} ({shared_nodes} shared "
-                         f"node{'s' if shared_nodes != 1 else ''} in all)")
-        else:
-            lines.append("gpushard: no shared nodes (none offers a per-card resource)")
+                         f"node{'s' if shared_nodes != 1 else ''} in all); see their labels with kubectl get nodes "
+                         f"-l {names.CARDS_LABEL} --show-labels")
+        elif empty:
+            lines.append(empty)
     # One verdict per pod: a stranded pod is told as stranded, not also as pending.
     stranded = {(h.namespace, h.name) for h, _k, _hint in use.stranded}
     lines += [f"pending: {h.namespace}/{h.name} waits for card {k} ({h.shares} shares)" for h, k in use.pending
@@ -637,12 +732,15 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
     try:
         selector = getattr(args, "selector", None)
         conn = kubectlflags.client_for(args)
+        conn.target.rights = DRA_AUDITOR_RIGHTS if settings.policy.backend == DRA_BACKEND else AUDITOR_RIGHTS
         if settings.policy.backend == DRA_BACKEND:
             use, picked = read_dra_usage(conn, settings.policy), picked_nodes(conn, selector)
         else:
             nodes, pods, picked = read_usage_inputs(conn, selector)
             use = audit.usage(nodes, pods, settings.policy)
         shared_nodes = len(use.nodes)
+        empty = empty_cluster_note(conn, settings.policy) if not shared_nodes and output == kubectlflags.TABLE \
+            and not getattr(args, "no_headers", False) else None
         if picked is not None:
             use = dataclasses.replace(use, nodes=tuple(n for n in use.nodes if n.name in picked))
         # Only an explicit -n narrows (the pods shown); -A, or neither, shows every namespace's.
@@ -660,7 +758,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
         else:
             text = status_table(use, wide=output == kubectlflags.WIDE, no_headers=getattr(args, "no_headers", False),
                                 shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
-                                shared_nodes=shared_nodes, namespace=namespace)
+                                shared_nodes=shared_nodes, namespace=namespace, empty=empty)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)

@@ -148,9 +148,10 @@ def write_bundle(out: str | Path, service: str = "gpushard", namespace: str = "g
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CertificateError(f"gpushard: cannot create the folder {out}: {exc.strerror}") from None
+        raise CertificateError(f"gpushard: cannot create the folder {out}: {exc.strerror}; pass --out a folder "
+                               "that can be made") from None
     if not out.is_dir():
-        raise CertificateError(f"gpushard: {out} is not a folder")
+        raise CertificateError(f"gpushard: {out} is not a folder; pass --out a folder")
 
     ca_key, ca_cert = make_ca(days=max(CA_DAYS, days))
     names = service_names(service, namespace)
@@ -164,6 +165,7 @@ def write_bundle(out: str | Path, service: str = "gpushard", namespace: str = "g
         try:
             write_file(path, data, mode)
         except OSError as exc:
-            raise CertificateError(f"gpushard: cannot write {path}: {exc.strerror}") from None
+            raise CertificateError(f"gpushard: cannot write {path}: {exc.strerror}; pass --out a folder this "
+                                   "account may write") from None
         written.append(path)
     return written

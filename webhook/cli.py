@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from webhook import __version__, kubectlflags
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its complaint about a flag told as every other gpushard message: one ``gpushard:``
+    line after the command's usage, saying where the flags are listed."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        self.exit(kubectlflags.USAGE, f"gpushard: {message}; see {self.prog} --help\n")
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
 
 
 def _settings(path: str | None):
@@ -16,7 +30,9 @@ def _settings(path: str | None):
     except settings.SettingsError as exc:
         # A bad config is bad input to every command (exit 2, webhook.kubectlflags.EXIT_CODES), never
         # a denial or a finding.
-        print(f"gpushard: bad config: {exc}", file=sys.stderr)
+        hint = "fix that key (README.md, \"Configuration\", lists every key)" if Path(str(path)).is_file() \
+            else "check the path given to --config"
+        print(f"gpushard: bad config: {_one_line(exc)}; {hint}", file=sys.stderr)
         raise SystemExit(kubectlflags.USAGE) from None
 
 
@@ -28,7 +44,11 @@ def _static_view(path: str | None, shares_per_card: int):
     try:
         return static.StaticView(static.load(path, shares_per_card))
     except static.ViewFileError as exc:
-        print(f"gpushard: bad cluster file: {exc}", file=sys.stderr)
+        hint = "fix it (examples/cluster.yaml shows the format)" if Path(path).is_file() \
+            else "check the path given to --cluster"
+        said = _one_line(exc)
+        said = said if said.startswith(f"{path}:") else f"{path}: {said}"
+        print(f"gpushard: bad cluster file: {said}; {hint}", file=sys.stderr)
         raise SystemExit(kubectlflags.USAGE) from None
 
 
@@ -199,7 +219,7 @@ PLUGIN_COMMANDS = ("status", "audit", "top", "review", "cordon", "uncordon")
 
 def build_plugin_parser() -> argparse.ArgumentParser:
     """`kubectl gpushard ...`: the commands of a cluster's user, with kubectl's flags."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kubectl gpushard",
         description="gpushard as a kubectl plugin: shares per card, audits, reviews, card cordons.",
         epilog="Exit codes: " + "; ".join(f"{code} {text}" for code, text in kubectlflags.EXIT_CODES))
@@ -241,7 +261,7 @@ def cmd_replace(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="gpushard", description="Fractional GPUs on Kubernetes: one pod, one physical card.")
     parser.add_argument("--version", action="version", version=f"gpushard {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -62,6 +62,13 @@ class Target:
     source: str
     timeout: float | None = None  # the request timeout, for "no answer within ..."
     namespace: str | None = None  # the context's namespace, kubectl's default for -n
+    # What grants the calls of the command that holds this client (a shipped role), told with a 403;
+    # each command sets its own.
+    rights: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"the Kubernetes API at {self.host} (context {self.context})"
 
 
 @dataclass
@@ -87,7 +94,8 @@ def parse_timeout(text: str | None, default: float | None = None) -> float | Non
                               "(a number of seconds, or e.g. 30s, 1m, 1m30s; 0 for none)") from None
         seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     if seconds < 0 or seconds != seconds or seconds == float("inf"):
-        raise ConfigError(f"gpushard: --request-timeout {text!r} must be a finite duration of 0 or more")
+        raise ConfigError(f"gpushard: --request-timeout {text!r} must be a finite duration of 0 or more "
+                          "(e.g. 30s; 0 waits for ever)")
     return seconds or None
 
 
@@ -97,15 +105,16 @@ def kubeconfig_files(kubeconfig: str | None = None, environ: dict | None = None)
     if kubeconfig:
         path = Path(kubeconfig).expanduser()
         if not path.is_file():
-            raise ConfigError(f"gpushard: --kubeconfig {kubeconfig}: no such file")
+            raise ConfigError(f'gpushard: --kubeconfig "{kubeconfig}": no such file; pass the path of a kubeconfig '
+                              "that exists, or leave the flag out to use $KUBECONFIG or ~/.kube/config")
         return [str(path)]
     listed = [p for p in (environ.get("KUBECONFIG") or "").split(os.pathsep) if p]
     if listed:
         found = [str(Path(p).expanduser()) for p in listed if Path(p).expanduser().is_file()]
         if not found:
             # Falling through to ~/.kube/config or the in-cluster account would talk to another cluster.
-            raise ConfigError(f"gpushard: $KUBECONFIG names no file that exists ({environ['KUBECONFIG']}); "
-                              "fix or unset it, or pass --kubeconfig")
+            raise ConfigError(f'gpushard: $KUBECONFIG names no file that exists ("{environ["KUBECONFIG"]}"); '
+                              "fix or unset it, or pass --kubeconfig FILE")
         return found
     default = Path(DEFAULT_KUBECONFIG).expanduser()
     return [str(default)] if default.is_file() else []
@@ -117,30 +126,62 @@ def _configured(configuration: kubernetes.client.Configuration) -> kubernetes.cl
     return configuration
 
 
+def _contexts(files: list[str]) -> tuple[dict[str, dict], str | None]:
+    """The contexts of the kubeconfig files (name -> context) and the current context, merged as kubectl
+    merges them: the first file to name a context or to set current-context wins. Read here rather than
+    by the kubernetes client, whose listing fails on a file without current-context even when --context
+    names one."""
+    contexts: dict[str, dict] = {}
+    current = None
+    for path in files:
+        with open(path, encoding="utf-8") as stream:
+            data = yaml.safe_load(stream)
+        if not isinstance(data, dict):
+            continue
+        for entry in data.get("contexts") or ():
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                contexts.setdefault(entry["name"], entry.get("context") if isinstance(entry.get("context"), dict)
+                                    else {})
+        if current is None and isinstance(data.get("current-context"), str) and data["current-context"]:
+            current = data["current-context"]
+    return contexts, current
+
+
+def _named(names: list[str]) -> str:
+    return ", ".join(f'"{name}"' for name in names)
+
+
 def client(kubeconfig: str | None = None, context: str | None = None, request_timeout: float | None = None,
            environ: dict | None = None) -> Client:
     """A client for the API server, from the first source in kubectl's order that exists."""
     files = kubeconfig_files(kubeconfig, environ)
     if not files:
         if context:
-            raise ConfigError(f"gpushard: --context {context}: no kubeconfig found (--kubeconfig, $KUBECONFIG "
-                              f"or {DEFAULT_KUBECONFIG}) to take it from")
+            raise ConfigError(f'gpushard: --context "{context}": no kubeconfig found (--kubeconfig, $KUBECONFIG '
+                              f"or {DEFAULT_KUBECONFIG}) to take it from; pass --kubeconfig FILE, or set KUBECONFIG")
         configuration = kubernetes.client.Configuration()
         try:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
         except kubernetes.config.ConfigException as exc:
-            raise ConfigError(f"gpushard: cannot use {IN_CLUSTER} to reach the Kubernetes API: {exc}; outside a "
+            reason = " ".join(str(exc).split()).rstrip(".")
+            raise ConfigError(f"gpushard: cannot use {IN_CLUSTER} to reach the Kubernetes API: {reason}; outside a "
                               f"pod, pass --kubeconfig, set KUBECONFIG or write {DEFAULT_KUBECONFIG}") from None
         return Client(kubernetes.client.ApiClient(_configured(configuration)),
                       Target(configuration.host, "in-cluster", IN_CLUSTER, request_timeout), request_timeout)
     source = os.pathsep.join(files)
     try:
-        contexts, current = kubernetes.config.list_kube_config_contexts(config_file=source)
-        chosen = context or (current or {}).get("name")
-        if context and context not in [c.get("name") for c in contexts or []]:
-            raise ConfigError(f"gpushard: --context {context}: no such context in {source}")
-        entry = next((c for c in contexts or [] if isinstance(c, dict) and c.get("name") == chosen), None) or {}
-        namespace = (entry.get("context") or {}).get("namespace") if isinstance(entry.get("context"), dict) else None
+        contexts, current = _contexts(files)
+        if context and context not in contexts:
+            if not contexts:
+                raise ConfigError(f'gpushard: --context "{context}": {source} names no context at all; fix it '
+                                  "(kubectl config view shows it), or pass another file with --kubeconfig")
+            raise ConfigError(f'gpushard: --context "{context}": no such context in {source}; use one of '
+                              f"{_named(sorted(contexts))} (kubectl config get-contexts)")
+        if not context and current is None and contexts:
+            raise ConfigError(f"gpushard: {source} sets no current context; pass --context NAME with one of "
+                              f"{_named(sorted(contexts))}, or set one (kubectl config use-context NAME)")
+        chosen = context or current
+        namespace = contexts.get(chosen or "", {}).get("namespace")
         configuration = kubernetes.client.Configuration()
         kubernetes.config.load_kube_config(config_file=source, context=context, client_configuration=configuration,
                                            persist_config=False)
@@ -149,11 +190,18 @@ def client(kubeconfig: str | None = None, context: str | None = None, request_ti
     except (kubernetes.config.ConfigException, OSError, ValueError, TypeError, KeyError, AttributeError,
             yaml.YAMLError) as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise ConfigError(f"gpushard: cannot use {source} to reach the Kubernetes API: {reason}") from None
+        raise ConfigError(f"gpushard: cannot use {source} to reach the Kubernetes API: {reason}; fix the file "
+                          "(kubectl config view shows it), or pass another with --kubeconfig") from None
     return Client(kubernetes.client.ApiClient(_configured(configuration)),
                   Target(configuration.host, str(chosen), source, request_timeout,
                          namespace if isinstance(namespace, str) and namespace else None),
                   request_timeout)
+
+
+def config_reason(exc: BaseException) -> str:
+    """A loader failure's reason alone, without the advice that names the command line's flags: for a
+    program that takes none of them (the agent), which gives its own."""
+    return " ".join(str(exc).split()).removeprefix("gpushard: ").split("; ")[0]
 
 
 def transport_reason(exc: BaseException) -> str:
@@ -208,22 +256,50 @@ def failure_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def unreachable(where: str, exc: BaseException, timeout: float | None = None) -> ApiError:
+    """A request that got no answer, told with what to check next."""
+    reason = transport_reason(exc)
+    check = "check that the cluster is up and that the context is the right one (kubectl config current-context)"
+    if reason == "timed out" and timeout:
+        reason = f"no answer within {timeout:g}s (--request-timeout)"
+        check += ", or give it longer with --request-timeout"
+    elif reason == "its TLS certificate is not trusted":
+        check = ("check that the server is the right one and that the kubeconfig's certificate-authority-data "
+                 "is its CA (kubectl config view --raw)")
+    return ApiError(f"gpushard: cannot reach {where}: {reason}; {check}")
+
+
+def unauthorized(where: str, what: str) -> ApiError:
+    return ApiError(f"gpushard: {where} refused the credentials (401 Unauthorized) while trying to {what}; "
+                    "log in again, or pick other credentials with --kubeconfig or --context", 401)
+
+
+def forbidden(where: str, what: str, said: str, rights: str | None = None) -> ApiError:
+    """A 403, told with the shipped role (``rights``) that grants what was refused."""
+    return ApiError(f"gpushard: {where} forbids this account to {what} (403 Forbidden: {said}); "
+                    f"{rights or 'ask the cluster administrators for that right'}", 403)
+
+
+def answered(where: str, what: str, exc: kubernetes.client.ApiException) -> ApiError:
+    """Any other refusal of the API server (not 401 or 403), told with what to do next."""
+    said = api_status_message(exc)
+    status = f"HTTP {exc.status}" + (f": {said}" if said else "")
+    if exc.status is not None and 400 <= exc.status < 500:
+        return ApiError(f"gpushard: {where} refused to {what} ({status}); fix what its message names, "
+                        "then run this again", exc.status)
+    return ApiError(f"gpushard: {where} failed to {what} ({status}); run this again, and if it fails again "
+                    "read the API server's log", exc.status)
+
+
 def explain(exc: BaseException, target: Target, what: str) -> ApiError | None:
     """An ApiError in plain words for a transport failure, 401 or 403; None for anything else."""
-    where = f"the Kubernetes API at {target.host} (context {target.context})"
     if is_transport_failure(exc):
-        reason = transport_reason(exc)
-        if reason == "timed out" and target.timeout:
-            reason = f"no answer within {target.timeout:g}s (--request-timeout)"
-        return ApiError(f"gpushard: cannot reach {where}: {reason}; check that the cluster is up "
-                        "and that the context is the right one (kubectl config current-context)")
+        return unreachable(target.where, exc, target.timeout)
     if isinstance(exc, kubernetes.client.ApiException):
         if exc.status == 401:
-            return ApiError(f"gpushard: {where} refused the credentials (401 Unauthorized) while trying to {what}; "
-                            "log in again, or pick other credentials with --kubeconfig or --context", 401)
+            return unauthorized(target.where, what)
         if exc.status == 403:
-            return ApiError(f"gpushard: {where} forbids this account to {what} (403 Forbidden: "
-                            f"{api_status_message(exc)})", 403)
+            return forbidden(target.where, what, api_status_message(exc), target.rights)
     return None
 
 

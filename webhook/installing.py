@@ -28,6 +28,9 @@ TIMEOUT = 30.0
 REFUSED = kubectlflags.UNREACHABLE
 UNREACHABLE = kubectlflags.UNREACHABLE
 USAGE = kubectlflags.USAGE
+# What grants the calls of `certs --install`, told with a 403.
+RIGHTS = ("the ServiceAccount gpushard-system/gpushard-certs has it (deploy/base/certs-job.yaml): run the certs Job, "
+          "or bind its Role and ClusterRole to this account")
 
 
 class InstallError(SystemExit):
@@ -90,14 +93,13 @@ class _Reach:
 
 
 def _api_error(what: str, exc: kubernetes.client.ApiException, reach: _Reach) -> InstallError:
-    reason = connecting.api_status_message(exc) or exc.reason or ""
     if exc.status == 401:
-        return InstallError(f"gpushard: {reach.where} refused the credentials (401 Unauthorized) while trying to "
-                            f"{what}; log in again, or pick other credentials with --kubeconfig or --context")
-    if exc.status == 403:
-        return InstallError(f"gpushard: {reach.where} forbids this account to {what} (403 Forbidden: {reason}); "
-                            "it needs the RBAC of deploy/base/certs-job.yaml")
-    return InstallError(f"gpushard: {reach.where} refused to {what}: HTTP {exc.status} {reason}".rstrip())
+        told = connecting.unauthorized(reach.where, what)
+    elif exc.status == 403:
+        told = connecting.forbidden(reach.where, what, connecting.api_status_message(exc) or exc.reason or "", RIGHTS)
+    else:
+        told = connecting.answered(reach.where, what, exc)
+    return InstallError(str(told))
 
 
 @contextlib.contextmanager
@@ -106,10 +108,7 @@ def _reaching(reach: _Reach):
     try:
         yield
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        reason = connecting.transport_reason(exc)
-        if reason == "timed out" and reach.timeout:
-            reason = f"no answer within {reach.timeout:g}s (--request-timeout)"
-        raise InstallError(f"gpushard: cannot reach {reach.where}: {reason}", status=UNREACHABLE) from None
+        raise InstallError(str(connecting.unreachable(reach.where, exc, reach.timeout)), status=UNREACHABLE) from None
 
 
 def _pem_certificates(data: bytes) -> list[x509.Certificate]:
@@ -184,7 +183,8 @@ def _read_config(admission: kubernetes.client.AdmissionregistrationV1Api,
                                "deploy/ first (kubectl apply -k deploy/base), then run this again") from None
         raise _api_error(f"read MutatingWebhookConfiguration {name}", exc, reach) from None
     if not config.webhooks:
-        raise InstallError(f"gpushard: MutatingWebhookConfiguration {name} has no webhooks to give a CA to")
+        raise InstallError(f"gpushard: MutatingWebhookConfiguration {name} has no webhooks to give a CA to; apply "
+                           "deploy/ again (kubectl apply -k deploy/base), then run this again")
     return config
 
 
@@ -238,7 +238,7 @@ def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-syst
     """
     if days <= renew_before:
         raise InstallError(f"gpushard: --days {days} must be more than --renew-before {renew_before}, or every "
-                           "run would make a new certificate", status=USAGE)
+                           "run would make a new certificate; raise --days or lower --renew-before", status=USAGE)
     now = now or datetime.datetime.now(datetime.timezone.utc)
     where = f"the Kubernetes API at {target.host if target else api.configuration.host}" + (
         f" (context {target.context})" if target else "")

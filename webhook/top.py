@@ -33,8 +33,15 @@ TIMEOUT_S = 10.0
 MIB = 1024 * 1024
 API_VERSION = "gpushard.io/v1"  # as `status -o json` and `audit -o json`
 
+
 class TopError(Exception):
     """Nothing to show; the message says why."""
+
+
+def rights(namespace: str) -> str:
+    """What grants top's calls in the agents' namespace, told with a 403."""
+    return (f'the Role gpushard-top in namespace "{namespace}" grants it (deploy/base/rbac-top.yaml): bind it to '
+            "this account with a RoleBinding there")
 
 
 @dataclass
@@ -156,10 +163,11 @@ def find_agents(core, namespace: str, timeout: float | None = TIMEOUT_S) -> list
 class ScrapeError(Exception):
     """The agent, or the port-forward to it, refused or failed; ``status`` is the HTTP status when there is one."""
 
-    def __init__(self, message: str, status: int | None = None, reason: str = ""):
+    def __init__(self, message: str, status: int | None = None, reason: str = "", detail: str = ""):
         super().__init__(message)
         self.status = status
         self.reason = reason
+        self.detail = detail  # the API server's own message, where it sent one
 
 
 def _forward(core, namespace: str, agent: Agent, timeout: float | None):
@@ -181,8 +189,8 @@ def _forward(core, namespace: str, agent: Agent, timeout: float | None):
             # The API server's refusal: its Status message follows the headers.
             detail = re.search(r'"message": ?"((?:[^"\\]|\\.)*)"', str(exc.reason))
             status, reason = int(found[1]), found[2].strip()
-            text = f"HTTP {status} {reason}" + (f": {json.loads(chr(34) + detail[1] + chr(34))}" if detail else "")
-            raise ScrapeError(text, status, reason) from None
+            said = json.loads(chr(34) + detail[1] + chr(34)) if detail else ""
+            raise ScrapeError(f"HTTP {status} {reason}" + (f": {said}" if said else ""), status, reason, said) from None
         raise ScrapeError(f"port-forward failed: {exc.reason}") from None
     finally:
         websocket.setdefaulttimeout(previous)
@@ -223,15 +231,27 @@ def scrape(core, namespace: str, agent: Agent, timeout: float | None = TIMEOUT_S
         forward.close()
 
 
+AGENT_PODS = "kubectl -n {namespace} get pods -l app.kubernetes.io/component=agent -o wide"
+
+
 def gather(core, namespace: str, node: str | None = None, err: IO[str] | None = None,
-           timeout: float | None = TIMEOUT_S) -> tuple[list[CardTop], list[PodTop]]:
-    """Cards and containers of every agent (or of ``node``'s); an agent that does not answer is named on ``err``."""
+           timeout: float | None = TIMEOUT_S, where: str = "the cluster"
+           ) -> tuple[list[CardTop], list[PodTop]]:
+    """Cards and containers of every agent (or of ``node``'s); an agent that does not answer is named on ``err``.
+
+    A port-forward refused for the credentials (401, 403) is a ScrapeError: every agent would get the same.
+    ``where`` names the API server and context in the messages.
+    """
     err = err or sys.stderr
     agents = [a for a in find_agents(core, namespace, timeout) if node is None or a.node == node]
+    if not agents and node:
+        raise TopError(f"gpushard: no running agent on node {node!r} in namespace {namespace!r} at {where}; check "
+                       f"the node's name (kubectl get nodes) and that an agent runs there "
+                       f"({AGENT_PODS.format(namespace=namespace)})")
     if not agents:
-        where = f" on node {node!r}" if node else ""
-        raise TopError(f"gpushard: no running agent{where} in namespace {namespace!r} "
-                       f"(pods labelled {AGENT_SELECTOR})")
+        raise TopError(f"gpushard: no running agent in namespace {namespace!r} (pods labelled {AGENT_SELECTOR}) "
+                       f"at {where}; if gpushard runs in another namespace pass --agent-namespace, else check its "
+                       f"agent DaemonSet (kubectl -n {namespace} get daemonset gpushard-agent)")
     cards: list[CardTop] = []
     pods: list[PodTop] = []
     answered = 0
@@ -240,20 +260,25 @@ def gather(core, namespace: str, node: str | None = None, err: IO[str] | None = 
             text = scrape(core, namespace, agent, timeout)
         except Exception as exc:  # one node away must not hide the others
             status = getattr(exc, "status", None)
+            if isinstance(exc, ScrapeError) and status in (401, 403):
+                raise
             if isinstance(exc, ScrapeError) or not status:
                 why = str(exc) if isinstance(exc, ScrapeError) else connecting.failure_text(exc)
             else:
                 why = f"HTTP {status} {getattr(exc, 'reason', '')}".strip()
             if why == "timed out" and timeout:
                 why = f"no answer within {timeout:g}s through the port-forward"
-            print(f"gpushard: cannot read the metrics of agent {agent.pod} on node {agent.node!r}: {why}", file=err)
+            print(f"gpushard: cannot read the metrics of agent {agent.pod} on node {agent.node!r}: {why}; read its "
+                  f"log (kubectl -n {namespace} logs {agent.pod})", file=err)
             continue
         answered += 1
         c, p = parse(text)
         cards += c
         pods += p
     if not answered:
-        raise TopError("gpushard: no agent answered; is --metrics-port set on the agents?")
+        raise TopError(f"gpushard: no agent answered at {where} (each is named above with why); check that the "
+                       "agents serve metrics (--metrics-port, 9401 in deploy/base/agent.yaml) and read their log "
+                       f"(kubectl -n {namespace} logs daemonset/gpushard-agent)")
     return (sorted(cards, key=lambda c: (c.node, c.gpu)),
             sorted(pods, key=lambda p: (p.node, p.gpu, p.namespace, p.pod, p.container)))
 
@@ -337,10 +362,20 @@ def run_top(args, conn: connecting.Client, out: IO[str] | None = None, err: IO[s
     out, err = out or sys.stdout, err or sys.stderr
     core = kubernetes.client.CoreV1Api(conn.api)
     timeout = conn.timeout if conn.timeout is not None else TIMEOUT_S
+    conn.target.rights = rights(args.agent_namespace)
+    listing = f'list pods in namespace "{args.agent_namespace}"'
     try:
-        with connecting.reaching(conn.target, f"list and port-forward to the agent pods in namespace "
-                                              f"{args.agent_namespace!r}"):
-            cards, pods = gather(core, args.agent_namespace, args.node, err, timeout)
+        try:
+            with connecting.reaching(conn.target, listing):
+                cards, pods = gather(core, args.agent_namespace, args.node, err, timeout, conn.target.where)
+        except ScrapeError as exc:  # a port-forward refused for the credentials
+            forward = f'port-forward to the agent pods in namespace "{args.agent_namespace}" (pods/portforward)'
+            if exc.status == 401:
+                raise connecting.unauthorized(conn.target.where, forward) from None
+            raise connecting.forbidden(conn.target.where, forward, exc.detail or exc.reason,
+                                       conn.target.rights) from None
+        except kubernetes.client.ApiException as exc:  # any other refusal of the list
+            raise connecting.answered(conn.target.where, listing, exc) from None
     except (TopError, connecting.ApiError) as exc:
         print(exc, file=err)
         return kubectlflags.UNREACHABLE

@@ -76,7 +76,7 @@ def test_the_loader_follows_kubectls_order(fake, tmp_path, monkeypatch):
     assert connecting.kubeconfig_files(None, {}) == []  # then the in-cluster account
     with pytest.raises(connecting.ConfigError, match="in-cluster service account"):
         connecting.client(environ={})
-    with pytest.raises(connecting.ConfigError, match="--kubeconfig .*missing: no such file"):
+    with pytest.raises(connecting.ConfigError, match='--kubeconfig ".*missing": no such file'):
         connecting.client(str(tmp_path / "missing"))
 
 
@@ -94,7 +94,8 @@ def test_kubeconfig_lists_are_merged_as_kubectl_merges_them(fake, tmp_path, caps
 
 def test_an_unknown_context_exits_2(kubeconfig, capsys):
     code, out, err = run(["status", "--kubeconfig", kubeconfig, "--context", "nope"], capsys)
-    assert (code, out) == (2, "") and err == f"gpushard: --context nope: no such context in {kubeconfig}\n"
+    assert (code, out) == (2, "") and err == (f'gpushard: --context "nope": no such context in {kubeconfig}; '
+                                              'use one of "fake" (kubectl config get-contexts)\n')
 
 
 @pytest.mark.parametrize("text, seconds", [("0", None), ("5", 5.0), ("30s", 30.0), ("1m30s", 90.0),
@@ -169,7 +170,8 @@ def test_a_namespace_whose_object_cannot_be_read_is_audited_as_enforced(fake, tm
     assert json.loads(out)["findings"] == [] and json.loads(out)["summary"]["objects"] == 5
     fake.objects["namespaces"].pop(("", "research"))
     code, out, err = run(["audit", "-n", "research", "--kubeconfig", path], capsys)
-    assert (code, out, err) == (2, "", "gpushard: namespace research not found\n")
+    assert (code, out, err) == (2, "", f'gpushard: namespace "research" not found at the Kubernetes API at {fake.url} '
+                                      "(context fake); check its name (kubectl get namespaces), or leave -n out\n")
 
 
 def test_the_contexts_namespace_is_the_default_of_n_as_in_kubectl(fake, tmp_path, capsys):

@@ -262,7 +262,7 @@ def test_command_line_install_through_a_kubeconfig(kube, tmp_path):
     assert result.returncode == 0 and "kept" in result.stdout
     result = _gpushard("certs", "--install", "--kubeconfig", str(tmp_path / "missing"))
     assert result.returncode == 2
-    assert result.stderr.startswith(f"gpushard: --kubeconfig {tmp_path / 'missing'}: no such file")
+    assert result.stderr.startswith(f'gpushard: --kubeconfig "{tmp_path / "missing"}": no such file')
 
 
 def test_command_line_certs_needs_out_or_install(tmp_path):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from prometheus_client import core as prom
 from prometheus_client import exposition, registry
 
-from webhook import certificates
+from webhook import certificates, connecting
 from webhook.agent import attributing, authorizing, health, nvml, podlisting, podresources, publishing
 from webhook.core import isolation as isolation_mod
 from webhook.core import policy as policy_mod
@@ -426,7 +426,8 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
         try:
             api = publishing.api_client()
         except Exception as exc:  # kubernetes.config raises several unrelated types
-            log.warning("gpushard: no Kubernetes API credentials (%s); GPU processes are not tied to pods", exc)
+            log.warning("gpushard: no Kubernetes API credentials (%s); GPU processes are not tied to pods",
+                        connecting.config_reason(exc))
     if api is not None and node_name:
         pods = podlisting.NodePods(api, node_name, timeout=settings.agent.metrics_request_timeout)
     client = podresources.Client(args.pod_resources_socket)

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from webhook import connecting
 from webhook import settings as settings_mod
 from webhook.agent import (
     allocation,
@@ -218,7 +219,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                    "and libnvidia-ml.so.1 visible to the agent, pass --fake-inventory FILE "
                                    "to advertise cards from a file, or --allow-no-gpus to advertise none")
     except nvml.InventoryError as exc:
-        return _fail(EXIT_USAGE, f"gpushard: bad inventory file: {exc}")
+        return _fail(EXIT_USAGE, f"gpushard: bad inventory file: {' '.join(str(exc).split())}; check the file "
+                                 "given to --fake-inventory")
 
     publisher = None
     api = None
@@ -232,8 +234,9 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
             api = publishing.api_client()
         except Exception as exc:  # kubernetes.config raises several unrelated types
             devices.close()
-            return _fail(EXIT_NO_API, f"gpushard: no Kubernetes API credentials ({exc}); run in a pod with a "
-                                      "service account, set KUBECONFIG, or pass --no-publish")
+            return _fail(EXIT_NO_API, f"gpushard: no Kubernetes API credentials ({connecting.config_reason(exc)}); "
+                                      "run in a pod with a "
+                                      "service account, set KUBECONFIG to a kubeconfig file, or pass --no-publish")
 
         def publisher(cards):
             return publishing.Publisher(api, node_name, cards, timeout=timeout)
@@ -282,7 +285,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                       conflicts=agent.conflicts, cordoned=agent.cordoned,
                                       cards_by_pod=agent.dra.plugin.preparer.cards_by_pod if agent.dra else None)
         except OSError as exc:
-            return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}")
+            return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}; pick a "
+                                     "free --metrics-port")
         while not stop.wait(1.0):
             pass
     finally:

@@ -48,6 +48,9 @@ DEFAULT_NAMESPACE = "gpushard-system"
 # The liveness endpoint fails once the loop has not come round for this long: a pass stuck
 # on a call has timed out well before (every call is bounded by --request-timeout).
 STALL_S = 300.0
+# What grants the replacer's calls, told with a 403.
+RIGHTS = ("the ServiceAccount gpushard-system/gpushard-replacer has it (deploy/base/rbac-replacer.yaml): run the "
+          "replacer as that account, or bind its roles to this one")
 
 
 @dataclasses.dataclass
@@ -407,19 +410,18 @@ def serve_health(port: int, replacer: Replacer, stall_s: float = STALL_S) -> htt
 
 def _once(replacer: Replacer, client: connecting.Client, namespace: str) -> int:
     """One pass with --once: its outcome on stdout, or one gpushard: line and exit 3 (or 2)."""
-    where = f"the Kubernetes API at {client.target.host} (context {client.target.context})"
     try:
         outcome = replacer.pass_once()
     except connecting.ApiError as exc:
         print(exc, file=sys.stderr)
         return kubectlflags.UNREACHABLE
     except kubernetes.client.ApiException as exc:
-        print(f"gpushard: {where} answered {connecting.failure_text(exc)} during a re-placement pass; "
-              "nothing more was done", file=sys.stderr)
+        print(connecting.answered(client.target.where, "serve the re-placement pass, which stopped there", exc),
+              file=sys.stderr)
         return kubectlflags.UNREACHABLE
     except Exception as exc:  # noqa: BLE001 - an error nobody foresaw: one line, still not a traceback
-        print(f"gpushard: the re-placement pass stopped by an unexpected error: {connecting.failure_text(exc)}",
-              file=sys.stderr)
+        print(f"gpushard: the re-placement pass stopped by an unexpected error: {connecting.failure_text(exc)}; "
+              "run it again, and if it fails again read the replacer's log", file=sys.stderr)
         return kubectlflags.USAGE
     if outcome is None:
         print(f"gpushard: another replacer holds Lease {namespace}/{names.REPLACER_LEASE}; nothing done")
@@ -445,6 +447,7 @@ def run(args, settings: settings_mod.Settings) -> int:
     except connecting.ConfigError as exc:
         print(exc, file=sys.stderr)
         return kubectlflags.USAGE
+    client.target.rights = RIGHTS
     namespace = args.namespace or os.environ.get(names.POD_NAMESPACE_ENV) or DEFAULT_NAMESPACE
     identity = args.identity or os.environ.get(names.POD_NAME_ENV) or f"{socket.gethostname()}-{os.getpid()}"
     # One pass lists; the loop lists once and then follows by watch.
@@ -458,7 +461,7 @@ def run(args, settings: settings_mod.Settings) -> int:
         try:
             health = serve_health(port, replacer, getattr(args, "stall_seconds", None) or STALL_S)
         except OSError as exc:
-            print(f"gpushard: --health-port {port}: cannot listen: {exc.strerror}", file=sys.stderr)
+            print(f"gpushard: --health-port {port}: cannot listen: {exc.strerror}; pick a free port", file=sys.stderr)
             return kubectlflags.USAGE
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
