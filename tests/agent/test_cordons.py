@@ -87,6 +87,11 @@ def ids(card: int, health: str = "Healthy") -> dict[str, str]:
     return {f"card-{card}-{s}": health for s in range(SHARES)}
 
 
+def node_wide(health: str = "Healthy") -> dict[str, str]:
+    """The node-wide resource's IDs, which name no card (docs/agent.md): a cordon leaves them all."""
+    return {f"share-{n}": health for n in range(len(CARDS) * SHARES)}
+
+
 def test_the_cordoned_card_s_shares_are_withdrawn_and_come_back(api, agent, kubelet, plugin_dir):
     kubelet.wait_for({"gpushard.io/gpu", "gpushard.io/card-0", "gpushard.io/card-1"})
     with fakekubelet.PluginClient(plugin_dir, "gpushard-io-card-1.sock") as c1, \
@@ -95,7 +100,7 @@ def test_the_cordoned_card_s_shares_are_withdrawn_and_come_back(api, agent, kube
         card1, card0, total = fakekubelet.Stream(c1), fakekubelet.Stream(c0), fakekubelet.Stream(everything)
         settles(card1, {}, "card 1 withdrawn")
         settles(card0, ids(0), "card 0 as before")
-        settles(total, {**ids(0), **ids(1)}, "every share in the node-wide resource")
+        settles(total, node_wide(), "every share in the node-wide resource")
         # A pod given card 1's IDs before the cordon still gets its card when the kubelet asks again.
         answer = c1.stub.Allocate(pb.AllocateRequest(container_requests=[
             pb.ContainerAllocateRequest(devices_ids=["card-1-0"])]), timeout=5)
@@ -111,7 +116,7 @@ def test_the_cordoned_card_s_shares_are_withdrawn_and_come_back(api, agent, kube
             with stream._cond:
                 seen = [d.health for m in stream.messages for d in m.devices]
             assert "Unhealthy" not in seen  # a cordon is no health change
-        assert latest(card0) == ids(0) and latest(total) == {**ids(0), **ids(1)}
+        assert latest(card0) == ids(0) and latest(total) == node_wide()
         for stream in (card1, card0, total):
             stream.cancel()
     assert agent.cordoned() == frozenset({1})
