@@ -212,10 +212,13 @@ class Kubectl:
 class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager and kube-scheduler from ``assets``, on loopback."""
 
-    def __init__(self, assets: Path, work: Path, node_lifecycle: bool = True, apiserver_flags: list[str] = ()):
+    def __init__(self, assets: Path, work: Path, node_lifecycle: bool = True, apiserver_flags: list[str] = (),
+                 score_all_nodes: bool = False):
         self.assets, self.work = assets, work
         self.node_lifecycle = node_lifecycle
         self.apiserver_flags = list(apiserver_flags)
+        # docs/install.md's advice for clusters past 100 nodes: kube-scheduler scores every feasible node.
+        self.score_all_nodes = score_all_nodes
         self.processes: list[Process] = []
         self.pki = Pki(work / "pki")
         self.port = free_port()
@@ -295,10 +298,18 @@ class ControlPlane:
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--v=1",
         ])
         sched_config = self.user_config("scheduler", "system:kube-scheduler")
+        configured = [f"--kubeconfig={sched_config}", "--leader-elect=false"]
+        if self.score_all_nodes:
+            config = self.work / "scheduler.yaml"
+            config.write_text(json.dumps({
+                "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+                "clientConnection": {"kubeconfig": str(sched_config)}, "leaderElection": {"leaderElect": False},
+                "percentageOfNodesToScore": 100}))
+            configured = [f"--config={config}"]
         self._start("kube-scheduler", [
-            self.binary("kube-scheduler"), f"--kubeconfig={sched_config}",
+            self.binary("kube-scheduler"), *configured,
             f"--authentication-kubeconfig={sched_config}", f"--authorization-kubeconfig={sched_config}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--v=1",
+            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--v=1",
         ])
         # The default ServiceAccount appears once the controller manager runs: pods need it.
         wait_for("the default ServiceAccount", lambda: self.kubectl.run(
