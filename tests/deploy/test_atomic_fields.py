@@ -44,28 +44,8 @@ NO_DEFAULTS = {
 
 def atomic_values(value, schema: dict, path: str = ""):
     """(path, type name, value) of every value under ``value`` whose schema is an atomic struct."""
-    ref = schema.get("$ref")
-    if ref is not None:
-        name = ref.rpartition("/$defs/")[2]
-        definition = quantity_walk.definitions()[name]
-        if definition.get("x-kubernetes-map-type") == "atomic" and isinstance(value, dict):
-            yield path, name, value
-        yield from atomic_values(value, definition, path)
-        return
-    for branch in ("allOf", "anyOf", "oneOf"):
-        for sub in schema.get(branch, ()):
-            yield from atomic_values(value, sub, path)
-    if isinstance(value, dict):
-        properties = schema.get("properties") or {}
-        extra = schema.get("additionalProperties")
-        for key, item in value.items():
-            if key in properties:
-                yield from atomic_values(item, properties[key], f"{path}.{key}")
-            elif isinstance(extra, dict):
-                yield from atomic_values(item, extra, f"{path}.{key}")
-    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for index, item in enumerate(value):
-            yield from atomic_values(item, schema["items"], f"{path}[{index}]")
+    return ((where, name, item) for where, name, item in quantity_walk.typed_values(value, schema, path)
+            if isinstance(item, dict) and quantity_walk.definitions()[name].get("x-kubernetes-map-type") == "atomic")
 
 
 def missing_defaults(name: str, value: dict) -> dict:

@@ -74,29 +74,32 @@ def schema_of(obj: dict) -> dict | None:
         return None
 
 
-def quantity_fields(value, schema: dict, path: str = ""):
-    """(path, value) of every field under ``value`` whose schema is resource.Quantity."""
+def typed_values(value, schema: dict, path: str = ""):
+    """(path, definition name, value) of every value under ``value`` whose schema names a definition."""
     ref = schema.get("$ref")
     if ref is not None:
         name = ref.rpartition("/$defs/")[2]
-        if name == QUANTITY:
-            yield path, value
-            return
-        yield from quantity_fields(value, definitions()[name], path)
+        yield path, name, value
+        yield from typed_values(value, definitions()[name], path)
     for branch in ("allOf", "anyOf", "oneOf"):
         for sub in schema.get(branch, ()):
-            yield from quantity_fields(value, sub, path)
+            yield from typed_values(value, sub, path)
     if isinstance(value, dict):
         properties = schema.get("properties") or {}
         extra = schema.get("additionalProperties")
         for key, item in value.items():
             if key in properties:
-                yield from quantity_fields(item, properties[key], f"{path}.{key}")
+                yield from typed_values(item, properties[key], f"{path}.{key}")
             elif isinstance(extra, dict):
-                yield from quantity_fields(item, extra, f"{path}.{key}")
+                yield from typed_values(item, extra, f"{path}.{key}")
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         for index, item in enumerate(value):
-            yield from quantity_fields(item, schema["items"], f"{path}[{index}]")
+            yield from typed_values(item, schema["items"], f"{path}[{index}]")
+
+
+def quantity_fields(value, schema: dict, path: str = ""):
+    """(path, value) of every field under ``value`` whose schema is resource.Quantity."""
+    return ((where, item) for where, name, item in typed_values(value, schema, path) if name == QUANTITY)
 
 
 @pytest.fixture(scope="module")
