@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,3 +314,17 @@ def reaching(target: Target, what: str) -> Iterator[None]:
         if explained is None:
             raise
         raise explained from None
+
+
+def watch_lines(response, stop: threading.Event) -> Iterator[bytes]:
+    """The newline-separated events of a watch response (its raw stream), each as soon as it arrives."""
+    buffer = b""
+    while not stop.is_set():
+        chunk = response.read1(65536)
+        if not chunk:
+            return
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 import kubernetes
 
@@ -97,7 +97,7 @@ class Watcher:
                                        _request_timeout=(self.timeout, self.watch_timeout + 30))
         self._response = response
         try:
-            for line in _lines(response, self._stop):
+            for line in connecting.watch_lines(response, self._stop):
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
@@ -154,17 +154,3 @@ class Watcher:
                 response.shutdown()  # wakes the thread blocked reading the stream
             except Exception:  # noqa: BLE001 - already closed: nothing to wake
                 pass
-
-
-def _lines(response, stop: threading.Event) -> Iterator[bytes]:
-    """The newline-separated events of a watch response, each as soon as it arrives."""
-    buffer = b""
-    while not stop.is_set():
-        chunk = response.read1(65536)
-        if not chunk:
-            return
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            if line.strip():
-                yield line

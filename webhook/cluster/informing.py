@@ -203,7 +203,7 @@ class Informer:
         return version
 
     def _stream(self, resource: str, response, version: str) -> str:
-        for line in _lines(response, self._stop):
+        for line in connecting.watch_lines(response, self._stop):
             self.heard_at[resource] = time.time()
             event = json.loads(line)
             kind, obj = event.get("type"), event.get("object") or {}
@@ -280,17 +280,3 @@ def collector_paused() -> Iterator[None]:
             _collector_holders[0] -= 1
             if _collector_holders[0] == 0 and _collector_holders[1]:
                 gc.enable()
-
-
-def _lines(response, stop: threading.Event) -> Iterator[bytes]:
-    """The newline-separated events of a watch response, each as soon as it arrives."""
-    buffer = b""
-    while not stop.is_set():
-        chunk = response.read1(65536)
-        if not chunk:
-            return
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            if line.strip():
-                yield line
