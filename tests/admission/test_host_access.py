@@ -319,4 +319,18 @@ def test_a_debug_container_adding_more_is_denied_naming_what_it_may_add(client):
     assert response["status"]["message"] == (
         'gpushard: ephemeral container "debugger" adds capability SYS_ADMIN '
         "(spec.ephemeralContainers[0].securityContext.capabilities.add), beyond Pod Security's baseline and what a "
-        "debug container may add (SYS_PTRACE, NET_ADMIN, NET_RAW), so it could reach the node's devices")
+        "debug container may add here (SYS_PTRACE, NET_ADMIN, NET_RAW), so it could reach the node's devices")
+
+
+def test_in_a_host_network_pod_a_debug_container_may_not_add_network_capabilities(client):
+    # There the pod's network namespace is the node's: NET_ADMIN would administer the node's network.
+    old = _gpu_pod(hostNetwork=True)
+    new = copy.deepcopy(old)
+    new["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": "busybox", "securityContext": {
+        "capabilities": {"add": ["NET_ADMIN"]}}}]
+    response = post(client, "/mutate", _debug_review(old, new))
+    assert response["allowed"] is False
+    assert "adds capability NET_ADMIN" in response["status"]["message"]
+    assert "what a debug container may add here (SYS_PTRACE)" in response["status"]["message"]
+    new["spec"]["ephemeralContainers"][0]["securityContext"]["capabilities"]["add"] = ["SYS_PTRACE"]
+    assert post(client, "/mutate", _debug_review(old, new))["allowed"] is True

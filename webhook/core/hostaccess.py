@@ -101,7 +101,7 @@ def injecting_family(key: str) -> str | None:
     return None
 
 
-def _container(container: dict, label: str, where: str) -> list[f.Finding]:
+def _container(container: dict, label: str, where: str, debug_may_add: tuple[str, ...] = ()) -> list[f.Finding]:
     name = str(container.get("name") or "")
     found = []
     security = _dict(container.get("securityContext"))
@@ -110,14 +110,13 @@ def _container(container: dict, label: str, where: str) -> list[f.Finding]:
             f"gpushard: {label} \"{name}\" is privileged ({where}.securityContext.privileged), "
             "so it would see every card of the node"), name))
     added = _list(_dict(security.get("capabilities")).get("add"))
-    debug = label == "ephemeral container"
     for cap in added:
         text = str(cap).strip().upper().removeprefix("CAP_")
-        if text in names.BASELINE_CAPABILITIES or (debug and text in names.DEBUG_CAPABILITIES):
+        if text in names.BASELINE_CAPABILITIES or text in debug_may_add:
             continue
         allowed = "beyond Pod Security's baseline"
-        if debug:
-            allowed += f" and what a debug container may add ({', '.join(names.DEBUG_CAPABILITIES)})"
+        if debug_may_add:
+            allowed += f" and what a debug container may add here ({', '.join(debug_may_add)})"
         found.append(_deny(f.ADDED_CAPABILITIES, (
             f"gpushard: {label} \"{name}\" adds capability {cap} ({where}.securityContext.capabilities.add), "
             f"{allowed}, so it could reach the node's devices"), name))
@@ -135,6 +134,10 @@ def _container(container: dict, label: str, where: str) -> list[f.Finding]:
 def container_findings(spec: dict, where: str, only: Iterable[tuple[str, int]] | None = None) -> list[f.Finding]:
     """Findings about each container (or only the (list, position) pairs in ``only``)."""
     chosen = set(only) if only is not None else None
+    # A debug container acts in the pod's own namespaces; in a pod on the node's network namespace the network
+    # capabilities would act on the node's, so there it may add only SYS_PTRACE.
+    debug_may_add = tuple(c for c in names.DEBUG_CAPABILITIES
+                          if not (spec.get("hostNetwork") is True and c in names.HOST_NETWORK_CAPABILITIES))
     found = []
     for key, label in CONTAINER_LISTS:
         items = spec.get(key)
@@ -144,7 +147,8 @@ def container_findings(spec: dict, where: str, only: Iterable[tuple[str, int]] |
             # Only a security context or a mount can hold a finding: skip the rest without a look.
             if (isinstance(container, dict) and (chosen is None or (key, i) in chosen)
                     and (container.get("securityContext") is not None or container.get("volumeMounts") is not None)):
-                found += _container(container, label, f"{where}.{key}[{i}]")
+                found += _container(container, label, f"{where}.{key}[{i}]",
+                                    debug_may_add if key == "ephemeralContainers" else ())
     return found
 
 

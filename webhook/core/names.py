@@ -104,6 +104,8 @@ BASELINE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSET
 # and hostNetwork stay denied): ptrace reaches the pod's own processes, which already hold the pod's card,
 # and the network ones its own network namespace; none opens a device (docs/security.md, "Debug containers").
 DEBUG_CAPABILITIES = ("SYS_PTRACE", "NET_ADMIN", "NET_RAW")
+# Of those, the ones that act on the network namespace: the node's own in a hostNetwork pod, so not there.
+HOST_NETWORK_CAPABILITIES = ("NET_ADMIN", "NET_RAW")
 # Isolation: the limits the card-k device plugin hands each container (see docs/isolation.md).
 # Read by NVIDIA's container toolkit's apply-cuda-memory-limits CDI hook, in whole MiB. The hook's
 # first revision reads the plural names first and falls back to the singular ones; later revisions
