@@ -33,6 +33,7 @@ import hashlib
 import json
 import socket
 import struct
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -132,7 +133,7 @@ class FakeKube:
         # Called (method, path with query) as each request arrives, before it is answered, the lock
         # not held: it may block, as an API server that is slow to answer would.
         self.on_request = None
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = _QuietServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -703,6 +704,15 @@ def _merge(target: dict, patch: dict) -> dict:
         else:
             target[key] = copy.deepcopy(value)
     return target
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that hangs up (a pooled connection the kubernetes client drops) is no fault of the server's;
+    socketserver would print its traceback on the stderr of the process the test runs in."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
 
 
 class SilentServer:
