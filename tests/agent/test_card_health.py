@@ -17,7 +17,6 @@ stand-in PodResources that lists what each container holds, and the fake NVML ba
 
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
@@ -205,22 +204,6 @@ def test_without_pod_resources_no_held_id_is_marked(plugin_dir, kubelet, devices
         peer.close()
         agent.stop()
 
-
-@pytest.fixture
-def fake_nvml(tmp_path):
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler to build the fake NVML library")
-    lib, control = tmp_path / "lib", tmp_path / "control"
-    lib.mkdir()
-    control.mkdir()
-    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(lib / "libnvidia-ml.so.1"),
-                    "-Wl,-soname,libnvidia-ml.so.1", str(pathlib.Path(__file__).with_name("fakenvml.c"))],
-                   check=True, timeout=60)
-    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
-    env.update(LD_LIBRARY_PATH=str(lib), FAKE_NVML_DIR=str(control))
-    (control / "cards").write_text("2")
-    return env, control
 
 
 def test_the_agent_on_nvml_marks_card_1_s_pods_only(fake_nvml, plugin_dir, kubelet, lister, tmp_path):

@@ -20,7 +20,6 @@ import time
 
 import pytest
 
-from tests import fakekube
 from tests.agent import drakubelet, draworld, fakekubelet
 from webhook import settings
 from webhook.agent import cordonwatching, drabackend, exporting, nvml, running
@@ -50,11 +49,6 @@ def eventually(check, what, timeout=20.0):
             raise AssertionError(f"never saw {what}")
         time.sleep(0.02)
 
-
-@pytest.fixture
-def api():
-    with fakekube.FakeKube() as server:
-        yield server
 
 
 def watcher(api, **options):

@@ -19,7 +19,6 @@ import time
 import grpc
 import pytest
 
-from tests import fakekube
 from tests.agent import drakubelet, draworld, fakekubelet, fakepodresources
 from webhook.agent import drabackend, nvml, podresources, running
 from webhook.agent.proto import deviceplugin_pb2 as pb
@@ -33,11 +32,6 @@ CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559), nvml.Card(1, 
 RESEND = 0.3
 BOTH_HEALTHY = {(NODE, "card-0"): "HEALTHY", (NODE, "card-1"): "HEALTHY"}
 
-
-@pytest.fixture
-def api():
-    with fakekube.FakeKube() as server:
-        yield server
 
 
 def eventually(check, what, timeout=20.0):

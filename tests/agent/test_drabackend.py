@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from tests import fakekube
 from tests.agent import drakubelet, draworld, fakekubelet
 from webhook.agent import drabackend, nvml, running
 from webhook.core import draobjects, names
@@ -20,11 +19,6 @@ from webhook.core import policy as policy_mod
 NODE = "node-a"
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559), nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)]
 
-
-@pytest.fixture
-def api():
-    with fakekube.FakeKube() as server:
-        yield server
 
 
 def eventually(check, what, timeout=20.0):

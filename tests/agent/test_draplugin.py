@@ -21,7 +21,6 @@ import os
 
 import pytest
 
-from tests import fakekube
 from tests.agent import drakubelet, draworld, fakekubelet
 from webhook.agent import cdi, draplugin, isolation, nvml
 from webhook.core import asks as req
@@ -32,11 +31,6 @@ NODE = "node-a"
 CARDS = {i: nvml.Card(i, f"GPU-{i}0000000-1111-2222-3333-444444444444", "NVIDIA H100 80GB HBM3", 81559)
          for i in range(2)}
 
-
-@pytest.fixture
-def api():
-    with fakekube.FakeKube() as server:
-        yield server
 
 
 @pytest.fixture

@@ -10,19 +10,11 @@
 import threading
 import time
 
-import pytest
-
-from tests import fakekube
 from webhook.agent import draslices
 from webhook.core import draobjects, names
 
 CARDS = [draobjects.CardFacts(i, f"GPU-{i}", "NVIDIA L4", 23034) for i in range(3)]
 
-
-@pytest.fixture
-def api():
-    with fakekube.FakeKube() as server:
-        yield server
 
 
 def stored(api, node="node-a"):

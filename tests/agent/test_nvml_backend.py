@@ -19,13 +19,10 @@ The library is loaded by soname, so each check runs in a child process with LD_L
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
 import time
-
-import pytest
 
 from tests.agent import fakekubelet, mpsstandin
 from webhook.agent.proto import deviceplugin_pb2 as pb
@@ -57,20 +54,6 @@ for line in sys.stdin:
 devices.close()
 """
 
-
-@pytest.fixture
-def fake_nvml(tmp_path):
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler to build the fake NVML library")
-    lib, control = tmp_path / "lib", tmp_path / "control"
-    lib.mkdir()
-    control.mkdir()
-    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(lib / "libnvidia-ml.so.1"),
-                    "-Wl,-soname,libnvidia-ml.so.1", str(SOURCE)], check=True, timeout=60)
-    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
-    env.update(LD_LIBRARY_PATH=str(lib), FAKE_NVML_DIR=str(control))
-    return env, control
 
 
 def put(control: pathlib.Path, name: str, text: str = "") -> None:
