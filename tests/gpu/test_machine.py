@@ -23,7 +23,8 @@ import sys
 
 import pytest
 
-from tests.agent.test_nvml_backend import ROOT, fake_nvml, put  # noqa: F401 (fake_nvml: a fixture)
+from tests.agent.conftest import fake_nvml  # noqa: F401 (a fixture, shared with the agent tests)
+from tests.agent.test_nvml_backend import ROOT, put
 from tests.gpu import machine
 from webhook.agent import mps, nvml
 
