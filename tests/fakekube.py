@@ -395,6 +395,8 @@ class FakeKube:
                     return meta.get("name") == field.split("=", 1)[1]
                 if field.startswith("spec.nodeName="):
                     return (obj.get("spec") or {}).get("nodeName") == field.split("=", 1)[1]
+                if field.startswith("spec.driver="):
+                    return (obj.get("spec") or {}).get("driver") == field.split("=", 1)[1]
                 return True
 
             def _watch(self, resource: str, namespace: str, query: dict) -> None:

@@ -71,3 +71,57 @@ def test_pages_a_list_then_watches_then_relists_after_410_gone(fake):
     finally:
         informer.close()
     assert not any(t.is_alive() for t in informer.threads)
+
+
+class Slices(Recorder):
+    """A sink that keeps cluster-scoped objects by name."""
+
+    def reduce(self, resource, items, into):
+        for obj in items:
+            into[obj["metadata"]["name"]] = (obj.get("spec") or {}).get("driver")
+        self._note("page", resource, len(items))
+        return into
+
+
+def test_resource_k8s_io_lists_only_gpushards_slices_and_every_claim(fake):
+    fake.put("resourceslices", {"metadata": {"name": "a-gpu.gpushard.io"}, "spec": {"driver": "gpu.gpushard.io"}})
+    fake.put("resourceslices", {"metadata": {"name": "a-other"}, "spec": {"driver": "gpu.nvidia.com"}})
+    fake.put("resourceclaims", {"metadata": {"name": "c1", "namespace": "t"}, "spec": {"driver": "x"}})
+    sink = Slices()
+    informer = informing.Informer(fake.api_client(), sink, watch_timeout=5, backoff=(0.05, 0.3),
+                                  resources=(informing.SLICES, informing.CLAIMS))
+    informer.start()
+    try:
+        o.wait_for(lambda: all(c in sink.seen() for c in (("opened", "resourceslices"), ("opened", "resourceclaims"))),
+                   what="both watches")
+        assert ("list", "resourceslices", {"a-gpu.gpushard.io": "gpu.gpushard.io"}) in sink.seen()
+        assert ("list", "resourceclaims", {"c1": "x"}) in sink.seen()
+        fake.put("resourceslices", {"metadata": {"name": "b-other"}, "spec": {"driver": "gpu.nvidia.com"}})
+        fake.put("resourceslices", {"metadata": {"name": "b-gpu.gpushard.io"}, "spec": {"driver": "gpu.gpushard.io"}})
+        o.wait_for(lambda: ("event", "resourceslices", "ADDED", "b-gpu.gpushard.io") in sink.seen(), what="event")
+        assert ("event", "resourceslices", "ADDED", "b-other") not in sink.seen()
+    finally:
+        informer.close()
+
+
+def test_an_api_server_without_resource_k8s_io_gives_an_empty_list_and_no_warning(fake, caplog):
+    fake.unserved.add("resource.k8s.io/v1")
+    sink = Slices()
+    informer = informing.Informer(fake.api_client(), sink, watch_timeout=5, backoff=(0.05, 0.2),
+                                  resources=(informing.DEVICECLASSES,))
+    with caplog.at_level("INFO", logger="webhook.cluster.informing"):
+        informer.start()
+        try:
+            o.wait_for(lambda: ("list", "deviceclasses", {}) in sink.seen(), what="the empty list")
+            o.wait_for(lambda: informer.watch_errors["deviceclasses"] >= 2, what="a second try")
+            assert sink.seen().count(("list", "deviceclasses", {})) == 1  # said once, not on every try
+            assert "deviceclasses" in informer.absent
+            # The API server serves it later (an upgrade): the informer lists it.
+            fake.unserved.clear()
+            fake.put("deviceclasses", {"metadata": {"name": "gpu.example.com"}, "spec": {}})
+            o.wait_for(lambda: ("list", "deviceclasses", {"gpu.example.com": None}) in sink.seen(), what="the list")
+            assert "deviceclasses" not in informer.absent
+        finally:
+            informer.close()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert sum("serves no resource.k8s.io/v1 deviceclasses" in r.getMessage() for r in caplog.records) == 1

@@ -46,6 +46,10 @@ LIST_RESTARTS = 3
 CONNECT_TIMEOUT_S = 10
 BACKOFF_S = (0.5, 30.0)
 NODES, PODS = "nodes", "pods"
+# resource.k8s.io/v1 (Kubernetes 1.34+): gpushard's ResourceSlices and every ResourceClaim (backend
+# dra), and the DeviceClasses (any backend: a class may serve an extended resource, 1.36+).
+SLICES, CLAIMS, DEVICECLASSES = "resourceslices", "resourceclaims", "deviceclasses"
+OPTIONAL = frozenset({SLICES, CLAIMS, DEVICECLASSES})
 
 
 class Sink(Protocol):
@@ -84,6 +88,7 @@ class Informer:
                  page_size: int = LIST_PAGE, resources: tuple[str, ...] = (NODES, PODS),
                  connect_timeout: float = CONNECT_TIMEOUT_S, list_timeout: float = LIST_TIMEOUT_S):
         self.api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
+        self.custom = kubernetes.client.CustomObjectsApi(api_client) if api_client is not None else None
         self._sink = sink
         self.watch_timeout = watch_timeout
         self.connect_timeout = connect_timeout
@@ -100,6 +105,7 @@ class Informer:
         self.watches: collections.Counter = collections.Counter()
         self.watch_errors: collections.Counter = collections.Counter()
         self.heard_at: dict[str, float] = {}
+        self.absent: set[str] = set()  # optional resources the API server answered 404 for
 
     def start(self) -> None:
         """One daemon thread per resource; none without an API client."""
@@ -129,8 +135,15 @@ class Informer:
             # Only nodes the agent has published on offer cards; the rest of a large cluster
             # would cost every worker memory and watch traffic for nothing.
             return self.api.list_node(label_selector=names.CARDS_LABEL, _preload_content=False, **kwargs)
-        selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
-        return self.api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False, **kwargs)
+        if resource == PODS:
+            selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
+            return self.api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False, **kwargs)
+        group, version = names.DRA_API_VERSION.split("/")
+        if resource == SLICES:
+            # Only gpushard's driver: other drivers' slices say nothing about gpushard's cards.
+            kwargs["field_selector"] = f"spec.driver={names.DRA_DRIVER}"
+        # Claims cannot be selected by driver: every one is read, and the sink keeps only gpushard's.
+        return self.custom.list_cluster_custom_object(group, version, resource, _preload_content=False, **kwargs)
 
     def _list(self, resource: str) -> str:
         """List ``resource`` page by page and hand it to the sink; the resourceVersion to watch from."""
@@ -141,6 +154,7 @@ class Informer:
                 log.info("gpushard: the %s list's continue token expired; listing again", resource)
                 continue
             self._sink.apply_list(resource, fresh)
+            self.absent.discard(resource)
             self.lists[resource] += 1
             self.heard_at[resource] = time.time()
             # What the list built lives until the next list: moved out of the collector's sight,
@@ -243,6 +257,18 @@ class Informer:
                 status = getattr(exc, "status", None)
                 if status == 410:
                     version = None
+                    continue
+                if status == 404 and resource in OPTIONAL:
+                    # A cluster that does not serve resource.k8s.io/v1 (before 1.34) has none of them:
+                    # the sink holds an empty list, and the API is asked again now and then (an
+                    # upgrade serves it later).
+                    if version is None and resource not in self.absent:
+                        log.info("gpushard: the API server serves no %s %s; none are counted",
+                                 names.DRA_API_VERSION, resource)
+                        self._sink.apply_list(resource, {})
+                    self.absent.add(resource)
+                    version = None
+                    self._stop.wait(self._backoff[1])
                     continue
                 # What failed, in words an operator can act on (the API server's own message, or
                 # what went wrong on the wire); a failure that is no API's is a bug: its traceback.
