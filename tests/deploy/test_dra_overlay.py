@@ -92,7 +92,9 @@ def test_rbac(objects):
     assert {x for x in rules_of(objects, "gpushard-agent") if x[:2] == ("", "pods")} == {
         ("", "pods", "list"), ("", "pods", "get")}
     webhook = {x for x in rules_of(objects, "gpushard-webhook") if x[0] == "resource.k8s.io"}
-    assert webhook == {("resource.k8s.io", "resourceclaimtemplates", "create")}
+    # list and watch: the view's cards (gpushard's slices) and shares held (the claims), for the node hint.
+    assert webhook == {("resource.k8s.io", "resourceclaimtemplates", "create")} | {
+        ("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims") for v in ("list", "watch")}
 
 
 def test_the_auditor_role_reads_slices_and_claims(objects):

@@ -6,17 +6,25 @@
   (its CDI spec written with the pod's fraction);
 - a pod that no card has room for stays Pending, the scheduler saying why, while two others share the cards;
 - the kubelet opens the agent's DRA health stream, and a card's Xid reaches the status of the pod whose claim
-  holds it (allocatedResourcesStatus `claim:<the pod's claim name>`: Healthy, then Unhealthy).
+  holds it (allocatedResourcesStatus `claim:<the pod's claim name>`: Healthy, then Unhealthy);
+- the node hint on the real scheduler: over nodes without kubelets whose slices are written as the agent
+  writes them, each half-card pod gets a preferred term from the webhook's view (slices and claims), the
+  scheduler binds it there and its allocator takes a card there; six halves fill three cards, none half
+  empty.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.e2e import components, objects
+from webhook.core import draobjects
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.gpushard.io"
@@ -105,3 +113,74 @@ def test_card_going_bad_reaches_the_pods_status(dra, kubectl, namespace, agent, 
     agent.put(f"xid-{card}", "79")
     components.wait_for("the card's Xid in the pod's status", lambda: claim_health() == {"Unhealthy"},
                         timeout=90, explain=lambda: f"{claim_health()}\n{agent.tail()}\n{kubelet.tail(20)}")
+
+
+POOL_LABEL = "e2e.gpushard.io/pool"
+
+
+@contextlib.contextmanager
+def nodes_without_kubelets(kubectl, names: list[str], cards: int = 2):
+    """Nodes as the kubelet and the agent (backend dra) would report them, with their ResourceSlices; their
+    Leases renewed meanwhile, so the node lifecycle controller keeps them Ready. Removed afterwards."""
+    stop = threading.Event()
+
+    def leases() -> str:
+        now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+        return json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+             "metadata": {"name": n, "namespace": "kube-node-lease"},
+             "spec": {"holderIdentity": n, "leaseDurationSeconds": 40, "renewTime": now}} for n in names]})
+
+    def renew() -> None:
+        while not stop.wait(5):
+            kubectl.run("apply", "-f", "-", input=leases(), check=False)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "gpushard.io/gpu": str(cards * 100)}
+    for n in names:
+        kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {
+            "kubernetes.io/hostname": n, "gpushard.io/cards": str(cards), POOL_LABEL: "hint"}}}))
+        kubectl.run("patch", "node", n, "--subresource=status", "--type=merge", "-p", json.dumps({"status": {
+            "capacity": resources, "allocatable": resources, "conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "no kubelet: the test's",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now}]}}))
+        kubectl.run("patch", "node", n, "--type=merge", "-p", json.dumps({"spec": {"taints": None}}))
+        facts = [draobjects.CardFacts(k, f"GPU-{n}-{k}", "NVIDIA H100 80GB HBM3", 81559) for k in range(cards)]
+        kubectl.apply(json.dumps(draobjects.resource_slice(n, facts, 100, 1)))
+    kubectl.apply(leases())
+    renewer = threading.Thread(target=renew, daemon=True)
+    renewer.start()
+    try:
+        yield names
+    finally:
+        stop.set()
+        renewer.join(timeout=30)
+        for n in names:
+            kubectl.run("delete", "resourceslice", draobjects.slice_name(n), "--ignore-not-found", check=False)
+            kubectl.run("delete", "node", n, "--ignore-not-found", "--wait=false", check=False)
+            kubectl.run("delete", "lease", n, "-n", "kube-node-lease", "--ignore-not-found", check=False)
+
+
+def test_node_hint_packs_on_the_real_scheduler(dra, kubectl, namespace):
+    with nodes_without_kubelets(kubectl, ["hint-0", "hint-1", "hint-2"]):
+        time.sleep(2)  # the webhook's view watches the slices
+        placed = []
+        for i in range(6):
+            name = f"half-{i}"
+            kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+                name, objects.container(gpu="0.5"), nodeSelector={POOL_LABEL: "hint"}))
+            spec = kubectl.json("get", "pod", name, "-n", namespace)["spec"]
+            terms = spec.get("affinity", {}).get("nodeAffinity", {}).get(
+                "preferredDuringSchedulingIgnoredDuringExecution", [])
+            hinted = [t["preference"]["matchFields"][0]["values"][0] for t in terms]
+            assert len(hinted) == 1 and hinted[0].startswith("hint-"), f"{name}: {terms}"
+            pod = components.wait_for(f"{name} bound", lambda name=name: (
+                lambda p: p if p["spec"].get("nodeName") else None)(kubectl.json("get", "pod", name, "-n", namespace)),
+                timeout=60)
+            result = claim_of(kubectl, namespace, pod)["status"]["allocation"]["devices"]["results"][0]
+            assert pod["spec"]["nodeName"] == hinted[0] == result["pool"], f"{name}: hinted {hinted}, {result}"
+            placed.append((result["pool"], result["device"]))
+            # The next choice must see this claim: the view counts it from the watch.
+            time.sleep(0.5)
+        cards = {(node, device): placed.count((node, device)) for node, device in placed}
+        assert sorted(cards.values()) == [2, 2, 2], f"six halves over {cards}"
+        kubectl.run("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False)

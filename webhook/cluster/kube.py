@@ -22,6 +22,12 @@ event arriving. A choice nobody's pod takes over (a review the API server never 
 who reaches the webhook's port can post one) then stops counting in seconds, and forged
 reviews cannot fill the view. While the pods watch is down (between a failure and the next
 list) no pod can take a choice over, so choices are kept up to ``remember_held_ttl``.
+
+With backend dra no pod names its card: the cards are gpushard's ResourceSlices' devices (a card
+that turned Unhealthy or was cordoned has left its slice), and the shares held are the allocated
+claims' consumed shares, on the device and pool (the node) of each allocation result. A pod the
+webhook hinted counts on its hinted node (the preferred term), or the node it is bound to, until
+its claim shows allocated: then the claim counts instead.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ import kubernetes
 from webhook import connecting
 from webhook import settings as settings_mod
 from webhook.cluster import informing, remembering, static
-from webhook.core import objects, placement
+from webhook.core import draobjects, names, objects, placement
+from webhook.core import policy as policy_mod
 from webhook.core.policy import Policy
 
 log = logging.getLogger(__name__)
@@ -56,6 +63,7 @@ LIST_PAGE = informing.LIST_PAGE
 BACKOFF_S = informing.BACKOFF_S
 REMEMBER_WAIT_S = 0.05
 NODES, PODS = informing.NODES, informing.PODS
+SLICES, CLAIMS = informing.SLICES, informing.CLAIMS
 
 
 @dataclass(slots=True)
@@ -66,7 +74,41 @@ class _Pod:
     preferred: str | None  # the node gpushard's preferred affinity term names, if any
 
 
+@dataclass(slots=True)
+class _Slice:
+    node: str
+    pool: str
+    cards: tuple[placement.Card, ...]  # in the slice's device order, the order the allocator tries them
+
+
+@dataclass(slots=True)
+class _Claim:
+    pod: str  # the uid of the pod it is reserved for (else its owner): "" when neither says
+    held: tuple[tuple[str, int, int], ...]  # (pool, card index, shares consumed) per allocation result
+
+
+@dataclass(slots=True)
+class _DraPod:
+    standing: str | None  # the node it is bound to, else the node gpushard's preferred term names
+    shares: int  # the pod's shares as Kubernetes counts them (the webhook's annotation)
+    active: bool
+
+
 # --- reading API objects (raw JSON: the typed models are too slow for thousands of pods) --------
+
+
+def _node_with(obj: dict, cards: tuple[placement.Card, ...]) -> placement.Node:
+    """A node's labels, taints, readiness and cordon, with ``cards``."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    taints = tuple(placement.Taint(str(t.get("key")), str(t.get("value") or ""), str(t.get("effect") or ""))
+                   for t in spec.get("taints") or () if isinstance(t, dict) and t.get("key"))
+    ready = any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or ())
+    labels = meta.get("labels") or {}
+    return placement.Node(str(meta.get("name")), {str(k): str(v) for k, v in labels.items()}, taints, ready,
+                          bool(spec.get("unschedulable")), cards)
 
 
 def read_node(obj: dict, policy: Policy) -> placement.Node | None:
@@ -76,9 +118,6 @@ def read_node(obj: dict, policy: Policy) -> placement.Node | None:
     indexes = cards_of.indexes
     if not indexes:
         return None
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
     cards = []
     for k in indexes:
         info = cards_of.inventory.get(k, {})
@@ -86,13 +125,71 @@ def read_node(obj: dict, policy: Policy) -> placement.Node | None:
         # A cordoned card keeps its capacity and its pods; it has no room for new ones (Card.free).
         cards.append(placement.Card(k, cards_of.cards.get(k, 0), 0, str(info.get("uuid") or ""),
                                     str(info.get("model") or ""), objects.card_memory(info), k in cards_of.cordoned))
-    taints = tuple(placement.Taint(str(t.get("key")), str(t.get("value") or ""), str(t.get("effect") or ""))
-                   for t in spec.get("taints") or () if isinstance(t, dict) and t.get("key"))
-    ready = any(isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
-                for c in status.get("conditions") or ())
-    labels = meta.get("labels") or {}
-    return placement.Node(str(meta.get("name")), {str(k): str(v) for k, v in labels.items()}, taints, ready,
-                          bool(spec.get("unschedulable")), tuple(cards))
+    return _node_with(obj, tuple(cards))
+
+
+def read_dra_node(obj: dict, policy: Policy) -> placement.Node:
+    """Backend dra: what the scheduler reads of a node, without cards (its ResourceSlice has them)."""
+    return _node_with(obj, ())
+
+
+def _attribute(device: dict, name: str) -> object:
+    value = (device.get("attributes") or {}).get(name) if isinstance(device.get("attributes"), dict) else None
+    return next(iter(value.values()), None) if isinstance(value, dict) and len(value) == 1 else None
+
+
+def read_slice(obj: dict, policy: Policy) -> _Slice | None:
+    """A ResourceSlice of gpushard's driver: its node, pool and cards (each with its ``shares`` capacity);
+    None for another driver's, or one without a node."""
+    spec = obj.get("spec") or {}
+    if spec.get("driver") != names.DRA_DRIVER or not spec.get("nodeName"):
+        return None
+    cards = []
+    for device in spec.get("devices") or ():
+        k = draobjects.card_index(device.get("name")) if isinstance(device, dict) else None
+        if k is None:
+            continue
+        value = ((device.get("capacity") or {}).get(names.DRA_SHARES_CAPACITY) or {}).get("value")
+        capacity = objects.count(value) if value is not None else 0
+        memory = _attribute(device, "memoryMiB")
+        cards.append(placement.Card(k, capacity, 0, str(_attribute(device, "uuid") or ""),
+                                    str(_attribute(device, "model") or ""),
+                                    memory if isinstance(memory, int) and memory > 0 else 0))
+    node = str(spec["nodeName"])
+    return _Slice(node, str((spec.get("pool") or {}).get("name") or node), tuple(cards))
+
+
+def _claim_pod(claim: dict) -> str:
+    """The uid of the pod a claim is reserved for, else of the pod that owns it; "" when neither says."""
+    for entry in (claim.get("status") or {}).get("reservedFor") or ():
+        if isinstance(entry, dict) and entry.get("resource") == "pods" and entry.get("uid"):
+            return str(entry["uid"])
+    for owner in (claim.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(owner, dict) and owner.get("kind") == "Pod" and owner.get("uid"):
+            return str(owner["uid"])
+    return ""
+
+
+def read_claim(obj: dict, policy: Policy) -> _Claim | None:
+    """What an allocated claim holds of gpushard's cards; None for one not allocated, or not gpushard's."""
+    try:
+        results = draobjects.our_results(obj, names.DRA_DRIVER, policy.shares_per_card)
+    except draobjects.ClaimError:
+        return None
+    return _Claim(_claim_pod(obj), tuple((r.pool, r.card, r.shares) for r in results))
+
+
+def read_dra_pod(obj: dict, policy: Policy) -> _DraPod | None:
+    """Backend dra: a gpushard pod's shares and the node it stands for; None for one holding none."""
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    shares = objects.count(annotations.get(names.SHARES_ANNOTATION, 0))
+    if shares <= 0:
+        return None
+    spec = obj.get("spec") or {}
+    phase = (obj.get("status") or {}).get("phase")
+    return _DraPod(spec.get("nodeName") or placement.preferred_node(spec), shares,
+                   phase not in objects.TERMINAL_PHASES)
 
 
 def read_pod(obj: dict, policy: Policy) -> _Pod | None:
@@ -132,9 +229,14 @@ class KubeView:
                  backoff: tuple[float, float] = BACKOFF_S, clock: Callable[[], float] = time.monotonic,
                  page_size: int = LIST_PAGE, connect_timeout: float = informing.CONNECT_TIMEOUT_S,
                  list_timeout: float = informing.LIST_TIMEOUT_S):
+        self._dra = policy.backend == policy_mod.DRA
+        # Backend dra also follows gpushard's slices (the cards) and the claims (the shares held).
+        self._required = frozenset((NODES, PODS, SLICES, CLAIMS) if self._dra else (NODES, PODS))
         self.informer = informing.Informer(api_client, self, watch_timeout=watch_timeout, backoff=backoff,
                                            page_size=page_size, connect_timeout=connect_timeout,
-                                           list_timeout=list_timeout)
+                                           list_timeout=list_timeout,
+                                           resources=tuple(r for r in (NODES, PODS, SLICES, CLAIMS)
+                                                           if r in self._required))
         self._policy = policy
         self._ttl = remember_ttl
         self._held_ttl = max(remember_ttl, remember_held_ttl)
@@ -156,6 +258,14 @@ class KubeView:
         # node with an index twice. A remembered choice finds its card here instead of scanning.
         self._card_at: dict[str, dict[int, int] | None] = {}
         self._view: placement.View | None = None
+        # Backend dra: nodes as listed without cards, slices by uid, each node's slices (by uid),
+        # each pool's node, allocated claims by uid, and the pods (by uid) an allocated claim stands for.
+        self._bare: dict[str, placement.Node] = {}
+        self._slices: dict[str, _Slice] = {}
+        self._slices_of: dict[str, set[str]] = {}
+        self._pools: dict[str, str] = {}
+        self._claims: dict[str, _Claim] = {}
+        self._claimed: collections.Counter = collections.Counter()
         # For the webhook's metrics, by resource: the informer's lists and watches made, watches
         # that failed, and the wall-clock time the API server last said anything.
         self.lists = self.informer.lists
@@ -306,8 +416,8 @@ class KubeView:
         self._view = placement.replace_card(self._view, node, j)
 
     def _refresh(self, touched) -> None:
-        if len(self._listed) < 2:
-            return  # no view before both lists; the first full build happens at sync
+        if not self._required <= self._listed:
+            return  # no view before every list; the first full build happens at sync
         if self._view is None:
             self._current = {name: self._node(name) for name in self._base}
             view = placement.View(nodes=tuple(self._current.values()))
@@ -378,18 +488,108 @@ class KubeView:
             touched.add(standing)
         return touched
 
+    # --- backend dra: nodes from their slices, shares from the claims ---------------------------
+
+    def _compose(self, name: str) -> set[str]:
+        """The listed node ``name`` under backend dra: the node as listed with its slices' cards (none
+        without a slice or without the node: then it is no shared node)."""
+        bare = self._bare.get(name)
+        cards = tuple(c for uid in sorted(self._slices_of.get(name, ())) for c in self._slices[uid].cards)
+        if bare is None or not cards:
+            self._base.pop(name, None)
+        else:
+            self._base[name] = placement.Node(bare.name, bare.labels, bare.taints, bare.ready, bare.unschedulable,
+                                              cards)
+        return {name}
+
+    def _set_bare(self, name: str, node: placement.Node | None) -> set[str]:
+        if node is None:
+            self._bare.pop(name, None)
+        else:
+            self._bare[name] = node
+        return self._compose(name)
+
+    def _set_slice(self, uid: str, found: _Slice | None) -> set[str]:
+        touched: set[str] = set()
+        old = self._slices.pop(uid, None)
+        if old is not None:
+            self._slices_of.get(old.node, set()).discard(uid)
+            if not self._slices_of.get(old.node):
+                self._slices_of.pop(old.node, None)
+            touched |= self._compose(old.node)
+        if found is not None:
+            self._slices[uid] = found
+            self._slices_of.setdefault(found.node, set()).add(uid)
+            self._pools[found.pool] = found.node
+            touched |= self._compose(found.node)
+        return touched
+
+    def _set_claim(self, uid: str, claim: _Claim | None) -> set[str]:
+        """Count an allocated claim's consumed shares on its cards; the pod it stands for stops counting."""
+        touched: set[str] = set()
+        old = self._claims.pop(uid, None)
+        if old is not None:
+            for pool, k, shares in old.held:
+                key = (self._pools.get(pool, pool), k)
+                self._used[key] -= shares
+                if self._used[key] <= 0:
+                    del self._used[key]
+                touched.add(key[0])
+            self._claimed[old.pod] -= 1
+            if self._claimed[old.pod] <= 0:
+                del self._claimed[old.pod]
+        if claim is None:
+            return touched
+        self._claims[uid] = claim
+        for pool, k, shares in claim.held:
+            key = (self._pools.get(pool, pool), k)
+            self._used[key] += shares
+            touched.add(key[0])
+        if claim.pod:
+            self._claimed[claim.pod] += 1
+            if claim.pod in self._pods:
+                touched |= self._set_pod(claim.pod, None)
+        return touched
+
+    def _set_dra_pod(self, uid: str, pod: _DraPod | None) -> set[str]:
+        """A pod under backend dra counts on the node it stands for, on the card the allocator would take
+        there (else the remembered choice's), until an allocated claim stands for it."""
+        if pod is None or not pod.active or pod.standing is None or uid in self._claimed:
+            return self._set_pod(uid, None)
+        old = self._pods.get(uid)
+        if old is not None and old.preferred == pod.standing:
+            return set()  # it counts where it did
+        base = self._base.get(pod.standing)
+        indexes = [c.index for c in base.cards] if base is not None else []
+        entry = self._ledger.entry_on(pod.standing, indexes, pod.shares) if old is None else None
+        card = entry.card if entry is not None else self._first_fit(pod.standing, pod.shares)
+        if card is None:
+            return self._set_pod(uid, None)
+        return self._set_pod(uid, _Pod(None, {card: pod.shares}, True, pod.standing))
+
+    def _first_fit(self, name: str, shares: int) -> int | None:
+        """The card of node ``name`` the DRA allocator would take for ``shares``: the first with room."""
+        base = self._base.get(name)
+        for card in base.cards if base is not None else ():
+            used = self._used.get((name, card.index), 0) + self._tentative.get((name, card.index), 0)
+            if card.capacity - used >= shares:
+                return card.index
+        return None
+
     # --- the informer's sink: what a list page or a watch event leaves in the view ---------------
 
     def reduce(self, resource: str, items, into: dict) -> dict:
-        """Read listed objects into what placement keeps: nodes by name, pods by uid."""
+        """Read listed objects into what placement keeps: nodes by name, pods (and slices, claims) by uid."""
         if resource == NODES:
+            reader = read_dra_node if self._dra else read_node
             for obj in items:
-                node = _tolerant(read_node, obj, self._policy)
+                node = _tolerant(reader, obj, self._policy)
                 if node is not None:
                     into[node.name] = node
-        else:
-            for obj in items:
-                into[objects.key(obj)] = _tolerant(read_pod, obj, self._policy)
+            return into
+        reader = {PODS: read_dra_pod if self._dra else read_pod, SLICES: read_slice, CLAIMS: read_claim}[resource]
+        for obj in items:
+            into[objects.key(obj)] = _tolerant(reader, obj, self._policy)
         return into
 
     def apply_list(self, resource: str, fresh: dict | list) -> None:
@@ -398,25 +598,51 @@ class KubeView:
             fresh = self.reduce(resource, fresh, {})
         with self._lock:
             touched = self._catch_up()  # a remembered choice must be in place before its pod shows
-            if resource == NODES:
+            if resource == NODES and self._dra:
+                touched |= set(self._bare) | set(fresh)
+                self._bare = fresh
+                for name in set(touched):
+                    self._compose(name)
+            elif resource == NODES:
                 touched |= set(self._base) | set(fresh)
                 self._base = fresh
+            elif resource == SLICES:
+                for uid in [u for u in self._slices if u not in fresh]:
+                    touched |= self._set_slice(uid, None)
+                for uid, found in fresh.items():
+                    touched |= self._set_slice(uid, found)
+            elif resource == CLAIMS:
+                for uid in [u for u in self._claims if u not in fresh]:
+                    touched |= self._set_claim(uid, None)
+                for uid, claim in fresh.items():
+                    touched |= self._set_claim(uid, claim)
             else:
+                setter = self._set_dra_pod if self._dra else self._set_pod
                 for uid in [u for u in self._pods if u not in fresh]:
                     touched |= self._set_pod(uid, None)
                 for uid, pod in fresh.items():
-                    touched |= self._set_pod(uid, pod)
+                    touched |= setter(uid, pod)
             self._listed.add(resource)
             self._refresh(touched | self._catch_up())
 
     def apply_event(self, resource: str, kind: str, obj: dict) -> None:
+        gone = kind == "DELETED"
         with self._lock:
             touched = self._catch_up()
             if resource == NODES:
                 name = str((obj.get("metadata") or {}).get("name"))
-                touched |= self._set_node(name, None if kind == "DELETED" else read_node(obj, self._policy))
+                if self._dra:
+                    touched |= self._set_bare(name, None if gone else read_dra_node(obj, self._policy))
+                else:
+                    touched |= self._set_node(name, None if gone else read_node(obj, self._policy))
+            elif resource == SLICES:
+                touched |= self._set_slice(objects.key(obj), None if gone else read_slice(obj, self._policy))
+            elif resource == CLAIMS:
+                touched |= self._set_claim(objects.key(obj), None if gone else read_claim(obj, self._policy))
+            elif self._dra:
+                touched |= self._set_dra_pod(objects.key(obj), None if gone else read_dra_pod(obj, self._policy))
             else:
-                touched |= self._set_pod(objects.key(obj), None if kind == "DELETED" else read_pod(obj, self._policy))
+                touched |= self._set_pod(objects.key(obj), None if gone else read_pod(obj, self._policy))
             self._refresh(touched | self._catch_up())
 
     def watch_opened(self, resource: str) -> None:

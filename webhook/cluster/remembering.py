@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -76,6 +77,18 @@ class Ledger:
             group = self._by_place.get((node, card, count)) if node else None
             group = group or self._by_ask.get((card, count))
         return next(iter(group.values())) if group else None
+
+    def entry_on(self, node: str, cards: Iterable[int], count: int) -> Entry | None:
+        """The oldest remembered choice of ``count`` shares on any of ``cards`` of ``node``: the one a pod
+        hinted to ``node`` accounts for when its card is not written in it (backend dra)."""
+        best = None
+        for card in cards:
+            group = self._by_place.get((node, card, count))
+            if group:
+                entry = next(iter(group.values()))
+                if best is None or entry.number < best.number:
+                    best = entry
+        return best
 
 
 def _file(table: dict[tuple, collections.OrderedDict[int, Entry]], key: tuple, entry: Entry) -> None:

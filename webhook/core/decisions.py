@@ -355,7 +355,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         return Decision(allowed=True, obj=new, findings=found, shares=shares)
 
     if policy.backend == policy_mod.DRA:
-        return _dra_pod(obj, asks, shares, found, limit_found, policy)
+        return _dra_pod(request, obj, asks, shares, found, limit_found, scheduling, view, policy)
 
     card, node, sized = None, None, None
     if shares > 0 and pin is not None and _placed_by_gpushard(obj, pin):
@@ -420,14 +420,32 @@ def _place_memory(request: Request, asks: list[req.ContainerAsk], scheduling: pl
     return choice.card, choice.node, shares, (choice.size_mib, asked)
 
 
-def _dra_pod(obj: dict, asks: list[req.ContainerAsk], shares: int, found: list[f.Finding],
-             limit_found: list[f.Finding], policy: Policy) -> Decision:
-    """Backend dra: the pod's shares as a claim from a template; the scheduler chooses the card."""
+def _dra_pod(request: Request, obj: dict, asks: list[req.ContainerAsk], shares: int, found: list[f.Finding],
+             limit_found: list[f.Finding], scheduling: placement.Ask, view: placement.View | None,
+             policy: Policy) -> Decision:
+    """Backend dra: the pod's shares as a claim from a template; the scheduler chooses the card.
+
+    With a view, placement's choice (binpack or spread, over the slices' cards and the claims'
+    shares) becomes a preferred term for its node, as with the device plugin: the scheduler
+    favours that node and its allocator takes a card with room there. The card is never fixed.
+    """
     pinned = draclaims.pin_findings(asks, policy) + draclaims.claim_findings(obj["spec"], asks, shares)
     if pinned:
         found = found + pinned
         return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
     new = draclaims.pod(obj, asks, shares, policy)
+    node = card = None
+    spec = new["spec"]
+    if shares > 0 and view is not None and not spec.get("nodeName"):
+        ask = placement.Ask(shares, None, scheduling.node_name, scheduling.node_selector,
+                            scheduling.required_terms, scheduling.tolerations)
+        choice = placement.choose(view, ask, policy.placement, draws.Draw(request.seed) if request.seed else None)
+        if choice.fits:
+            node, card = choice.node, choice.card
+            if spec.get("affinity") is None or placement.preferred_node(spec) is None:
+                rewrite.prefer_node(spec, node)
+        else:
+            found = found + draclaims.waiting_findings(choice.findings, shares)
     if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):
         new = isolation.strip_env(new, asks)
-    return Decision(allowed=True, obj=new, findings=found, shares=shares)
+    return Decision(allowed=True, obj=new, findings=found, shares=shares, node=node, card=card)

@@ -93,6 +93,20 @@ def claim_findings(spec: dict, asks: list[req.ContainerAsk], pod_shares: int) ->
     return found
 
 
+def waiting_findings(placed: tuple[f.Finding, ...], pod_shares: int) -> list[f.Finding]:
+    """Placement's word on a pod that fits nowhere now, said as it is with the scheduler choosing the card."""
+    found = []
+    for finding in placed:
+        if finding.rule == f.NO_ROOM:
+            found.append(f.Finding(f.NO_ROOM, f.WARN, (
+                f"gpushard: no card has {pod_shares} free shares now; the pod stays Pending until the "
+                "scheduler finds one with room")))
+        elif finding.rule == f.NO_MATCHING_NODE:
+            found.append(f.Finding(f.NO_MATCHING_NODE, f.WARN, (
+                "gpushard: no shared node matches this pod's scheduling rules; the pod may stay Pending")))
+    return found
+
+
 def _claims_of(container: dict) -> list:
     resources = container.get("resources")
     claims = resources.get("claims") if isinstance(resources, dict) else None

@@ -195,7 +195,7 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     # Without an affinity there is no preferred term to look for (most pods).
     if node is not None and not spec.get("nodeName") and (
             spec.get("affinity") is None or placement.preferred_node(spec) is None):
-        _prefer_node(spec, node, ops, required=policy.node_affinity == "required")
+        prefer_node(spec, node, ops, required=policy.node_affinity == "required")
     res = policy.resources
     card_text = card_resource = None  # the same for every container that holds a share
     for ask in asks:
@@ -262,7 +262,7 @@ _TOKENS = {key: pointer_token(key) for key in (names.CARD_ANNOTATION, names.SHAR
                                                names.SHARED_LABEL)}
 
 
-def _prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool = False) -> None:
+def prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool = False) -> None:
     """Name ``node`` in a preferred term (and, with ``required``, AND it into the required terms)."""
     affinity = spec.get("affinity")
     affinity = affinity if isinstance(affinity, dict) else None
