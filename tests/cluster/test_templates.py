@@ -113,3 +113,27 @@ def test_a_deleted_template_comes_back_after_the_recheck(api, client, clock):
     clock.now += 61
     mutate(client, objects.pod(objects.container("train", "0.25")))
     assert api.get("resourceclaimtemplates", "gpushard-shares-25", "ml")
+
+
+def test_a_memory_asks_template_is_the_one_for_its_card_size(api, templates):
+    """The pod sized for the L4 (23034 MiB) of examples/cluster.yaml names, and gets, the template that asks
+    one card of that size; its failures are retried under that name too."""
+    from pathlib import Path
+
+    from webhook.cluster import static
+
+    settings = settings_mod.Settings(policy=policy_mod.Policy(backend=policy_mod.DRA))
+    view = static.load(Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml", 100)
+    client = app_mod.create_app(settings, static.StaticView(view), templates=templates).test_client()
+    asking = objects.container("train")
+    asking["resources"] = {"limits": {"gpushard.io/memory": "12Gi"}}
+    api.fail_next = [503]
+    response = mutate(client, objects.pod(asking))
+    assert response["allowed"]
+    assert response["warnings"] == ["gpushard: template ml/gpushard-shares-54-mib-23034 not made yet (HTTP 503); "
+                                    "the pod waits until it is"]
+    templates.retry_pending()
+    stored = api.get("resourceclaimtemplates", "gpushard-shares-54-mib-23034", "ml")
+    assert stored["spec"] == draobjects.claim_template("ml", 54, size_mib=23034)["spec"]
+    new = objects.patched(objects.pod(asking), response)
+    assert new["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "gpushard-shares-54-mib-23034"

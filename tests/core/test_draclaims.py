@@ -5,6 +5,8 @@
   NVIDIA_VISIBLE_DEVICES is void (the card comes by CDI), and containers without shares are hidden as today;
 - the pod the API server would store passes its schema and rules; a second pass changes nothing;
 - an author's card pin is denied, naming the container (audit mode reports it); pods without GPUs get no claim;
+- a memory ask is sized at admission over the view (denied without one) and its claim's template asks one card
+  of the size its shares were computed for;
 - workload templates are rewritten as with the device plugin (shares, no claim);
 - only gpushard names its claim, templates and class: a pod asking no GPU carrying gpushard-gpu, another pod
   claim naming a gpushard-shares-<n> template, a container without shares naming gpushard-gpu, or a container
@@ -13,14 +15,17 @@
 """
 
 import copy
+from pathlib import Path
 
 import pytest
 
 from tests import applypatch
-from webhook.core import decisions, names
+from webhook.cluster import static
+from webhook.core import decisions, draobjects, names, placement
 from webhook.core import policy as policy_mod
 
 POLICY = policy_mod.Policy(backend=policy_mod.DRA)
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster.yaml"
 
 
 def container(name, gpu=None, env=None, **resources):
@@ -109,14 +114,42 @@ def test_a_card_pin_is_denied():
     assert decision.message.startswith('gpushard: container "t" names gpushard.io/card-1; with backend dra')
 
 
-def test_a_memory_ask_is_denied_naming_what_to_ask_instead():
-    """Its shares depend on the card's size, which the scheduler chooses after admission: a pod
-    admitted with no claim would run without its GPU (break: skip memory asks in pin_findings)."""
+def test_a_memory_ask_is_sized_at_admission_and_its_claim_asks_a_card_of_that_size():
+    """Its shares depend on the card's size: placement picks a size with room (the smallest that holds it),
+    the asks become that size's shares, and the claim's template asks one card of that size, so the
+    scheduler cannot give it a card its shares were not computed for (break: the plain template)."""
+    view = static.load(EXAMPLE, POLICY.shares_per_card)
+    asking = {"name": "t", "image": "x", "resources": {"limits": {"gpushard.io/memory": "12Gi"}}}
+    decision = decisions.decide(decisions.Request(pod(asking), "Pod", namespace="team-a"), POLICY, view)
+    assert decision.allowed, decision.message
+    # The L4 (23034 MiB) is the smallest card that holds 12 GiB: ceil(12288 x 100 / 23034) = 54 shares.
+    assert (decision.shares, decision.card_memory_mib, decision.memory_mib) == (54, 23034, 12288)
+    stored = applypatch.admit(pod(asking), applypatch.make_patch(pod(asking), decision.obj))
+    spec = stored["spec"]
+    assert spec["resourceClaims"] == [
+        {"name": "gpushard-gpu", "resourceClaimTemplateName": "gpushard-shares-54-mib-23034"}]
+    assert spec["containers"][0]["resources"]["limits"] == {"gpushard.io/gpu": "54"}
+    assert spec["containers"][0]["resources"]["claims"] == [{"name": "gpushard-gpu"}]
+    assert stored["metadata"]["annotations"][names.MEMORY_ANNOTATION] == "12288"
+    assert stored["metadata"]["annotations"][names.CARD_MEMORY_ANNOTATION] == "23034"
+    assert placement.preferred_node(spec) == "gpu-node-b"
+    template = draobjects.claim_template("team-a", 54, size_mib=23034)
+    assert template["metadata"]["name"] == "gpushard-shares-54-mib-23034"
+    assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] == [
+        {"cel": {"expression": 'device.attributes["gpu.gpushard.io"].memoryMiB == 23034'}}]
+    assert draobjects.check_claim_template(template) == []
+
+
+def test_a_memory_ask_without_a_view_or_above_every_card_is_denied():
     asking = {"name": "t", "image": "x", "resources": {"limits": {"gpushard.io/memory": "12Gi"}}}
     decision = decide(pod(asking))
     assert not decision.allowed and decision.code == 403
-    assert decision.message.startswith('gpushard: container "t" asks gpushard.io/memory; with backend dra')
-    assert "ask nvidia.com/gpu or gpushard.io/gpu" in decision.message
+    assert decision.message.startswith("gpushard: the pod asks gpushard.io/memory (12288 MiB), and gpushard has "
+                                       "no view of the cluster's cards yet")
+    view = static.load(EXAMPLE, POLICY.shares_per_card)
+    huge = {"name": "t", "image": "x", "resources": {"limits": {"gpushard.io/memory": "100Gi"}}}
+    decision = decisions.decide(decisions.Request(pod(huge), "Pod", namespace="team-a"), POLICY, view)
+    assert not decision.allowed and "more than the largest card holds" in decision.message
 
 
 def test_audit_mode_reports_the_pin_it_would_deny():

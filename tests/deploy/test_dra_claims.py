@@ -170,6 +170,23 @@ def test_gpushards_own_flow_passes_end_to_end(objects):
     assert admit(objects, deployment, ENFORCED, TENANT).allowed
 
 
+def test_a_memory_asks_pod_passes_with_its_sized_template(objects):
+    """The pod names gpushard-shares-<n>-mib-<size>: gpushard-device-claims lets gpushard's own entry name it
+    (on the real API server a pod asking gpushard.io/memory was refused before this), and nothing else."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "m", "namespace": ENFORCED["metadata"]["name"]},
+           "spec": {"containers": [{"name": "m", "image": "cuda:12",
+                                    "resources": {"limits": {"gpushard.io/gpu": "54"},
+                                                  "claims": [{"name": "gpushard-gpu"}]}}],
+                    "resourceClaims": [{"name": names.DRA_POD_CLAIM,
+                                        "resourceClaimTemplateName": "gpushard-shares-54-mib-23034"}]}}
+    outcome = admit(objects, pod, ENFORCED, TENANT)
+    assert outcome.matched and outcome.allowed, outcome.message
+    for bad in ("gpushard-shares-54-mib-", "gpushard-shares-54-mib-x", "gpushard-shares-54-23034"):
+        wrong = copy.deepcopy(pod)
+        wrong["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = bad
+        assert not admit(objects, wrong, ENFORCED, TENANT).allowed, bad
+
+
 @pytest.mark.parametrize("namespace", EVERY_NAMESPACE, ids=lambda n: str(n["metadata"]["labels"]))
 @pytest.mark.parametrize("kind", sorted(CLAIM_RESOURCES))
 def test_a_tenant_never_asks_gpushards_class(objects, namespace, kind):
@@ -205,6 +222,29 @@ def test_templates_named_like_gpushards_are_the_webhooks_only(objects):
     two = copy.deepcopy(template(25))
     two["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
     assert not admit(objects, two, ENFORCED, WEBHOOK).allowed
+    # A memory ask's template: one card of the size its name says, as draobjects makes it, and only that.
+    sized = namespaced(draobjects.claim_template("x", 31, size_mib=81559), ENFORCED)
+    assert sized["metadata"]["name"] == "gpushard-shares-31-mib-81559"
+    assert admit(objects, sized, ENFORCED, WEBHOOK).allowed
+    assert not admit(objects, sized, ENFORCED, TENANT).allowed
+    exactly = sized["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    for selectors in ([{"cel": {"expression": 'device.attributes["gpu.gpushard.io"].memoryMiB == 40960'}}],
+                      [{"cel": {"expression": "true"}}], [], None,
+                      exactly["selectors"] * 2):
+        wrong = copy.deepcopy(sized)
+        if selectors is None:
+            del wrong["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+        else:
+            wrong["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = selectors
+        assert not admit(objects, wrong, ENFORCED, WEBHOOK).allowed, selectors
+    for name in ("gpushard-shares-30-mib-81559", "gpushard-shares-31-mib-", "gpushard-shares-31-mib-081559"):
+        wrong = copy.deepcopy(sized)
+        wrong["metadata"]["name"] = name
+        assert not admit(objects, wrong, ENFORCED, WEBHOOK).allowed, name
+    # A plain name may not carry a selector.
+    plain = copy.deepcopy(template(25))
+    plain["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = exactly["selectors"]
+    assert not admit(objects, plain, ENFORCED, WEBHOOK).allowed
     # Templates of other classes, named otherwise, are judged by allowedDeviceClasses as before.
     other = tenant_claim({"name": "n", "exactly": {"deviceClassName": "nic.example.com"}}, kind="ResourceClaimTemplate")
     assert not admit(objects, other, ENFORCED, TENANT).allowed

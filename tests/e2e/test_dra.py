@@ -10,7 +10,10 @@
 - the node hint on the real scheduler: over nodes without kubelets whose slices are written as the agent
   writes them, each half-card pod gets a preferred term from the webhook's view (slices and claims), the
   scheduler binds it there and its allocator takes a card there; six halves fill three cards, none half
-  empty.
+  empty;
+- memory asks: a pod asking GPU memory gets the shares of the smallest card size that holds it and a claim
+  from a template asking one card of that size (which the dra overlay's policy lets the webhook make); the
+  real allocator gives it a card of that size only.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import pytest
 
 from tests.e2e import components, objects
 from webhook.core import draobjects
+from webhook.core import names as gpushard_names
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.gpushard.io"
@@ -119,7 +123,8 @@ POOL_LABEL = "e2e.gpushard.io/pool"
 
 
 @contextlib.contextmanager
-def nodes_without_kubelets(kubectl, names: list[str], cards: int = 2):
+def nodes_without_kubelets(kubectl, names: list[str], cards: int = 2, memory_mib: int = 81559,
+                           model: str = "NVIDIA H100 80GB HBM3"):
     """Nodes as the kubelet and the agent (backend dra) would report them, with their ResourceSlices; their
     Leases renewed meanwhile, so the node lifecycle controller keeps them Ready. Removed afterwards."""
     stop = threading.Event()
@@ -138,13 +143,14 @@ def nodes_without_kubelets(kubectl, names: list[str], cards: int = 2):
     resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "gpushard.io/gpu": str(cards * 100)}
     for n in names:
         kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {
-            "kubernetes.io/hostname": n, "gpushard.io/cards": str(cards), POOL_LABEL: "hint"}}}))
+            "kubernetes.io/hostname": n, "gpushard.io/cards": str(cards), POOL_LABEL: "hint",
+            **{gpushard_names.card_memory_label(k): str(memory_mib) for k in range(cards)}}}}))
         kubectl.run("patch", "node", n, "--subresource=status", "--type=merge", "-p", json.dumps({"status": {
             "capacity": resources, "allocatable": resources, "conditions": [
                 {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "no kubelet: the test's",
                  "lastHeartbeatTime": now, "lastTransitionTime": now}]}}))
         kubectl.run("patch", "node", n, "--type=merge", "-p", json.dumps({"spec": {"taints": None}}))
-        facts = [draobjects.CardFacts(k, f"GPU-{n}-{k}", "NVIDIA H100 80GB HBM3", 81559) for k in range(cards)]
+        facts = [draobjects.CardFacts(k, f"GPU-{n}-{k}", model, memory_mib) for k in range(cards)]
         kubectl.apply(json.dumps(draobjects.resource_slice(n, facts, 100, 1)))
     kubectl.apply(leases())
     renewer = threading.Thread(target=renew, daemon=True)
@@ -183,4 +189,41 @@ def test_node_hint_packs_on_the_real_scheduler(dra, kubectl, namespace):
             time.sleep(0.5)
         cards = {(node, device): placed.count((node, device)) for node, device in placed}
         assert sorted(cards.values()) == [2, 2, 2], f"six halves over {cards}"
+        kubectl.run("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False)
+
+
+def bound(kubectl, namespace: str, name: str) -> dict:
+    return components.wait_for(f"{name} bound", lambda: (lambda p: p if p["spec"].get("nodeName") else None)(
+        kubectl.json("get", "pod", name, "-n", namespace)), timeout=60)
+
+
+def test_memory_asks_get_a_card_of_the_size_their_shares_are_for(dra, kubectl, namespace):
+    with nodes_without_kubelets(kubectl, ["mem-l4"], memory_mib=23034, model="NVIDIA L4"), \
+            nodes_without_kubelets(kubectl, ["mem-h100"]):
+        time.sleep(2)  # the webhook's view watches the slices
+        asks = {"small": ("12Gi", 54, 23034, "mem-l4"),  # ceil(12288 x 100 / 23034): the L4 holds it
+                "large": ("40Gi", 51, 81559, "mem-h100")}  # only the H100 holds 40 GiB
+        for name, (memory, shares, size, node) in asks.items():
+            kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+                name, objects.container(gpu=memory, resource="gpushard.io/memory"),
+                nodeSelector={POOL_LABEL: "hint"}))
+            pod = bound(kubectl, namespace, name)
+            template = f"gpushard-shares-{shares}-mib-{size}"
+            assert [c["resourceClaimTemplateName"] for c in pod["spec"]["resourceClaims"]] == [template]
+            assert pod["spec"]["containers"][0]["resources"]["limits"] == {"gpushard.io/gpu": str(shares)}
+            assert pod["metadata"]["annotations"]["gpushard.io/card-memory-mib"] == str(size)
+            made = kubectl.json("get", "resourceclaimtemplate", template, "-n", namespace)
+            assert made["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpushard"}
+            result = claim_of(kubectl, namespace, pod)["status"]["allocation"]["devices"]["results"][0]
+            assert (pod["spec"]["nodeName"], result["pool"]) == (node, node), result
+            assert result["consumedCapacity"]["shares"] == str(shares)
+        # The real allocator keeps a sized claim off cards of another size, even with room there and the
+        # webhook's hint bent to name such a node: the pod binds to a card of its size.
+        kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+            "bent", objects.container(gpu="12Gi", resource="gpushard.io/memory"),
+            nodeSelector={POOL_LABEL: "hint"}, affinity={"nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
+                    "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["mem-h100"]}]}}]}}))
+        pod = bound(kubectl, namespace, "bent")
+        assert pod["spec"]["nodeName"] == "mem-l4"
         kubectl.run("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False)

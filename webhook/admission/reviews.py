@@ -235,7 +235,7 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
     if outcome == PATCHED and not dry_run and kind == names.POD_KIND:
         if templates is not None and policy.backend == policy_mod.DRA and decision.shares > 0:
             # The pod's claim comes from a template in its namespace: make sure it is there before the pod is.
-            warning = templates.ensure(request.get("namespace") or "", decision.shares)
+            warning = templates.ensure(request.get("namespace") or "", decision.shares, decision.card_memory_mib)
             if warning:
                 response["warnings"] = [*response.get("warnings", ()), _clip(warning, decisions.WARNING_MAX)]
         # Only a pod gpushard just rewrote is new to the view: a reinvocation over its own output

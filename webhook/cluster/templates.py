@@ -1,6 +1,7 @@
 """Making sure a namespace has the ResourceClaimTemplate a pod's claim comes from (backend dra).
 
-The pod names ``gpushard-shares-<n>``; Kubernetes' resourceclaim controller makes the pod's claim
+The pod names ``gpushard-shares-<n>`` (``gpushard-shares-<n>-mib-<size>`` for a memory ask sized for cards
+of ``size`` MiB); Kubernetes' resourceclaim controller makes the pod's claim
 from it once the pod exists, and while the template is missing it records a
 ``FailedResourceClaimCreation`` event on the pod and tries again with backoff: the pod stays
 Pending, then starts normally once the template appears. So the webhook makes the template as it
@@ -39,15 +40,15 @@ class Templates:
         # deleted, gets it back from the next pod after that (its pods wait until then).
         self.recheck = recheck
         self.clock = clock
-        self._known: dict[tuple[str, int], float] = {}  # -> when it was last made sure of
-        self._pending: set[tuple[str, int]] = set()
+        self._known: dict[tuple[str, int, int], float] = {}  # -> when it was last made sure of
+        self._pending: set[tuple[str, int, int]] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def _make(self, namespace: str, shares: int) -> None:
-        obj = draobjects.claim_template(namespace, shares)
+    def _make(self, namespace: str, shares: int, size_mib: int = 0) -> None:
+        obj = draobjects.claim_template(namespace, shares, size_mib=size_mib)
         problems = draobjects.check_claim_template(obj)
         if problems:
             raise ValueError("; ".join(problems))
@@ -59,15 +60,16 @@ class Templates:
                 raise
         log.info("gpushard: ResourceClaimTemplate %s/%s is there", namespace, obj["metadata"]["name"])
 
-    def ensure(self, namespace: str, shares: int) -> str | None:
-        """Make sure the template exists; a warning for the pod when that could not be made sure."""
-        key = (namespace, shares)
+    def ensure(self, namespace: str, shares: int, size_mib: int = 0) -> str | None:
+        """Make sure the template exists; a warning for the pod when that could not be made sure.
+        ``size_mib``: the card size a memory ask's shares were computed for (0: any card)."""
+        key = (namespace, shares, size_mib)
         with self._lock:
             seen = self._known.get(key)
             if seen is not None and self.clock() - seen < self.recheck:
                 return None
         try:
-            self._make(namespace, shares)
+            self._make(namespace, shares, size_mib)
         except Exception as exc:
             with self._lock:
                 self._pending.add(key)
@@ -75,8 +77,9 @@ class Templates:
             reason = f"HTTP {exc.status}" if isinstance(exc, kubernetes.client.exceptions.ApiException) else \
                 type(exc).__name__
             log.warning("gpushard: cannot make ResourceClaimTemplate %s/%s yet (%s); will retry", namespace,
-                        draobjects.template_name(shares), exc)
-            return (f"gpushard: template {namespace}/{draobjects.template_name(shares)} not made yet ({reason}); "
+                        draobjects.template_name(shares, size_mib), exc)
+            return (f"gpushard: template {namespace}/{draobjects.template_name(shares, size_mib)} not made yet "
+                    f"({reason}); "
                     "the pod waits until it is")
         with self._lock:
             self._known[key] = self.clock()
@@ -86,8 +89,8 @@ class Templates:
     def retry_pending(self) -> None:
         with self._lock:
             pending = sorted(self._pending)
-        for namespace, shares in pending:
-            self.ensure(namespace, shares)
+        for namespace, shares, size_mib in pending:
+            self.ensure(namespace, shares, size_mib)
 
     def start(self) -> Templates:
         def loop():

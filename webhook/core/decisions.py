@@ -433,19 +433,31 @@ def _dra_pod(request: Request, obj: dict, asks: list[req.ContainerAsk], shares: 
     if pinned:
         found = found + pinned
         return Decision(allowed=False, code=403, message=deny_message(found), findings=found)
-    new = draclaims.pod(obj, asks, shares, policy)
     node = card = None
+    sized = None
+    if req.asks_memory(asks):
+        placed: list[f.Finding] = []
+        decided = _place_memory(request, asks, scheduling, policy, view, placed)
+        if isinstance(decided, Decision):
+            return decided if decided.allowed else Decision(
+                allowed=False, code=decided.code, message=decided.message, findings=[*found, *decided.findings])
+        card, node, shares, sized = decided
+        found = found + [x for x in placed if x.rule not in (f.NO_ROOM, f.NO_MATCHING_NODE)] + \
+            draclaims.waiting_findings(tuple(placed), shares)
+    new = draclaims.pod(obj, asks, shares, policy, sized=sized)
     spec = new["spec"]
-    if shares > 0 and view is not None and not spec.get("nodeName"):
+    if sized is None and shares > 0 and view is not None and not spec.get("nodeName"):
         ask = placement.Ask(shares, None, scheduling.node_name, scheduling.node_selector,
                             scheduling.required_terms, scheduling.tolerations)
         choice = placement.choose(view, ask, policy.placement, draws.Draw(request.seed) if request.seed else None)
         if choice.fits:
             node, card = choice.node, choice.card
-            if spec.get("affinity") is None or placement.preferred_node(spec) is None:
-                rewrite.prefer_node(spec, node)
         else:
             found = found + draclaims.waiting_findings(choice.findings, shares)
+    if node is not None and not spec.get("nodeName") and (
+            spec.get("affinity") is None or placement.preferred_node(spec) is None):
+        rewrite.prefer_node(spec, node)
     if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):
         new = isolation.strip_env(new, asks)
-    return Decision(allowed=True, obj=new, findings=found, shares=shares, node=node, card=card)
+    return Decision(allowed=True, obj=new, findings=found, shares=shares, node=node, card=card,
+                    memory_mib=sized[1] if sized else 0, card_memory_mib=sized[0] if sized else 0)

@@ -10,6 +10,11 @@ as a device plugin, so ResourceQuota keeps counting shares. Every container gets
 so an image's ``all`` cannot widen what a container sees. Only gpushard names its claim, its
 templates and its class in a pod (``claim_findings``); the policy gpushard-dra-claims of the dra
 overlay keeps everyone else from making claims or templates of the class.
+
+A memory ask is sized at admission, as with the device plugin: placement picks a card size with
+room, the asks become that size's shares, and the claim's template asks one card of that size (a
+selector on the slice's ``memoryMiB``), so the scheduler never gives the pod a card its shares were
+not computed for.
 """
 
 from __future__ import annotations
@@ -21,20 +26,12 @@ from webhook.core.policy import Policy
 
 # The rule id of a card an author pins while the scheduler chooses cards.
 PIN_WITH_DRA = "pin-with-dra"
-MEMORY_WITH_DRA = "memory-with-dra"
 
 
 def pin_findings(asks: list[req.ContainerAsk], policy: Policy) -> list[f.Finding]:
-    """Containers whose ask the DRA backend cannot keep: a card pin (the scheduler chooses the card),
-    or a memory ask (its shares depend on the card's size, which is not known until the scheduler
-    has chosen)."""
+    """Containers whose ask the DRA backend cannot keep: a card pin (the scheduler chooses the card)."""
     found = []
     for ask in asks:
-        if ask.memory_mib is not None:
-            found.append(f.Finding(MEMORY_WITH_DRA, f.DENY, (
-                f"gpushard: container \"{ask.name}\" asks {policy.resources.memory}; with backend dra the "
-                f"scheduler chooses the card, so its size is not known at admission: ask "
-                f"{policy.resources.fraction} or {policy.resources.shares}"), ask.name))
         if ask.holds_share and ask.pin is not None:
             found.append(f.Finding(PIN_WITH_DRA, f.DENY, (
                 f"gpushard: container \"{ask.name}\" names {policy.resources.card(ask.pin)}; with backend dra the "
@@ -119,7 +116,7 @@ def _set_shares(container: dict, policy: Policy, count: str) -> None:
     for part in ("limits", "requests"):
         current = dict(resources[part]) if isinstance(resources.get(part), dict) else {}
         for key in list(current):
-            if key in (res.fraction, res.shares) or res.card_index(key) is not None:
+            if key in (res.fraction, res.shares, res.memory) or res.card_index(key) is not None:
                 del current[key]
         current[res.shares] = count
         resources[part] = current
@@ -130,16 +127,23 @@ def _set_shares(container: dict, policy: Policy, count: str) -> None:
     container["resources"] = resources
 
 
-def _set_pod_claim(spec: dict, pod_shares: int) -> None:
-    wanted = {"name": names.DRA_POD_CLAIM, "resourceClaimTemplateName": draobjects.template_name(pod_shares)}
+def _set_pod_claim(spec: dict, pod_shares: int, size_mib: int = 0) -> None:
+    wanted = {"name": names.DRA_POD_CLAIM,
+              "resourceClaimTemplateName": draobjects.template_name(pod_shares, size_mib)}
     listed = spec.get("resourceClaims")
     claims = [c for c in listed if not (isinstance(c, dict) and c.get("name") == names.DRA_POD_CLAIM)] \
         if isinstance(listed, list) else []
     spec["resourceClaims"] = claims + [wanted]
 
 
-def pod(obj: dict, asks: list[req.ContainerAsk], pod_shares: int, policy: Policy) -> dict:
-    """The pod with its shares as a claim (when it holds any) and GPU env owned; the input is not touched."""
+def pod(obj: dict, asks: list[req.ContainerAsk], pod_shares: int, policy: Policy,
+        sized: tuple[int, int] | None = None) -> dict:
+    """The pod with its shares as a claim (when it holds any) and GPU env owned; the input is not touched.
+
+    ``sized`` (card MiB, asked MiB), for a pod that asked GPU memory: its asks carry the shares of a
+    card of that size, its claim comes from the template that asks one card of that size
+    (``gpushard-shares-<n>-mib-<size>``), and annotations record what it asked and the size.
+    """
     new = dict(obj)
     spec = new["spec"] = dict(obj["spec"])
     for key, _group in req.CONTAINER_LISTS:
@@ -159,12 +163,16 @@ def pod(obj: dict, asks: list[req.ContainerAsk], pod_shares: int, policy: Policy
             rewrite.set_env(container, names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
     if pod_shares <= 0:
         return new
-    _set_pod_claim(spec, pod_shares)
+    _set_pod_claim(spec, pod_shares, sized[0] if sized else 0)
     if policy.runtime_class_name and not spec.get("runtimeClassName"):
         spec["runtimeClassName"] = policy.runtime_class_name
     meta = new["metadata"] = dict(new["metadata"]) if isinstance(new.get("metadata"), dict) else {}
     annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
     labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
-    meta["annotations"] = {**annotations, names.SHARES_ANNOTATION: str(pod_shares)}
+    ours = {names.SHARES_ANNOTATION: str(pod_shares)}
+    if sized:
+        ours[names.MEMORY_ANNOTATION] = str(sized[1])
+        ours[names.CARD_MEMORY_ANNOTATION] = str(sized[0])
+    meta["annotations"] = {**annotations, **ours}
     meta["labels"] = {**labels, names.SHARED_LABEL: names.SHARED_LABEL_VALUE}
     return new

@@ -87,9 +87,17 @@ def slice_name(node: str, driver: str = names.DRA_DRIVER) -> str:
     return f"{node[:253 - len(driver) - 12].rstrip('-.')}-{digest}-{driver}"
 
 
-def template_name(shares: int) -> str:
-    """The ResourceClaimTemplate for a claim of ``shares`` shares of one card."""
+def template_name(shares: int, size_mib: int = 0) -> str:
+    """The ResourceClaimTemplate for a claim of ``shares`` shares of one card (of ``size_mib`` MiB, when
+    the shares were computed for that size: a memory ask)."""
+    if size_mib:
+        return f"{names.DRA_TEMPLATE_PREFIX}{shares}{names.DRA_TEMPLATE_SIZE_INFIX}{size_mib}"
     return f"{names.DRA_TEMPLATE_PREFIX}{shares}"
+
+
+def memory_selector(size_mib: int, driver: str = names.DRA_DRIVER) -> str:
+    """The CEL selector that keeps a claim on cards of ``size_mib`` MiB (the slice's ``memoryMiB``)."""
+    return f'device.attributes["{driver}"].memoryMiB == {int(size_mib)}'
 
 
 # --- objects -------------------------------------------------------------------------------------
@@ -167,22 +175,24 @@ def device_class(name: str = names.DRA_DEVICE_CLASS, driver: str = names.DRA_DRI
     }
 
 
-def claim_template(namespace: str, shares: int, device_class_name: str = names.DRA_DEVICE_CLASS) -> dict:
-    """A namespace's template for a claim of ``shares`` shares of one card of gpushard's class."""
+def claim_template(namespace: str, shares: int, device_class_name: str = names.DRA_DEVICE_CLASS,
+                   size_mib: int = 0) -> dict:
+    """A namespace's template for a claim of ``shares`` shares of one card of gpushard's class; with
+    ``size_mib``, of one card of that size (a memory ask's shares hold its memory only on such a card)."""
+    exactly: dict = {
+        "deviceClassName": device_class_name,
+        "allocationMode": "ExactCount",
+        "count": 1,
+    }
+    if size_mib:
+        exactly["selectors"] = [{"cel": {"expression": memory_selector(size_mib)}}]
+    exactly["capacity"] = {"requests": {names.DRA_SHARES_CAPACITY: str(shares)}}
     return {
         "apiVersion": names.DRA_API_VERSION,
         "kind": "ResourceClaimTemplate",
-        "metadata": {"name": template_name(shares), "namespace": namespace,
+        "metadata": {"name": template_name(shares, size_mib), "namespace": namespace,
                      "labels": {"app.kubernetes.io/managed-by": "gpushard"}},
-        "spec": {"spec": {"devices": {"requests": [{
-            "name": names.DRA_REQUEST,
-            "exactly": {
-                "deviceClassName": device_class_name,
-                "allocationMode": "ExactCount",
-                "count": 1,
-                "capacity": {"requests": {names.DRA_SHARES_CAPACITY: str(shares)}},
-            },
-        }]}}},
+        "spec": {"spec": {"devices": {"requests": [{"name": names.DRA_REQUEST, "exactly": exactly}]}}},
     }
 
 
@@ -332,6 +342,11 @@ def check_device_class(obj: dict) -> list[str]:
     return problems
 
 
+# staging/src/k8s.io/api/resource/v1/types.go: DeviceSelectorsMaxSize, CELSelectorExpressionMaxLength.
+MAX_SELECTORS = 32
+MAX_SELECTOR_LENGTH = 10 * 1024
+
+
 def check_claim_template(obj: dict) -> list[str]:
     problems: list[str] = []
     _check_name(problems, obj, namespaced=True)
@@ -355,6 +370,14 @@ def check_claim_template(obj: dict) -> list[str]:
         count = exactly.get("count", 1)
         if mode == "ExactCount" and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
             problems.append(f"{where}.exactly.count: must be > 0, got {count!r}")
+        selectors = exactly.get("selectors", [])
+        if not isinstance(selectors, list) or len(selectors) > MAX_SELECTORS:
+            problems.append(f"{where}.exactly.selectors: at most {MAX_SELECTORS} selectors")
+        for j, selector in enumerate(selectors if isinstance(selectors, list) else ()):
+            expression = ((selector or {}).get("cel") or {}).get("expression") if isinstance(selector, dict) else None
+            if not isinstance(expression, str) or not expression or len(expression) > MAX_SELECTOR_LENGTH:
+                problems.append(f"{where}.exactly.selectors[{j}].cel.expression: must be a CEL expression of 1 to "
+                                f"{MAX_SELECTOR_LENGTH} characters, got {expression!r}")
         asked = ((exactly.get("capacity") or {}).get("requests")) or {}
         for key, value in asked.items():
             if not is_qualified_name(key):

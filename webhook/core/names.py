@@ -203,6 +203,7 @@ DRA_SHARES_CAPACITY = "shares"
 DRA_REQUEST = "gpu"
 DRA_POD_CLAIM = "gpushard-gpu"
 DRA_TEMPLATE_PREFIX = "gpushard-shares-"
+DRA_TEMPLATE_SIZE_INFIX = "-mib-"  # gpushard-shares-<n>-mib-<card MiB>: a memory ask's claim
 DRA_CDI_KIND = "gpushard.io/claim"
 # With DRAExtendedResource every DeviceClass is also the extended resource <prefix><class name>.
 DRA_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
