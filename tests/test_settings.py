@@ -64,7 +64,8 @@ def test_runtime_class_name(value, loaded):
     ({"sharesPerCard": "100"}, "sharesPerCard"),
     ({"sharesPerCard": True}, "sharesPerCard"),
     ({"policy": {"placement": "random"}}, "policy.placement: must be one of binpack, spread, got 'random'"),
-    ({"policy": {"nodeAffinity": "hard"}}, "policy.nodeAffinity: must be one of preferred, required, got 'hard'"),
+    ({"policy": {"nodeAffinity": "hard"}}, "policy.nodeAffinity: must be one of preferred, required, none, got "
+                                           "'hard'"),
     ({"policy": {"wholeCards": "deny"}}, "policy.wholeCards"),
     ({"policy": {"multiCard": "share"}}, "policy.multiCard"),
     ({"policy": {"hideUnrequestedGpus": "yes"}}, "policy.hideUnrequestedGpus"),

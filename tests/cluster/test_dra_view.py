@@ -213,3 +213,24 @@ def test_admission_with_no_room_warns_in_the_schedulers_words_and_hints_nothing(
     blind = decide(None, gpu_pod("0.5"))
     assert blind.allowed and blind.node is None and not blind.warnings
     assert placement.preferred_node(blind.obj["spec"]) is None
+
+
+def test_node_affinity_none_gives_no_hint_under_either_backend(fake, dra_view):
+    fake.put("nodes", dra_node("a"))
+    fake.put("resourceslices", slice_of("a"))
+    view = dra_view()
+    quiet = policy_mod.Policy(backend=policy_mod.DRA, node_affinity="none")
+    decision = decisions.decide(decisions.Request(gpu_pod("0.25"), "Pod"), quiet, view.snapshot())
+    assert decision.allowed and decision.node == "a"  # chosen (and remembered), not written
+    assert "affinity" not in decision.obj["spec"]
+    # Under backend dra "required" is a preference still: the scheduler alone keeps the card.
+    required = policy_mod.Policy(backend=policy_mod.DRA, node_affinity="required")
+    decision = decisions.decide(decisions.Request(gpu_pod("0.25"), "Pod"), required, view.snapshot())
+    node_affinity = decision.obj["spec"]["affinity"]["nodeAffinity"]
+    assert list(node_affinity) == ["preferredDuringSchedulingIgnoredDuringExecution"]
+    # The device plugin: the card pinned, no node term.
+    plugin = policy_mod.Policy(node_affinity="none")
+    static_view = placement.View((placement.Node("a", cards=(placement.Card(0, 100),)),))
+    decision = decisions.decide(decisions.Request(gpu_pod("0.25"), "Pod"), plugin, static_view)
+    assert decision.allowed and decision.card == 0 and "affinity" not in decision.obj["spec"]
+    assert decision.obj["spec"]["containers"][0]["resources"]["limits"][f"{names.CARD_PREFIX}0"] == "25"

@@ -454,7 +454,7 @@ def _dra_pod(request: Request, obj: dict, asks: list[req.ContainerAsk], shares: 
             node, card = choice.node, choice.card
         else:
             found = found + draclaims.waiting_findings(choice.findings, shares)
-    if node is not None and not spec.get("nodeName") and (
+    if node is not None and policy.node_affinity != "none" and not spec.get("nodeName") and (
             spec.get("affinity") is None or placement.preferred_node(spec) is None):
         rewrite.prefer_node(spec, node)
     if any(x.rule == f.LIMIT_ENV_SET for x in limit_found):

@@ -9,8 +9,11 @@ from webhook.core import names
 WHOLE_CARDS = ("share", "passthrough")
 MULTI_CARD = ("deny", "passthrough")
 PLACEMENTS = ("binpack", "spread")
-# How the chosen node reaches the scheduler: a preferred term, or also a required one.
-NODE_AFFINITIES = ("preferred", "required")
+# How the chosen node reaches the scheduler: a preferred term, or also a required one, or not at all.
+# "none": the card alone (the scheduler picks the node; under backend dra, no node hint at all).
+# Under backend dra "required" acts as "preferred": the scheduler alone keeps the card, so it must stay
+# free to bind the pod elsewhere when the hinted node fills.
+NODE_AFFINITIES = ("preferred", "required", "none")
 # How the card-k device plugin names its card to the container runtime (NVIDIA's plugin's words).
 ENVVAR = "envvar"
 VOLUME_MOUNTS = "volume-mounts"

@@ -193,7 +193,7 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     if sized is not None and card is not None:
         _require_card_memory(spec, card, sized[0], ops)
     # Without an affinity there is no preferred term to look for (most pods).
-    if node is not None and not spec.get("nodeName") and (
+    if node is not None and policy.node_affinity != "none" and not spec.get("nodeName") and (
             spec.get("affinity") is None or placement.preferred_node(spec) is None):
         prefer_node(spec, node, ops, required=policy.node_affinity == "required")
     res = policy.resources
