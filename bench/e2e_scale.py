@@ -24,8 +24,17 @@ Printed per run, with its parameters:
 Re-placement (`gpushard replace`) moves only pods a controller recreates, so it needs the burst as
 workloads; this bench creates bare pods and reports what a round could rescue (the stranded count).
 
+``--backends`` runs the same trace under each backend, side by side: ``deviceplugin`` (the webhook pins
+the card), ``dra`` (deploy/overlays/dra: each node's ResourceSlice written as the agent writes it, the
+scheduler's allocator picks the card, the webhook hints the node of its binpack choice) and
+``dra-nohint`` (the same with ``policy.nodeAffinity: none``: the scheduler alone). ``--cordon F``
+cordons card 0 on that part of the nodes, as `gpushard cordon` and the agent leave them (the annotation;
+allocatable 0 for the device plugin, the device gone from the slice under dra), and reports any pod bound
+to a cordoned card. Under dra the card of a bound pod is its claim's allocation result.
+
 Run: KUBEBUILDER_ASSETS=... python bench/e2e_scale.py [--nodes 100] [--pods 1000] [--replicas 1,2,3]
-     [--clients 16] [--load 0.95] [--seed N]   (as root is not needed: no kubelet runs)
+     [--clients 16] [--load 0.95] [--seed N] [--backends deviceplugin,dra,dra-nohint] [--cordon 0.1]
+     (as root is not needed: no kubelet runs)
 """
 
 from __future__ import annotations
@@ -53,11 +62,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import kubernetes  # noqa: E402
 import stranding  # noqa: E402
+import yaml  # noqa: E402
 
 from tests.e2e import components, gpushard  # noqa: E402
+from webhook.core import draobjects, names  # noqa: E402
 
 CARDS = 8
 SHARES = 100
+MEMORY_MIB = 81559
+BACKENDS = ("deviceplugin", "dra", "dra-nohint")
 NAMESPACE = "burst"
 WEBHOOK_USER = "system:serviceaccount:gpushard-system:gpushard-webhook"
 AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
@@ -104,40 +117,67 @@ class Balancer:
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
-def node_body(name: str) -> dict:
-    inventory = [{"index": k, "uuid": f"GPU-{name}-{k}", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559}
+def node_name(i: int) -> str:
+    return f"gpu-{i:04d}"
+
+
+def node_body(name: str, cordoned: tuple[int, ...] = ()) -> dict:
+    inventory = [{"index": k, "uuid": f"GPU-{name}-{k}", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": MEMORY_MIB}
                  for k in range(CARDS)]
+    cordons = {names.card_cordon_annotation(k): json.dumps({"reason": "bench", "by": "bench", "at": ""})
+               for k in cordoned}
     return {"apiVersion": "v1", "kind": "Node", "metadata": {
         "name": name, "labels": {"kubernetes.io/hostname": name, "gpushard.io/shared-node": "true",
-                                 "gpushard.io/cards": str(CARDS)},
-        "annotations": {"gpushard.io/inventory": json.dumps(inventory)}}}
+                                 "gpushard.io/cards": str(CARDS),
+                                 **{names.card_memory_label(k): str(MEMORY_MIB) for k in range(CARDS)}},
+        "annotations": {"gpushard.io/inventory": json.dumps(inventory), **cordons}}}
 
 
-def node_status() -> dict:
-    resources = {"cpu": "128", "memory": "1Ti", "pods": "500", "gpushard.io/gpu": str(CARDS * SHARES),
-                 **{f"gpushard.io/card-{k}": str(SHARES) for k in range(CARDS)}}
+def node_status(dra: bool = False, cordoned: tuple[int, ...] = ()) -> dict:
+    """The node's status as the kubelet reports it with the agent's device plugins: under dra only the
+    node-wide gpushard.io/gpu (the cards are in the slice); a cordoned card's IDs withdrawn."""
+    healthy = CARDS - len(cordoned)
+    resources = {"cpu": "128", "memory": "1Ti", "pods": "500", "gpushard.io/gpu": str(healthy * SHARES)}
+    if not dra:
+        resources.update({f"gpushard.io/card-{k}": str(0 if k in cordoned else SHARES) for k in range(CARDS)})
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return {"status": {"capacity": resources, "allocatable": resources, "conditions": [
         {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "as the kubelet reports it",
          "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
 
 
-def make_nodes(api: kubernetes.client.CoreV1Api, count: int, workers: int = 16) -> float:
+def cordoned_nodes(nodes: int, part: float) -> set[int]:
+    """The nodes whose card 0 is cordoned: spread evenly over the cluster."""
+    count = round(nodes * part)
+    return {round(j * nodes / count) for j in range(count)} if count else set()
+
+
+def make_nodes(api: kubernetes.client.CoreV1Api, count: int, workers: int = 16, dra: bool = False,
+               cordoned: set[int] = frozenset()) -> float:
     started = time.monotonic()
+    custom = kubernetes.client.CustomObjectsApi(api.api_client)
+    group, version = names.DRA_API_VERSION.split("/")
 
     def one(i: int) -> None:
-        name = f"gpu-{i:04d}"
-        api.create_node(node_body(name))
-        api.patch_node_status(name, node_status())
+        name = node_name(i)
+        off = (0,) if i in cordoned else ()
+        api.create_node(node_body(name, off))
+        api.patch_node_status(name, node_status(dra, off))
         # Admission gives a new Node the not-ready taint; the node lifecycle controller would lift it.
         api.patch_node(name, {"spec": {"taints": []}})
+        if dra:
+            facts = [draobjects.CardFacts(k, f"GPU-{name}-{k}", "NVIDIA H100 80GB HBM3", MEMORY_MIB)
+                     for k in range(CARDS) if k not in off]
+            custom.create_cluster_custom_object(group, version, "resourceslices",
+                                                draobjects.resource_slice(name, facts, SHARES, 1))
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(one, range(count)))
     return time.monotonic() - started
 
 
-def trace(rng: random.Random, nodes: int, load: float, limit: int) -> list[int]:
-    capacity = nodes * CARDS * SHARES
+def trace(rng: random.Random, nodes: int, load: float, limit: int, cards: int | None = None) -> list[int]:
+    """Sizes of the packing mix up to ``load`` of the shares of ``cards`` (every card when None)."""
+    capacity = (nodes * CARDS if cards is None else cards) * SHARES
     sizes, total = [], 0
     while total < load * capacity and len(sizes) < limit:
         size = stranding.draw(rng)
@@ -182,12 +222,24 @@ def create_burst(config: Path, sizes: list[int], clients: int) -> tuple[float, i
 
 
 def pods_state(api: kubernetes.client.CoreV1Api) -> list[tuple[int, str | None, int]]:
-    """(shares, node, card) of every pod in the burst namespace."""
+    """(shares, node, card) of every pod in the burst namespace: the card is the webhook's pin, or under
+    dra the card of the pod's allocated claim (-1 while it has none)."""
+    claims = {}
+    try:
+        listed = kubernetes.client.CustomObjectsApi(api.api_client).list_namespaced_custom_object(
+            "resource.k8s.io", "v1", NAMESPACE, "resourceclaims", _request_timeout=60)["items"]
+    except kubernetes.client.ApiException:
+        listed = []
+    for claim in listed:
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+        owners = [o["uid"] for o in claim["metadata"].get("ownerReferences") or [] if o.get("kind") == "Pod"]
+        if results and owners:
+            claims[owners[0]] = draobjects.card_index(results[0].get("device"))
     out = []
     for pod in api.list_namespaced_pod(NAMESPACE, _request_timeout=60).items:
         annotations = pod.metadata.annotations or {}
-        out.append((int(annotations.get("gpushard.io/shares", 0)), pod.spec.node_name,
-                    int(annotations.get("gpushard.io/card", -1))))
+        card = claims.get(pod.metadata.uid, int(annotations.get("gpushard.io/card", -1)))
+        out.append((int(annotations.get("gpushard.io/shares", 0)), pod.spec.node_name, card))
     return out
 
 
@@ -216,12 +268,13 @@ def wait_bound(api, total: int, settle: float) -> tuple[float, list]:
         time.sleep(1.0)
 
 
-def stranded(state: list, nodes: int) -> int:
+def stranded(state: list, nodes: int, cordoned: set[int] = frozenset()) -> int:
     used = {}
     for shares, node, card in state:
         if node:
             used[(node, card)] = used.get((node, card), 0) + shares
-    free = [SHARES - used.get((f"gpu-{n:04d}", k), 0) for n in range(nodes) for k in range(CARDS)]
+    free = [SHARES - used.get((node_name(n), k), 0) for n in range(nodes) for k in range(CARDS)
+            if not (k == 0 and n in cordoned)]
     # Pending pods that some card could still take, counted greedily (each takes its room).
     count = 0
     for shares in sorted((s for s, node, _c in state if not node), reverse=True):
@@ -230,6 +283,12 @@ def stranded(state: list, nodes: int) -> int:
             free[best] -= shares
             count += 1
     return count
+
+
+def on_cordoned(state: list, cordoned: set[int]) -> int:
+    """Pods bound to a cordoned card (none should be: it had no room for new pods)."""
+    off = {node_name(n) for n in cordoned}
+    return sum(1 for _s, node, card in state if node in off and card == 0)
 
 
 HISTOGRAM = re.compile(r'^(\w+)_bucket\{(.*)\} (\S+)$')
@@ -269,12 +328,14 @@ def rss_mib(pid: int) -> float:
     return total / 1024
 
 
-def first_fit_decreasing(nodes: int, sizes: list[int]) -> int:
-    return stranding.first_fit_decreasing([[0] * CARDS for _ in range(nodes)], sizes)
+def first_fit_decreasing(nodes: int, sizes: list[int], cordoned: set[int] = frozenset()) -> int:
+    # A cordoned card is full to the packer: it takes nothing.
+    return stranding.first_fit_decreasing([[SHARES if (k == 0 and n in cordoned) else 0 for k in range(CARDS)]
+                                           for n in range(nodes)], sizes)
 
 
 def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: float, seed: int,
-        score_all: bool = True) -> dict:
+        score_all: bool = True, backend: str = "deviceplugin", cordon: float = 0.0) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpushard-scale-"))
     (work / "audit-policy.yaml").write_text(AUDIT_POLICY)
     plane = components.ControlPlane(assets, work, node_lifecycle=False, score_all_nodes=score_all, apiserver_flags=[
@@ -284,14 +345,21 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
     try:
         plane.start()
         kubectl = plane.kubectl
-        kubectl.run("apply", "-k", str(ROOT / "deploy" / "base"), check=False, timeout=180)
+        dra = backend != "deviceplugin"
+        kustomization = ROOT / "deploy" / ("overlays/dra" if dra else "base")
+        kubectl.run("apply", "-k", str(kustomization), check=False, timeout=180)
         admin = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(
             str(plane.work / "admin.kubeconfig")))
-        node_seconds = make_nodes(admin, nodes)
+        off = cordoned_nodes(nodes, cordon)
+        node_seconds = make_nodes(admin, nodes, dra=dra, cordoned=off)
         kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
             "name": NAMESPACE, "labels": {"gpushard.io/mode": "enforce"}}}))
 
         config = gpushard.shipped_config(kubectl, work)
+        if backend == "dra-nohint":
+            settings = yaml.safe_load(config.read_text())
+            settings.setdefault("policy", {})["nodeAffinity"] = "none"
+            config.write_text(yaml.safe_dump(settings))
         token = kubectl.token("gpushard-webhook", gpushard.SYSTEM)
         env = {**os.environ, "KUBECONFIG": str(plane.token_config("webhook", token))}
         cert, key = plane.pki.issue("webhook", "gpushard-webhook", ips=("127.0.0.1",), server=True)
@@ -313,7 +381,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
         time.sleep(2)
 
         rng = random.Random(seed)
-        sizes = trace(rng, nodes, load, pods)
+        sizes = trace(rng, nodes, load, pods, cards=nodes * CARDS - len(off))
         metrics_before = kubectl.run("get", "--raw", "/metrics").stdout
         ours_before = [urllib.request.urlopen(f"https://127.0.0.1:{p}/metrics", context=context).read().decode()
                        for p in ports]
@@ -337,18 +405,19 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
         bound_shares = sum(s for s, node, _c in state if node)
         pending = sum(1 for _s, node, _c in state if not node)
         return {
+            "backend": backend, "cordoned_cards": len(off), "on_cordoned": on_cordoned(state, off),
             "nodes": nodes, "cards": nodes * CARDS, "pods": len(sizes), "load": load, "replicas": replicas,
             "scheduler": "scores every node" if score_all else "kube-scheduler's default sample",
             "clients": clients, "node_setup_s": round(node_seconds, 1), "refused": refused,
             "create_s": round(create_seconds, 1), "create_rate": round(len(sizes) / create_seconds, 1),
-            "scheduled_s": round(last_bind - t0, 1), "pending": pending, "stranded": stranded(state, nodes),
+            "scheduled_s": round(last_bind - t0, 1), "pending": pending, "stranded": stranded(state, nodes, off),
             "api_p50": quantile_bound(api_b, api_a, 0.5), "api_p99": quantile_bound(api_b, api_a, 0.99),
             "own_p50": quantile_bound(own_b, own_a, 0.5), "own_p99": quantile_bound(own_b, own_a, 0.99),
             "rss_mib": [round(rss_mib(w.proc.pid), 1) for w in webhooks], "view_synced_s": round(synced, 1),
             "webhook_requests": audit_total, "requests_during_burst": audit_lines,
             "requests_per_admission": round(audit_total / max(1, len(sizes)), 4),
-            "load_reached": round(sum(sizes) / (nodes * CARDS * SHARES), 3),
-            "packing": round(bound_shares / max(1, first_fit_decreasing(nodes, sizes)), 4),
+            "load_reached": round(sum(sizes) / ((nodes * CARDS - len(off)) * SHARES), 3),
+            "packing": round(bound_shares / max(1, first_fit_decreasing(nodes, sizes, off)), 4),
             "pending_reasons": pending_reasons(admin),
         }
     finally:
@@ -365,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--load", type=float, default=0.95, help="the burst's shares as a part of the cluster's")
     parser.add_argument("--seed", type=int, default=20261201)
+    parser.add_argument("--backends", default="deviceplugin",
+                        help=f"backends to run the same trace under, comma-separated: {', '.join(BACKENDS)}")
+    parser.add_argument("--cordon", type=float, default=0.0,
+                        help="the part of the nodes whose card 0 is cordoned (0.1: one node in ten)")
     parser.add_argument("--default-scheduler", action="store_true",
                         help="kube-scheduler's own percentageOfNodesToScore (a sample past 100 nodes) instead of "
                              "docs/install.md's 100")
@@ -373,16 +446,27 @@ def main(argv: list[str] | None = None) -> int:
     if assets is None:
         print(f"gpushard: e2e_scale needs the real components: {why}", file=sys.stderr)
         return 0 if os.environ.get("GPUSHARD_BENCH_OPTIONAL") else 2
+    backends = args.backends.split(",")
+    unknown = [b for b in backends if b not in BACKENDS]
+    if unknown:
+        print(f"gpushard: --backends: {unknown[0]!r} is none of {', '.join(BACKENDS)}", file=sys.stderr)
+        return 2
+    if not 0 <= args.cordon < 1:
+        print(f"gpushard: --cordon: {args.cordon} must be from 0 up to (not including) 1", file=sys.stderr)
+        return 2
     rows = []
-    for replicas in [int(r) for r in args.replicas.split(",")]:
-        row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
-                  score_all=not args.default_scheduler)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    keys = ["replicas", "pods", "load_reached", "create_rate", "scheduled_s", "pending", "stranded", "api_p50",
+    for backend in backends:
+        for replicas in [int(r) for r in args.replicas.split(",")]:
+            row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
+                      score_all=not args.default_scheduler, backend=backend, cordon=args.cordon)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    keys = ["backend", "replicas", "cordoned_cards", "on_cordoned", "pods", "load_reached", "create_rate",
+            "scheduled_s", "pending", "stranded", "api_p50",
             "api_p99", "own_p50", "own_p99", "rss_mib", "view_synced_s", "requests_per_admission", "packing"]
-    print(f"\n{args.nodes} nodes x {CARDS} cards, load {args.load}, {args.clients} clients, seed {args.seed}, "
-          f"scheduler: {rows[0]['scheduler']}")
+    print(f"\n{args.nodes} nodes x {CARDS} cards, load {args.load} (of the cards not cordoned), {args.clients} "
+          f"clients, seed {args.seed}, "
+          f"scheduler: {rows[0]['scheduler']}, card 0 cordoned on {args.cordon:.0%} of the nodes")
     print(" | ".join(keys))
     for row in rows:
         print(" | ".join(str(row[k]) for k in keys))
