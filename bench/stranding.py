@@ -94,6 +94,13 @@ class Chooser:
         self.mine: dict[int, tuple[int, int, int, float]] = {}
         self.view = placement.View(tuple(sim.node(i, self.used) for i in range(sim.nodes)))
 
+    def prefer(self) -> tuple[int, ...]:
+        """The card indexes this chooser tries first: all alike (none) unless the replicas partition them."""
+        if not self.sim.partition:
+            return ()
+        count = len(self.sim.choosers) if hasattr(self.sim, "choosers") else 1
+        return tuple(k for k in range(self.sim.cards) if k % count == self.number % count) if count > 1 else ()
+
     def choose(self, pod: Pod) -> None:
         sim, touched = self.sim, set()
         upto = max(self.seen, len(sim.log) - sim.lag)
@@ -116,7 +123,7 @@ class Chooser:
         if touched:
             self.view = placement.replace_nodes(self.view, {sim.names[i]: sim.node(i, self.used) for i in touched})
         rng = random.Random(f"{sim.seed}-{pod.number}") if sim.randomized else None
-        choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack", rng)
+        choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack", rng, self.prefer())
         if not choice.fits and not sim.spread_waiting:  # as before: wait on the most free card's index
             choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack")
         pod.card, pod.fitted = choice.card, choice.fits
@@ -144,6 +151,8 @@ class Sim:
         self.forget_after = forget_after
         # How long a chooser counts a choice its lagging view does not show yet (None: until it shows).
         self.remember_ttl: float | None = None
+        # Replicas try their own card indexes first (k mod replicas = their number): placement's ``prefer``.
+        self.partition = False
         self.unbound: collections.deque = collections.deque()  # (created, pod), for forgetting
         self.rng = random.Random(seed + 1)
         self.log: list[tuple[int | None, int, int]] = []  # (node, card, delta) of what views count
@@ -391,7 +400,7 @@ class Behind:
 
 
 def behind(seed: int, choosers: int = 2, lag: int = 20, fill: float = 0.80, demand: float = 0.9,
-           honour: bool = True, sim_class: type[Sim] = Sim, at_once: bool = False) -> Behind:
+           honour: bool = True, sim_class: type[Sim] = Sim, at_once: bool = False, partition: bool = False) -> Behind:
     """A burst the scheduler is behind: every pod is admitted before the first one binds (a Job of
     hundreds of pods, a slow scheduler). The cluster starts ``fill`` full; the burst asks ``demand`` of
     the free shares; ``choosers`` webhook replicas, each with a view ``lag`` changes behind, choose in
@@ -408,6 +417,7 @@ def behind(seed: int, choosers: int = 2, lag: int = 20, fill: float = 0.80, dema
         total += size
     ffd = first_fit_decreasing(used, sizes)
     sim = sim_class([row[:] for row in used], choosers, lag, True, honour, seed)
+    sim.partition = partition
     for size in sizes:
         pod = sim.create(size, 0.0)
         if at_once:  # for comparison: the scheduler keeps up, each pod bound as soon as it is admitted
@@ -420,6 +430,26 @@ def behind(seed: int, choosers: int = 2, lag: int = 20, fill: float = 0.80, dema
     after = sim.stranded()
     placed = sum(p.shares for p in sim.running.values())
     return Behind(len(sizes), first, after, sim.evicted, placed, ffd, moved)
+
+
+def partition_report(seed: int, runs: int) -> None:
+    """Replicas choosing over all cards against replicas trying their own card indexes first, in the burst
+    the real scheduler measures (bench/e2e_scale.py): an empty cluster filled to 95 % by one burst admitted
+    ahead of the scheduler, views ``lag`` changes apart."""
+    print(f"bursts from empty to 95 % of 100 nodes x 8 cards, admitted ahead of the scheduler, {runs} runs per row")
+    print(f"{'replicas':>8} {'lag':>4} {'partition':>9} {'stranded first':>14} {'after 1 round':>13} "
+          f"{'evicted':>7} {'packing vs FFD':>14}")
+    for choosers in (1, 2, 3):
+        for lag in (20, 60):
+            for partition in (False, True):
+                if choosers == 1 and partition:
+                    continue
+                out = [behind(seed + i, choosers, lag, fill=0.0, demand=0.95, partition=partition) for i in range(runs)]
+                first = statistics.mean(b.stranded_first / b.pods for b in out)
+                after = statistics.mean(b.stranded_after / b.pods for b in out)
+                print(f"{choosers:>8} {lag:>4} {str(partition):>9} {first:>14.2%} {after:>13.2%} "
+                      f"{statistics.mean(b.evicted for b in out):>7.1f} "
+                      f"{statistics.mean(b.placed / b.ffd for b in out):>14.4f}", flush=True)
 
 
 @contextlib.contextmanager
@@ -937,10 +967,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the burst the scheduler is behind (all pods admitted before one binds)")
     parser.add_argument("--why", action="store_true",
                         help="only which pods the churn figure with the defaults counts as stranded")
+    parser.add_argument("--partition", action="store_true",
+                        help="replicas trying their own card indexes first, against all alike")
     parser.add_argument("--dra", action="store_true",
                         help="only backend dra (the scheduler picks the card) beside the device-plugin backend")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    if args.partition:
+        partition_report(args.seed, runs=10 if args.long else (2 if args.quick else 4))
+        return 0
     if args.dra:
         dra(args.seed, bursts=10 if args.long else (2 if args.quick else 4),
             churns=3 if args.long else 1, hours=3.0 if args.long else 1.0)

@@ -5,6 +5,8 @@
   consuming the pod's shares of it, and binds the pod; the real kubelet has the agent prepare the claim
   (its CDI spec written with the pod's fraction);
 - a pod that no card has room for stays Pending, the scheduler saying why, while two others share the cards;
+- a cordoned card (`gpushard cordon`) leaves the agent's slice: the real allocator puts every new claim on
+  the other card, `gpushard status` shows the cordon, and uncordon brings the device back;
 - the kubelet opens the agent's DRA health stream, and a card's Xid reaches the status of the pod whose claim
   holds it (allocatedResourcesStatus `claim:<the pod's claim name>`: Healthy, then Unhealthy);
 - the node hint on the real scheduler: over nodes without kubelets whose slices are written as the agent
@@ -20,13 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e import components, objects
+from tests.e2e import components, gpushard, objects
 from webhook.core import draobjects
 from webhook.core import names as gpushard_names
 
@@ -98,6 +101,38 @@ def test_pod_no_card_fits_pending_with_the_schedulers_reason(dra, kubectl, names
     assert len(bound) <= 2 and len(waiting) >= 1
     message = next(c["message"] for c in waiting[0]["status"]["conditions"] if c["type"] == "PodScheduled")
     assert "cannot allocate all claims" in message, message
+
+
+def test_cordoned_card_leaves_the_slice_and_gets_no_new_claim(dra, kubectl, namespace, agent, plane):
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([gpushard.GPUSHARD, *args, f"--kubeconfig={plane.kubectl.config}"],
+                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    def devices() -> list[str]:
+        slices = kubectl.json("get", "resourceslices", "--field-selector", f"spec.driver={DRIVER}")["items"]
+        return sorted(d["name"] for s in slices if s["spec"].get("nodeName") == components.NODE_NAME
+                      for d in s["spec"].get("devices") or [])
+    cli("cordon", components.NODE_NAME, "1", "--reason", "e2e maintenance (dra)")
+    try:
+        components.wait_for("card-1 out of the slice", lambda: devices() == ["card-0"], timeout=60,
+                            explain=agent.tail)
+        for i in range(3):
+            kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(f"tenth-{i}",
+                                                                               objects.container(gpu="0.1")))
+            pod = components.wait_for(f"tenth-{i} bound", lambda i=i: (lambda p: p if p["spec"].get("nodeName")
+                                      else None)(kubectl.json("get", "pod", f"tenth-{i}", "-n", namespace)),
+                                      timeout=60, explain=agent.tail)
+            result = claim_of(kubectl, namespace, pod)["status"]["allocation"]["devices"]["results"][0]
+            assert result["device"] == "card-0", result
+        status = cli("status", "--config", str(agent.folder / "config.yaml"))
+        assert "cordoned" in status.stdout, status.stdout
+    finally:
+        cli("uncordon", components.NODE_NAME, "1")
+    components.wait_for("card-1 back in the slice", lambda: devices() == ["card-0", "card-1"], timeout=60,
+                        explain=agent.tail)
+    kubectl.run("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False)
 
 
 def test_card_going_bad_reaches_the_pods_status(dra, kubectl, namespace, agent, kubelet):

@@ -83,7 +83,8 @@ def _waiting_index(view: View, mask: int, rng: random.Random) -> int:
     return ks[rng.randrange(len(ks))]
 
 
-def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.Random | None = None) -> Choice:
+def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.Random | None = None,
+           prefer: tuple[int, ...] = ()) -> Choice:
     """Pick card k for the pod. Never fails: a poor view only costs packing, not correctness.
 
     Without ``rng`` the best card (ties to the lower index, then the earlier node); with it, one of
@@ -105,7 +106,15 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
         why = (f"no shared node with card {k} matches this pod's scheduling rules" if ask.pin is not None
                else "no shared node matches this pod's scheduling rules")
         return Choice(k, findings=(_warn(f.NO_MATCHING_NODE, f"{why}; card {k} chosen, the pod may stay Pending"),))
-    if rng is not None:
+    hit = None
+    if prefer and ask.pin is None:
+        # This chooser's own card indexes first (one of several webhook replicas): replicas whose views
+        # lag each other then fill different cards, and only collide once their own are full.
+        hit = view.draw(0, None, ask.shares, strategy, CHOICE_SLACK if rng is not None else 0, CHOICE_CANDIDATES,
+                        rng, {k: mask for k in prefer})
+    if hit is not None:
+        pass
+    elif rng is not None:
         # The candidates start with search's answer, and there are none exactly when it has none.
         hit = view.draw(mask, ask.pin, ask.shares, strategy, CHOICE_SLACK, CHOICE_CANDIDATES, rng)
     else:
