@@ -65,6 +65,35 @@ def driver_of(spec: Mapping) -> str:
     return ""
 
 
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def name_problem(resource: object) -> str | None:
+    """Why ``resource`` cannot be a DeviceClass's extendedResourceName, or None when it can: the API
+    server's rule for an extended resource name (a domain of the operator's, not kubernetes.io, then a
+    name; ``requests.`` before it must still be a qualified name, as quota writes it)."""
+    if not isinstance(resource, str) or not resource:
+        return "must be an extended resource name such as example.com/gpu"
+    domain, slash, name = resource.partition("/")
+    if not slash or "kubernetes.io/" in resource or resource.startswith("requests."):
+        return "must be an extended resource name such as example.com/gpu (a domain, not kubernetes.io, then a name)"
+    quota_domain = "requests." + domain
+    if len(quota_domain) > 253 or not _SUBDOMAIN.fullmatch(quota_domain) or len(name) > 63 \
+            or not _NAME.fullmatch(name):
+        return ("must be an extended resource name such as example.com/gpu (a lowercase DNS domain, then a name of "
+                "at most 63 letters, digits, '-', '_' or '.')")
+    return None
+
+
+def driver_problem(driver: object) -> str | None:
+    """Why ``driver`` cannot be a DRA driver's name (a lowercase DNS subdomain of at most 63 characters)."""
+    if isinstance(driver, str) and len(driver) <= 63 and _SUBDOMAIN.fullmatch(driver):
+        return None
+    return "must be a driver name such as gpu.nvidia.com (a lowercase DNS name of at most 63 characters)"
+
+
 def read_class(obj: object) -> tuple[str, Served] | None:
     """(the extended resource it serves, who serves it) for a DeviceClass of another driver that names
     one in ``spec.extendedResourceName``; None for gpushard's own class, a class naming none (its
@@ -96,10 +125,14 @@ def winners(found: Iterable[tuple[str, Served]]) -> dict[str, Served]:
     return out
 
 
+def frozen(served: dict[str, Served]) -> Mapping[str, Served]:
+    """``served`` as a mapping nobody can change (the one empty mapping when it is empty)."""
+    return types.MappingProxyType(served) if served else NONE
+
+
 def served_by(classes: Iterable[object]) -> Mapping[str, Served]:
     """The extended resources served by DeviceClasses other than gpushard's own, read from raw objects."""
-    found = [read for read in map(read_class, classes) if read is not None]
-    return types.MappingProxyType(winners(found)) if found else NONE
+    return frozen(winners(read for read in map(read_class, classes) if read is not None))
 
 
 # --- what gpushard makes of them --------------------------------------------------------------------
