@@ -7,6 +7,7 @@ We test, through the app's test client (the fast path) and Flask alone:
   audit annotation;
 - the classes are read on every review: a class appearing between two reviews changes the second answer;
 - a classes view that fails is logged and the review judged without it (the answer stays well formed);
+- /readyz waits for the classes' first list as for the view's, up to the same grace;
 - `gpushard serve --cluster FILE`'s app (serving.build_app) takes the file's deviceClasses, and a bad entry
   stops it before it serves.
 """
@@ -36,6 +37,9 @@ class Classes:
 
     def served(self):
         return extended.frozen(dict(self.now))
+
+    def synced(self):
+        return True
 
 
 def post(client, path: str, review: dict) -> dict:
@@ -103,6 +107,9 @@ class _Broken:
     def served(self):
         raise RuntimeError("boom")
 
+    def synced(self):
+        raise RuntimeError("boom")
+
 
 def test_a_failing_classes_view_is_logged_and_the_review_judged_without_it(make_client, caplog):
     client = make_client(_Broken())
@@ -125,3 +132,22 @@ def test_serve_with_a_cluster_file_takes_its_device_classes(tmp_path):
     path.write_text(objects.CLUSTER_YAML + "deviceClasses: [{name: x, extendedResourceName: 5}]\n")
     with pytest.raises(static.ViewFileError, match=r"deviceClasses\[0\]\.extendedResourceName: .*got 5"):
         serving.build_app(None, str(path))
+
+
+class _Unsynced(Classes):
+    def synced(self):
+        return False
+
+
+def test_readyz_waits_for_the_classes_first_list(view):
+    now = [100.0]
+    client = app_mod.create_app(settings_mod.Settings(), view, sync_grace=30, clock=lambda: now[0],
+                                classes=_Unsynced()).test_client()
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and "not synced" in ready.get_data(as_text=True)
+    now[0] += 30
+    assert client.get("/readyz").status_code == 200
+    synced = app_mod.create_app(settings_mod.Settings(), view, classes=Classes()).test_client()
+    assert synced.get("/readyz").get_data(as_text=True) == "ok: cluster view synced\n"
+    assert app_mod.create_app(settings_mod.Settings(), view, sync_grace=30, clock=lambda: now[0],
+                              classes=_Broken()).test_client().get("/readyz").status_code == 503

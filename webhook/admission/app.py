@@ -206,8 +206,11 @@ def health_blueprint() -> flask.Blueprint:
         view = _state()["view"]
         if view is None:
             return _text("ok: no cluster view; cards are chosen without one\n", 200)
+        classes = _state()["classes"]
         try:
-            synced = view.synced()
+            # The DeviceClasses are part of the view: before their first list a pod could be rewritten into
+            # a resource another driver serves.
+            synced = view.synced() and (classes is None or classes.synced())
         except Exception:
             synced = False
         if synced:

@@ -57,6 +57,8 @@ class Classes(Protocol):
 
     def served(self) -> Mapping[str, extended.Served]: ...
 
+    def synced(self) -> bool: ...
+
 
 class BadReview(ValueError):
     """A body that is no AdmissionReview: answered with HTTP 400 and this short reason."""
