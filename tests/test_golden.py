@@ -2,7 +2,8 @@
 
 We test:
 - every rule id of a single object (webhook/core/findings.py) and every audit rule has a
-  `<rule>.fail.yaml` and a `<rule>.pass.yaml` in tests/golden/, and nothing else lives there;
+  `<rule>.fail.yaml` and a `<rule>.pass.yaml` in tests/golden/, and nothing else lives there; the
+  DeviceClasses among a manifest's documents are what admission knows of the cluster's classes;
 - admission, for each fail manifest, with the verdict and words its rule's entry in EXPECT
   gives: every object is denied in enforce mode (403, or 400 for what cannot be read) with a
   message holding the key words, and admitted in audit mode with each finding of the rule
@@ -27,7 +28,7 @@ import pytest
 import yaml
 
 from webhook import cli, settings
-from webhook.core import audit, decisions, names
+from webhook.core import audit, decisions, extended, names
 from webhook.core import findings as f
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
@@ -60,12 +61,17 @@ def admitted_kinds(path: pathlib.Path) -> list[dict]:
     return [d for d in docs if d.get("kind") == names.POD_KIND or d.get("kind") in names.TEMPLATE_PATHS]
 
 
+def served_in(path: pathlib.Path):
+    """The extended resources the DeviceClasses among a manifest's documents serve (as the webhook's view of them)."""
+    return extended.served_by(d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == extended.KIND)
+
+
 def rules_of(decision: decisions.Decision) -> set[str]:
     return {x.rule for x in decision.findings}
 
 
-def decide(obj: dict, mode: str, policy) -> decisions.Decision:
-    return decisions.decide(decisions.Request(obj, obj["kind"], "CREATE", mode), policy, None)
+def decide(obj: dict, mode: str, policy, served=extended.NONE) -> decisions.Decision:
+    return decisions.decide(decisions.Request(obj, obj["kind"], "CREATE", mode, served=served), policy, None)
 
 
 def test_every_rule_has_a_pass_and_a_fail_manifest():
@@ -92,6 +98,11 @@ EXPECT = {
     f.DEVICE_ANNOTATION: (DENIED, ['"devices.noderesource.dev/container.app"', '"mounts.nri.io/pod"', "inject devices",
                               "inject mounts", "whatever its value"]),
     f.DEVICE_LIST_MOUNT: (DENIED, ['"scratch"', "/var/run/nvidia-container-devices/all", "device-list folder"]),
+    f.EXTENDED_RESOURCE_SHARED: (REWRITTEN, ["DeviceClass gpu.nvidia.com serves nvidia.com/gpu too",
+                                             "become gpushard.io/gpu shares"]),
+    f.EXTENDED_RESOURCE_TAKEN: (DENIED, ["DeviceClass gpu.example.com", "spec.extendedResourceName gpushard.io/gpu",
+                                         "driver gpu.example.com", "remove extendedResourceName from that class",
+                                         "other resource names in its config"]),
     f.FRACTION_ABOVE_ONE: (DENIED, ["nvidia.com/gpu 1.5", "at most one card"]),
     f.FRACTION_UNREWRITTEN: (REWRITTEN, ["nvidia.com/gpu 0.25", "rejects fractions"]),
     f.HOST_PATH: (DENIED, ["is hostPath /dev ", "is hostPath / ", "device files", "kubelet's folders",
@@ -134,13 +145,14 @@ def test_admission_fails_the_fail_manifest(rule):
     policy = policy_for(rule)
     verdict, words = EXPECT[rule]
     objects = admitted_kinds(golden(rule, "fail"))
+    served = served_in(golden(rule, "fail"))
     assert objects
     patched = admitted_kinds(golden(rule, "patched")) if verdict == REWRITTEN else []
     assert len(patched) == (len(objects) if verdict == REWRITTEN else 0)
     messages = []
     for i, obj in enumerate(objects):
-        enforced = decide(obj, names.MODE_ENFORCE, policy)
-        audited = decide(obj, names.MODE_AUDIT, policy)
+        enforced = decide(obj, names.MODE_ENFORCE, policy, served)
+        audited = decide(obj, names.MODE_AUDIT, policy, served)
         found = of_rule(audited, rule)
         assert found, f"object {i} of {golden(rule, 'fail').name} breaks no {rule} in audit mode"
         # Audit mode admits, the rule's findings among its warnings.
@@ -158,7 +170,7 @@ def test_admission_fails_the_fail_manifest(rule):
             assert enforced.obj == patched[i], f"object {i}: enforce admits another object than the patched golden"
             if enforced.patch is not None:
                 assert jsonpatch.apply_patch(obj, enforced.patch) == patched[i]
-            assert not of_rule(decide(enforced.obj, names.MODE_AUDIT, policy), rule)
+            assert not of_rule(decide(enforced.obj, names.MODE_AUDIT, policy, served), rule)
     text = "\n".join(messages)
     missing = [w for w in words if w not in text]
     assert not missing, f"{rule}: the messages lack {missing}:\n{text}"
@@ -180,7 +192,7 @@ def test_admission_passes_the_pass_manifest(rule):
     assert objects
     for obj in objects:
         for mode in names.MODES:
-            decision = decide(obj, mode, policy)
+            decision = decide(obj, mode, policy, served_in(golden(rule, "pass")))
             assert decision.allowed
             assert rule not in rules_of(decision)
 
@@ -190,7 +202,7 @@ def test_admission_lets_through_what_only_the_audit_sees(rule):
     # A rule about a Namespace or a Node has no object here: admission never sees those at all.
     for obj in admitted_kinds(golden(rule, "fail")):
         for mode in names.MODES:
-            decision = decide(obj, mode, policy_for(rule))
+            decision = decide(obj, mode, policy_for(rule), served_in(golden(rule, "fail")))
             assert decision.allowed
             assert not [x for x in decision.findings if x.severity == f.DENY]
 

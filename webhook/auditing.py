@@ -281,12 +281,16 @@ def _namespace(core, namespace: str, conn: connecting.Client, err: IO[str]) -> l
     return [audit.Located(obj)]
 
 
+DEVICE_CLASSES = "deviceclasses"
+
+
 def read_cluster(conn: connecting.Client, err: IO[str], namespace: str | None = None,
                  selector: str | None = None) -> list[audit.Located]:
-    """Namespaces, nodes, pods and pod-template workloads of the live cluster.
+    """Namespaces, nodes, pods, pod-template workloads and DeviceClasses of the live cluster.
 
     With ``namespace``, only namespaced calls (and a get of that namespace): a user with rights in
-    one namespace can audit it. Nodes are then not read, so findings about shared nodes are left out.
+    one namespace can audit it. Nodes and DeviceClasses are then not read, so findings about shared
+    nodes and about other drivers serving gpushard's resources are left out.
     ``selector`` (a label selector) narrows pods and workloads.
     """
     import kubernetes
@@ -301,12 +305,20 @@ def read_cluster(conn: connecting.Client, err: IO[str], namespace: str | None = 
         objects += _namespace(core, namespace, conn, err)
         objects += [audit.Located(o) for o in _list(_live_pods(core, namespace), f"pods in namespace {namespace}",
                                                      conn, label_selector=selector)]
-    for what, call in _workload_calls(conn.api, namespace):
+    calls = _workload_calls(conn.api, namespace)
+    if namespace is None:
+        # Cluster-wide only, as nodes: another driver's DeviceClass serving an extended resource
+        # (resource.k8s.io/v1, Kubernetes 1.34+; DRAExtendedResource, 1.36+).
+        calls.append((DEVICE_CLASSES, kubernetes.client.ResourceV1Api(conn.api).list_device_class))
+    for what, call in calls:
         try:
-            objects += [audit.Located(o) for o in _list(call, what, conn, label_selector=selector) if not _owned(o)]
+            found = _list(call, what, conn, label_selector=selector if what != DEVICE_CLASSES else None)
+            objects += [audit.Located(o) for o in found if not _owned(o)]
         except (UsageError, connecting.ApiError) as exc:
             if isinstance(exc, connecting.ApiError) and exc.status != 403:
                 raise  # unreachable, or the credentials refused: nothing else will work either
+            if what == DEVICE_CLASSES and isinstance(exc, UsageError) and exc.status == 404:
+                continue  # a cluster without resource.k8s.io/v1 has none
             # An API without that group, or RBAC without that read, leaves the rest worth auditing.
             print(f"{exc}; {what.split(' ')[0]} not audited", file=err)
     return objects
@@ -495,7 +507,7 @@ def audit_table(items: list[audit.Item], audited: int, width: int) -> str:
 
 
 def _audited(objects: list[audit.Located]) -> int:
-    kinds = {audit.NAMESPACE_KIND, audit.NODE_KIND, names.POD_KIND, *names.TEMPLATE_PATHS}
+    kinds = {audit.NAMESPACE_KIND, audit.NODE_KIND, audit.DEVICE_CLASS_KIND, names.POD_KIND, *names.TEMPLATE_PATHS}
     return sum(1 for o in objects if isinstance(o.obj.get("kind"), str) and o.obj["kind"] in kinds)
 
 

@@ -37,12 +37,14 @@ def _settings(path: str | None):
 
 
 def _static_view(path: str | None, shares_per_card: int):
+    """The cluster file's view and what its DeviceClasses serve; (None, None) without a file."""
     if path is None:
-        return None
+        return None, None
     from webhook.cluster import static
 
     try:
-        return static.StaticView(static.load(path, shares_per_card))
+        view, served = static.load_file(path, shares_per_card)
+        return static.StaticView(view), served
     except static.ViewFileError as exc:
         hint = "fix it (examples/cluster.yaml shows the format)" if Path(path).is_file() \
             else "check the path given to --cluster"
@@ -107,9 +109,9 @@ def cmd_review(args: argparse.Namespace) -> int:
     from webhook import reviewing
 
     settings = _settings(args.config)
-    view = _static_view(args.cluster, settings.policy.shares_per_card)
+    view, served = _static_view(args.cluster, settings.policy.shares_per_card)
     return reviewing.review_files(args.files, settings, view, mode=args.mode, out=sys.stdout,
-                                  output=args.output)
+                                  output=args.output, served=served)
 
 
 # --- agent -----------------------------------------------------------------------------------

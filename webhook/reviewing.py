@@ -12,7 +12,7 @@ import yaml
 from webhook import kubectlflags
 from webhook import settings as settings_mod
 from webhook.core import asks as req
-from webhook.core import audit, decisions, names
+from webhook.core import audit, decisions, extended, names
 from webhook.core import findings as f
 from webhook.core.policy import Policy
 
@@ -135,7 +135,7 @@ def _name(obj: object) -> str:
 
 
 def _decisions(items: list[tuple[str, int, object]], settings: settings_mod.Settings, view,
-               mode: str) -> Iterator[tuple[str, int, object, decisions.Decision, str]]:
+               mode: str, served=None) -> Iterator[tuple[str, int, object, decisions.Decision, str]]:
     """(file, document, object, decision, one-line summary) for each manifest, in order.
 
     A Namespace among the manifests sets the mode of the objects in it (``mode`` is for the
@@ -149,7 +149,7 @@ def _decisions(items: list[tuple[str, int, object]], settings: settings_mod.Sett
         if here == OUTSIDE:
             decision = _outside(obj, kind, why or "the namespace did not opt in", settings.policy)
         else:
-            request = decisions.Request(obj, kind, mode=here)
+            request = decisions.Request(obj, kind, mode=here, served=served or extended.NONE)
             decision = decisions.decide(request, settings.policy, view.snapshot() if view else None)
         if decision.allowed and decision.node is not None and view is not None:
             view.remember(decision.node, decision.card, decision.shares)
@@ -158,8 +158,10 @@ def _decisions(items: list[tuple[str, int, object]], settings: settings_mod.Sett
 
 
 def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: str, out: IO[str],
-                 output: str = kubectlflags.YAML) -> int:
+                 output: str = kubectlflags.YAML, served=None) -> int:
     """Print each object as gpushard admits it, or its denial. Exit 1 if any is denied, 2 if unreadable.
+
+    ``served``: the extended resources DeviceClasses of other drivers serve (a cluster file's), if any.
 
     ``output`` yaml: the objects, each after a comment with the decision; json: a v1 List of the
     admitted objects, decisions on stderr; name: ``kind/name`` of each admitted object, decisions
@@ -171,7 +173,7 @@ def review_files(paths: list[str], settings: settings_mod.Settings, view, mode: 
         print(exc, file=sys.stderr)
         return kubectlflags.USAGE
     denied, admitted = False, []
-    for i, (path, number, obj, decision, line) in enumerate(_decisions(items, settings, view, mode)):
+    for i, (path, number, obj, decision, line) in enumerate(_decisions(items, settings, view, mode, served)):
         denied = denied or not decision.allowed
         heading = f"gpushard: {describe(obj)} ({path}, document {number}): {line}"
         if output != kubectlflags.YAML:

@@ -20,7 +20,10 @@ We test:
   ephemeralContainers shapes are no crash;
 - every pass golden pod, once admitted in enforce mode, audits clean (gpushard's own writing is
   never a finding), as a manifest and as the running pod it becomes;
-- the admission evaluator in audit mode on a pod gpushard itself admitted finds nothing.
+- the admission evaluator in audit mode on a pod gpushard itself admitted finds nothing;
+- DeviceClasses among the objects: each of another driver serving a name gpushard writes is a deny finding
+  of its own, one serving nvidia.com/gpu a warning, sorted after Nodes and counted as audited objects; the
+  pods and workloads audited beside them get the webhook's findings of them; unreadable classes are skipped.
 """
 
 from __future__ import annotations
@@ -317,3 +320,33 @@ def test_admission_audit_mode_accepts_what_enforce_mode_wrote():
     admitted = decisions.decide(decisions.Request(obj, names.POD_KIND), POLICY, None).obj
     again = decisions.decide(decisions.Request(admitted, names.POD_KIND, mode=names.MODE_AUDIT), POLICY, None)
     assert again.findings == []
+
+
+def _device_class(name: str, resource: str | None) -> dict:
+    spec = {"selectors": [{"cel": {"expression": f'device.driver == "{name}"'}}]}
+    if resource is not None:
+        spec["extendedResourceName"] = resource
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+
+
+def test_device_classes_are_findings_and_the_context_of_the_pods_beside_them():
+    fraction = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "ml"},
+                "spec": {"containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "0.5"}}}]}}
+    plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "ml"},
+             "spec": {"containers": [{"name": "w"}]}}
+    node = {"kind": "Node", "metadata": {"name": "gpu-1", "annotations": {"x": "y"}}}
+    objects = [audit.Located(o, f"m.yaml#{i}") for i, o in enumerate([
+        fraction, plain, _device_class("gpu.example.com", "gpushard.io/gpu"), node,
+        _device_class("gpu.nvidia.com", "nvidia.com/gpu"), _device_class("fpga.example.com", "example.com/fpga"),
+        {"kind": "DeviceClass", "metadata": "odd"}, _device_class(names.DRA_DEVICE_CLASS, None)])]
+    items = audit.audit(objects, POLICY)
+    assert [(i.ref.kind, i.ref.name, i.finding.rule, i.finding.severity, i.source) for i in items] == [
+        ("DeviceClass", "gpu.example.com", f.EXTENDED_RESOURCE_TAKEN, f.DENY, "m.yaml#2"),
+        ("DeviceClass", "gpu.nvidia.com", f.EXTENDED_RESOURCE_SHARED, f.WARN, "m.yaml#4"),
+        ("Pod", "train", f.EXTENDED_RESOURCE_TAKEN, f.DENY, "m.yaml#0")]
+    assert items[0].fix == f.FIXES[f.EXTENDED_RESOURCE_TAKEN]
+    assert str(items[0].ref) == "DeviceClass gpu.example.com"
+    # Without the class taking gpushard's shares, the fraction is rewritten: the class serving its name warns.
+    items = audit.audit([o for o in objects if o.source != "m.yaml#2"], POLICY)
+    assert [(i.ref.name, i.finding.rule) for i in items] == [("gpu.nvidia.com", f.EXTENDED_RESOURCE_SHARED),
+                                                             ("train", f.EXTENDED_RESOURCE_SHARED)]

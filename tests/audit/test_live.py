@@ -4,8 +4,12 @@ We test:
 - the audit of a cluster with namespaces in every mode, shared and plain nodes, pinned, unpinned,
   finished and pending pods and workloads reports exactly the expected findings, exit status 1;
 - the table groups findings by object, names rule, container and fix, and fits 120 columns;
-- every list goes through the API (core, apps/v1, batch/v1), owned ReplicaSets and Jobs are not
-  audited twice, and a workload kind the API refuses is skipped with a note, not fatal;
+- every list goes through the API (core, apps/v1, batch/v1, resource.k8s.io/v1), owned ReplicaSets and Jobs
+  are not audited twice, and a workload kind the API refuses is skipped with a note, not fatal;
+- DeviceClasses of other drivers serving extended resources: each serving gpushard's shares or a card name,
+  or nvidia.com/gpu, is a finding on DeviceClass/<name>, and the pods beside them get the webhook's findings;
+  an API server without resource.k8s.io/v1 (404) has none, without a note; a refused list is skipped with a
+  note; `audit -n` reads no DeviceClass (cluster-scoped, as nodes);
 - the API location comes from --kubeconfig, from $KUBECONFIG, else the in-cluster service
   account, and --context picks a context; finished pods are left out by a field selector;
 - an unreachable API or a refused pod list exits 3, an unreadable kubeconfig 2, each with one
@@ -109,7 +113,7 @@ def test_every_list_goes_through_the_api(kubeconfig, fake, capsys):
     assert paths == {"/api/v1/namespaces", "/api/v1/nodes", "/api/v1/pods", "/apis/apps/v1/deployments",
                      "/apis/apps/v1/statefulsets", "/apis/apps/v1/daemonsets", "/apis/apps/v1/replicasets",
                      "/apis/batch/v1/jobs", "/apis/batch/v1/cronjobs", "/api/v1/replicationcontrollers",
-                     "/api/v1/podtemplates"}
+                     "/api/v1/podtemplates", "/apis/resource.k8s.io/v1/deviceclasses"}
     pods = next(path for method, path, _body in fake.requests if path.startswith("/api/v1/pods?"))
     assert "fieldSelector=status.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed" in pods
 
@@ -138,6 +142,54 @@ def test_a_refused_workload_kind_is_skipped_with_a_note(kubeconfig, fake, capsys
     assert "forbids this account to list deployments (403 Forbidden: injected failure)" in err
     assert "deployments not audited" in err
     assert found(report) == world.EXPECTED - {("Deployment", "research/trainer", "not-opted-in")}
+
+
+def _device_class(name: str, resource: str) -> dict:
+    return {"metadata": {"name": name}, "spec": {"extendedResourceName": resource, "selectors": [
+        {"cel": {"expression": f'device.driver == "{name}"'}}]}}
+
+
+def test_device_classes_serving_gpushards_names_are_findings_and_deny_its_pods(kubeconfig, fake, capsys):
+    _code, before, _err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    fake.put("deviceclasses", _device_class("gpu.example.com", "gpushard.io/card-0"))
+    fake.put("deviceclasses", _device_class("gpu.nvidia.com", "nvidia.com/gpu"))
+    fake.put("deviceclasses", _device_class("fpga.example.com", "example.com/fpga"))
+    code, report, err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    assert (code, err) == (1, "")
+    got = found(report)
+    assert {x for x in got if x[0] == "DeviceClass"} == {
+        ("DeviceClass", "gpu.example.com", "extended-resource-taken"),
+        ("DeviceClass", "gpu.nvidia.com", "extended-resource-shared")}
+    denied = {(x[0], x[1]) for x in got if x[2] == "extended-resource-taken" and x[0] != "DeviceClass"}
+    assert ("Pod", "lab/notebook") in denied  # it holds shares: the webhook would deny it now
+    # Every other finding of the cluster is still there (a denial cuts its own object's warnings short).
+    assert {x for x in world.EXPECTED if (x[0], x[1]) not in denied} <= got
+    assert report["summary"]["objects"] == before["summary"]["objects"] + 3
+
+
+def test_a_cluster_without_resource_k8s_io_has_no_device_classes(kubeconfig, fake, capsys):
+    fake.unserved.add("resource.k8s.io/v1")
+    code, report, err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    assert (code, err) == (1, "")
+    assert found(report) == world.EXPECTED
+
+
+def test_a_refused_device_class_list_is_skipped_with_a_note(kubeconfig, fake, capsys):
+    fake.put("deviceclasses", _device_class("gpu.example.com", "gpushard.io/gpu"))
+    # namespaces, nodes, pods and the eight workload kinds answer; the DeviceClass list, last, is forbidden.
+    fake.fail_next = [0] * 11 + [403]
+    code, report, err = audit_json(["--kubeconfig", kubeconfig], capsys)
+    assert code == 1
+    assert "forbids this account to list deviceclasses (403 Forbidden" in err
+    assert err.rstrip().endswith("; deviceclasses not audited") and len(err.strip().splitlines()) == 1
+    assert found(report) == world.EXPECTED
+
+
+def test_a_namespace_audit_reads_no_device_class(kubeconfig, fake, capsys):
+    fake.put("deviceclasses", _device_class("gpu.example.com", "gpushard.io/gpu"))
+    code, report, _err = audit_json(["-n", "research", "--kubeconfig", kubeconfig], capsys)
+    assert not [x for x in report["findings"] if x["rule"] == "extended-resource-taken"]
+    assert not [path for _method, path, _body in fake.requests if "deviceclasses" in path]
 
 
 def test_a_refused_pod_list_exits_3(kubeconfig, fake, capsys):

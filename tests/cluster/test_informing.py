@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import kubernetes
+
 from tests.cluster import kubeobjects as o
 from webhook.cluster import informing
 
@@ -125,3 +127,27 @@ def test_an_api_server_without_resource_k8s_io_gives_an_empty_list_and_no_warnin
             informer.close()
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     assert sum("serves no resource.k8s.io/v1 deviceclasses" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_resource_can_be_listed_and_watched_with_a_call_of_its_own(fake):
+    fake.put("deviceclasses", {"metadata": {"name": "gpu.example.com"}, "spec": {"driver": "x"}})
+    typed = kubernetes.client.ResourceV1Api(fake.api_client()).list_device_class
+    made = []
+
+    def call(**kwargs):
+        made.append(kwargs)
+        return typed(**kwargs)
+
+    sink = Slices()
+    informer = informing.Informer(fake.api_client(), sink, watch_timeout=5, backoff=(0.05, 0.3),
+                                  resources=(informing.DEVICECLASSES,), calls={informing.DEVICECLASSES: call})
+    informer.start()
+    try:
+        o.wait_for(lambda: ("opened", "deviceclasses") in sink.seen(), what="the watch")
+        assert ("list", "deviceclasses", {"gpu.example.com": "x"}) in sink.seen()
+        fake.put("deviceclasses", {"metadata": {"name": "b"}, "spec": {}})
+        o.wait_for(lambda: ("event", "deviceclasses", "ADDED", "b") in sink.seen(), what="the event")
+    finally:
+        informer.close()
+    assert all(kwargs["_preload_content"] is False for kwargs in made)
+    assert [bool(kwargs.get("watch")) for kwargs in made][:2] == [False, True]

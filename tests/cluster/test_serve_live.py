@@ -5,6 +5,8 @@ workers, no cluster file, a kubeconfig pointing at a local server that speaks th
 - a burst of reviews on separate connections shares one memory of choices: each review sees the
   choices before it, so the nearly full card takes one pod and the rest go to the other card;
 - a change in the cluster reaches the choice without a restart;
+- the DeviceClasses are listed once and watched: another driver's class serving gpushard.io/gpu denies a
+  fraction, one serving nvidia.com/gpu instead lets it through with a warning, without a restart;
 - asking for several workers says that their choices collide.
 """
 
@@ -95,5 +97,35 @@ def test_several_workers_are_told_their_choices_collide(fake, certs_dir, tmp_pat
     try:
         _wait_synced(server)
         assert "2 workers each keep their own cluster view" in server.output()
+    finally:
+        server.stop()
+
+
+def _answer(server, pod: dict) -> dict:
+    review = objects.review(pod)
+    status, _, body = server.request("POST", "/mutate", json.dumps(review).encode())
+    assert status == 200
+    return objects.response_of(json.loads(body), review["request"]["uid"])
+
+
+def test_serve_judges_pods_by_the_live_device_classes(fake, certs_dir, tmp_path, monkeypatch):
+    fake.put("nodes", o.node("gpu-a", {0: 100}))
+    fake.put("deviceclasses", {"metadata": {"name": "gpu.example.com"},
+                               "spec": {"extendedResourceName": "gpushard.io/gpu"}})
+    server = _serve(fake, certs_dir, tmp_path, monkeypatch)
+    try:
+        _wait_synced(server)
+        pod = objects.pod(objects.container("train", "0.25"))
+        o.wait_for(lambda: _answer(server, pod)["allowed"] is False, timeout=15, what="the class to be seen")
+        assert "DeviceClass gpu.example.com has spec.extendedResourceName gpushard.io/gpu" in \
+            _answer(server, pod)["status"]["message"]
+        lists = [p for m, p, _ in fake.requests if m == "GET" and "watch" not in p]
+        assert len([p for p in lists if p.startswith("/apis/resource.k8s.io/v1/deviceclasses")]) == 1, lists
+
+        fake.put("deviceclasses", {"metadata": {"name": "gpu.example.com"},
+                                   "spec": {"extendedResourceName": "nvidia.com/gpu"}})
+        o.wait_for(lambda: _answer(server, pod)["allowed"] is True, timeout=15, what="the changed class")
+        assert any("DeviceClass gpu.example.com serves nvidia.com/gpu too" in w
+                   for w in _answer(server, pod).get("warnings", []))
     finally:
         server.stop()

@@ -92,9 +92,11 @@ def test_rbac(objects):
     assert {x for x in rules_of(objects, "gpushard-agent") if x[:2] == ("", "pods")} == {
         ("", "pods", "list"), ("", "pods", "get")}
     webhook = {x for x in rules_of(objects, "gpushard-webhook") if x[0] == "resource.k8s.io"}
-    # list and watch: the view's cards (gpushard's slices) and shares held (the claims), for the node hint.
+    # list and watch: the view's cards (gpushard's slices) and shares held (the claims), for the node hint;
+    # DeviceClasses: the base grants them (another driver's class may serve gpushard's names).
     assert webhook == {("resource.k8s.io", "resourceclaimtemplates", "create")} | {
-        ("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims") for v in ("list", "watch")}
+        ("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims", "deviceclasses")
+        for v in ("list", "watch")}
 
 
 def test_the_auditor_role_reads_slices_and_claims(objects):
@@ -102,7 +104,8 @@ def test_the_auditor_role_reads_slices_and_claims(objects):
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
     assert {x for x in granted if x[0] == "resource.k8s.io"} == {
-        ("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims") for v in ("get", "list")}
+        ("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims") for v in ("get", "list")} | {
+        ("resource.k8s.io", "deviceclasses", "list")}  # the base's, for the audit
 
 
 def test_the_enforce_webhook_has_side_effects_only_off_dry_run(objects):

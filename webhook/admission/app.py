@@ -25,8 +25,9 @@ SYNC_GRACE_S = 30.0
 
 def create_app(settings: Settings, view: reviews.View | None = None, sync_grace: float = SYNC_GRACE_S,
                clock: Callable[[], float] = time.monotonic, certfile: str | None = None,
-               templates: reviews.Templates | None = None) -> flask.Flask:
-    """The admission app for ``settings``, choosing cards over ``view`` (None: no view).
+               templates: reviews.Templates | None = None, classes: reviews.Classes | None = None) -> flask.Flask:
+    """The admission app for ``settings``, choosing cards over ``view`` (None: no view), and judging pods by
+    the extended resources ``classes`` says other drivers' DeviceClasses serve (None: none).
 
     /readyz turns ready when the view has synced, or ``sync_grace`` seconds after the app was
     built, whichever comes first, and says which. /metrics reports ``certfile``'s expiry, if given.
@@ -34,7 +35,8 @@ def create_app(settings: Settings, view: reviews.View | None = None, sync_grace:
     app = flask.Flask("gpushard")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     app.extensions["gpushard"] = {"settings": settings, "view": view, "metrics": metrics_mod.Metrics(view, certfile),
-                                  "ready_by": clock() + sync_grace, "clock": clock, "templates": templates}
+                                  "ready_by": clock() + sync_grace, "clock": clock, "templates": templates,
+                                  "classes": classes}
     # Reviews skip Flask's request machinery (the blueprint still answers what the fast path hands on).
     app.wsgi_app = ReviewFastPath(app.wsgi_app, app.extensions["gpushard"], app.logger)
     app.register_blueprint(admission_blueprint())
@@ -78,7 +80,8 @@ def _review(state: dict, body: bytes, mode: str) -> tuple[int, bytes]:
     """The status and body that answer one review body; counts it in the metrics."""
     metrics = state["metrics"]
     try:
-        result = reviews.review(body, mode, state["settings"].policy, state["view"], state["templates"])
+        result = reviews.review(body, mode, state["settings"].policy, state["view"], state["templates"],
+                                state["classes"])
     except reviews.BadReview as exc:
         metrics.admitted(reviews.INVALID, "unknown", mode)
         return 400, f"{exc}\n".encode()
@@ -203,8 +206,11 @@ def health_blueprint() -> flask.Blueprint:
         view = _state()["view"]
         if view is None:
             return _text("ok: no cluster view; cards are chosen without one\n", 200)
+        classes = _state()["classes"]
         try:
-            synced = view.synced()
+            # The DeviceClasses are part of the view: before their first list a pod could be rewritten into
+            # a resource another driver serves.
+            synced = view.synced() and (classes is None or classes.synced())
         except Exception:
             synced = False
         if synced:

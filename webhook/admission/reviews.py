@@ -5,11 +5,12 @@ from __future__ import annotations
 import binascii
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from webhook.admission import logs, patches, wirejson
-from webhook.core import decisions, names, placement
+from webhook.core import decisions, extended, names, placement
 from webhook.core import findings as f
 from webhook.core import policy as policy_mod
 from webhook.core.policy import Policy
@@ -49,6 +50,14 @@ class Templates(Protocol):
 
     def ensure(self, namespace: str, shares: int) -> str | None:
         """None once the template exists; else a warning for the pod."""
+
+
+class Classes(Protocol):
+    """What DeviceClasses of other drivers serve (webhook.cluster's device classes offer it)."""
+
+    def served(self) -> Mapping[str, extended.Served]: ...
+
+    def synced(self) -> bool: ...
 
 
 class BadReview(ValueError):
@@ -127,7 +136,8 @@ def metric_kind(kind: object) -> str:
     return kind if isinstance(kind, str) and kind in KNOWN_KINDS else "other"
 
 
-def answer(request: dict, mode: str, policy: Policy, view: View | None, templates: Templates | None = None) -> Answer:
+def answer(request: dict, mode: str, policy: Policy, view: View | None, templates: Templates | None = None,
+           classes: Classes | None = None) -> Answer:
     """Decide one parsed request and build the AdmissionReview that answers it.
 
     Never raises: an object gpushard cannot read is a 400 denial, and a fault of
@@ -139,7 +149,7 @@ def answer(request: dict, mode: str, policy: Policy, view: View | None, template
     kind = request_kind(request)
     kind_label = metric_kind(kind)
     try:
-        result = _answer(request, uid, kind, kind_label, mode, policy, view, templates)
+        result = _answer(request, uid, kind, kind_label, mode, policy, view, templates, classes)
         response = result.review["response"]
         if mode == names.MODE_AUDIT and not response["allowed"]:
             # Audit mode never blocks: a review it cannot read is said as a warning.
@@ -167,8 +177,19 @@ def _snapshot(view: View | None) -> placement.View | None:
         return None
 
 
+def _served(classes: Classes | None) -> Mapping[str, extended.Served]:
+    """What other drivers' DeviceClasses serve, as last seen; none when that cannot be read."""
+    if classes is None:
+        return extended.NONE
+    try:
+        return classes.served()
+    except Exception:
+        log.exception("gpushard: the DeviceClasses view failed; judging this object without it")
+        return extended.NONE
+
+
 def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, policy: Policy, view: View | None,
-            templates: Templates | None = None) -> Answer:
+            templates: Templates | None = None, classes: Classes | None = None) -> Answer:
     if not isinstance(kind, str) or not kind:
         return Answer(denial(uid, 400, "gpushard: the AdmissionReview request has no kind.kind"), INVALID,
                       kind_label)
@@ -186,7 +207,8 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
         decision = decisions.decide(decisions.Request(
             obj, kind, operation, mode, dry_run, old=request.get("oldObject"),
             sub_resource=sub_resource if isinstance(sub_resource, str) else "", seed=uid,
-            namespace=namespace if isinstance(namespace, str) else ""), policy, _snapshot(view))
+            namespace=namespace if isinstance(namespace, str) else "", served=_served(classes)), policy,
+            _snapshot(view))
     except RecursionError:
         decision = decisions.Decision(allowed=False, code=400,
                                       message="gpushard: cannot read object: nested too deeply")
@@ -251,6 +273,7 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
     return Answer(wrapped(response), outcome, kind_label, memory=memory)
 
 
-def review(body: bytes, mode: str, policy: Policy, view: View | None, templates: Templates | None = None) -> Answer:
+def review(body: bytes, mode: str, policy: Policy, view: View | None, templates: Templates | None = None,
+           classes: Classes | None = None) -> Answer:
     """Parse a body and answer it; raises BadReview for a body that is no AdmissionReview."""
-    return answer(parse(body), mode, policy, view, templates)
+    return answer(parse(body), mode, policy, view, templates, classes)

@@ -46,8 +46,11 @@ def build_app(config: str | None, cluster: str | None) -> flask.Flask:
 
     settings = settings_mod.load(config)
     view = cluster_mod.open_view(cluster, settings.policy.shares_per_card, settings)
+    # Started with the view, from the same source: which extended resources other drivers' DeviceClasses serve.
+    classes = cluster_mod.open_device_classes(cluster, settings.policy.shares_per_card, settings)
     templates = cluster_mod.open_templates(settings) if cluster is None else None
-    return app_mod.create_app(settings, view, certfile=os.environ.get(CERT_ENV) or None, templates=templates)
+    return app_mod.create_app(settings, view, certfile=os.environ.get(CERT_ENV) or None, templates=templates,
+                              classes=classes)
 
 
 def app_from_env() -> flask.Flask:

@@ -20,6 +20,18 @@ def open_view(cluster_file: str | None, shares_per_card: int, settings=None):
     return kube.KubeView.start(settings)
 
 
+def open_device_classes(cluster_file: str | None, shares_per_card: int, settings=None):
+    """What DeviceClasses of other drivers serve: ``cluster_file``'s ``deviceClasses``, or, without one, the
+    Kubernetes API's, kept by list and watch. Either offers ``served()``, ``synced()`` and ``close()``."""
+    from webhook.cluster import deviceclasses
+
+    if cluster_file is not None:
+        from webhook.cluster import static
+
+        return deviceclasses.Fixed(static.load_file(cluster_file, shares_per_card)[1])
+    return deviceclasses.DeviceClasses.start(settings)
+
+
 def open_templates(settings):
     """With backend dra, what makes sure each namespace has the claim templates its pods name; else None."""
     if settings is None or settings.policy.backend != "dra":

@@ -22,7 +22,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 import kubernetes
@@ -86,9 +86,13 @@ class Informer:
     def __init__(self, api_client: kubernetes.client.ApiClient | None, sink: Sink, *,
                  watch_timeout: int = WATCH_TIMEOUT_S, backoff: tuple[float, float] = BACKOFF_S,
                  page_size: int = LIST_PAGE, resources: tuple[str, ...] = (NODES, PODS),
-                 connect_timeout: float = CONNECT_TIMEOUT_S, list_timeout: float = LIST_TIMEOUT_S):
+                 connect_timeout: float = CONNECT_TIMEOUT_S, list_timeout: float = LIST_TIMEOUT_S,
+                 calls: Mapping[str, Callable[..., object]] | None = None):
         self.api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
         self.custom = kubernetes.client.CustomObjectsApi(api_client) if api_client is not None else None
+        # A resource's own list method of the client (its typed API's list_<kind>), in place of the
+        # generic call below; it lists and, with watch=True, watches, as any list method does.
+        self._calls = dict(calls or {})
         self._sink = sink
         self.watch_timeout = watch_timeout
         self.connect_timeout = connect_timeout
@@ -131,6 +135,9 @@ class Informer:
     # --- talking to the API server --------------------------------------------------------------
 
     def _call(self, resource: str, **kwargs):
+        call = self._calls.get(resource)
+        if call is not None:
+            return call(_preload_content=False, **kwargs)
         if resource == NODES:
             # Only nodes the agent has published on offer cards; the rest of a large cluster
             # would cost every worker memory and watch traffic for nothing.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from webhook import settings
-from webhook.core import names, placement
+from webhook.core import extended, names, placement
 
 # How long a placement counts on its card; the live view (kube.py) uses the same.
 REMEMBER_TTL_S = 30.0
@@ -39,6 +39,49 @@ def _str_map(where: str, value: Any) -> dict[str, str]:
 def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.View:
     """The view described by a parsed cluster file (SPEC.md's format; a card may also say ``healthy: false``
     or ``cordoned: true``: no room for new pods, its ``usedShares`` still held)."""
+    return parse_file(data, shares_per_card, source)[0]
+
+
+def parse_file(data: Any, shares_per_card: int, source: str = "<view>"
+               ) -> tuple[placement.View, Mapping[str, extended.Served]]:
+    """A parsed cluster file: its view, and the extended resources its ``deviceClasses`` serve."""
+    return _nodes(data, shares_per_card, source), device_classes(data)
+
+
+def device_classes(data: Any) -> Mapping[str, extended.Served]:
+    """What the file's optional ``deviceClasses`` serve: each ``{name, extendedResourceName, driver}``, a
+    DeviceClass of another driver with ``spec.extendedResourceName`` (driver: the one its selector names)."""
+    raw = data.get("deviceClasses") if isinstance(data, dict) else None
+    if raw is None:
+        return extended.NONE
+    if not isinstance(raw, list):
+        raise ViewFileError(f"deviceClasses: must be a list, got {raw!r}")
+    objects, seen = [], set()
+    for i, entry in enumerate(raw):
+        where = f"deviceClasses[{i}]"
+        if not isinstance(entry, dict):
+            raise ViewFileError(f"{where}: must be a mapping with name and extendedResourceName, got {entry!r}")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ViewFileError(f"{where}.name: every DeviceClass needs a name, got {name!r}")
+        if name in seen:
+            raise ViewFileError(f"{where}.name: DeviceClass {name!r} is listed twice")
+        seen.add(name)
+        resource = entry.get("extendedResourceName")
+        problem = extended.name_problem(resource)
+        if problem:
+            raise ViewFileError(f"{where}.extendedResourceName: {problem}, got {resource!r}")
+        driver = entry.get("driver", "")
+        problem = extended.driver_problem(driver) if driver != "" else None
+        if problem:
+            raise ViewFileError(f"{where}.driver: {problem}, got {driver!r}")
+        # As the API server would hold the class, so that the one reader of classes reads it.
+        selectors = [{"cel": {"expression": f'device.driver == "{driver}"'}}] if driver else []
+        objects.append({"metadata": {"name": name}, "spec": {"extendedResourceName": resource, "selectors": selectors}})
+    return extended.served_by(objects)
+
+
+def _nodes(data: Any, shares_per_card: int, source: str) -> placement.View:
     if not isinstance(data, dict) or not isinstance(data.get("nodes", []), list):
         raise ViewFileError(f"{source}: expected a mapping with a list under 'nodes'")
     nodes = []
@@ -94,9 +137,14 @@ def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.
 
 
 def load(path: str | Path, shares_per_card: int) -> placement.View:
+    return load_file(path, shares_per_card)[0]
+
+
+def load_file(path: str | Path, shares_per_card: int) -> tuple[placement.View, Mapping[str, extended.Served]]:
+    """A cluster file's view and the extended resources its DeviceClasses serve (every part checked)."""
     path = Path(path)
     data = settings.read_yaml(path, "cluster file", ViewFileError)
-    return parse(data, shares_per_card, str(path))
+    return parse_file(data, shares_per_card, str(path))
 
 
 class StaticView:

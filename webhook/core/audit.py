@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from webhook.core import asks as req
-from webhook.core import decisions, hostaccess, names, objects, quantities, replacement, rewrite
+from webhook.core import decisions, extended, hostaccess, names, objects, quantities, replacement, rewrite
 from webhook.core import findings as f
 from webhook.core.policy import Policy
 
@@ -42,6 +42,9 @@ RECREATE_FIX = "recreate the pod (delete it, or roll out its workload again) so 
 
 NAMESPACE_KIND = "Namespace"
 NODE_KIND = "Node"
+DEVICE_CLASS_KIND = extended.KIND
+
+
 def fix_for(rule: str) -> str:
     """What a user can do about a finding of ``rule``, for admission rules and audit rules alike."""
     return FIXES.get(rule) or f.FIXES.get(rule, "")
@@ -267,9 +270,10 @@ def _too_late(finding: f.Finding) -> f.Finding:
         "until it is recreated"), finding.container)
 
 
-def audit_object(obj: dict, ns: NamespaceMode, policy: Policy,
-                 nodes: Mapping[str, NodeCards] | None = None) -> list[f.Finding]:
-    """Findings about one Pod or workload: the admission rules in audit mode, then the context rules."""
+def audit_object(obj: dict, ns: NamespaceMode, policy: Policy, nodes: Mapping[str, NodeCards] | None = None,
+                 served: Mapping[str, extended.Served] = extended.NONE) -> list[f.Finding]:
+    """Findings about one Pod or workload: the admission rules in audit mode (``served``: the extended
+    resources DeviceClasses of other drivers serve, as the webhook knows them), then the context rules."""
     kind = obj.get("kind")
     if not isinstance(kind, str) or (kind != names.POD_KIND and kind not in names.TEMPLATE_PATHS):
         return []
@@ -280,7 +284,7 @@ def audit_object(obj: dict, ns: NamespaceMode, policy: Policy,
         spec, gpu = None, True
     if ns.mode is None and not gpu:
         return []  # gpushard never sees it and it asks for no GPU: none of our business
-    decision = decisions.decide(decisions.Request(obj, kind, "CREATE", names.MODE_AUDIT), policy, None)
+    decision = decisions.decide(decisions.Request(obj, kind, "CREATE", names.MODE_AUDIT, served=served), policy, None)
     found = list(decision.findings)
     if _created_unfixed(obj, ns):
         found = [_too_late(x) if x.rule in FIXED_BY_ENFORCE else x for x in found]
@@ -326,8 +330,8 @@ def _card_use(pods: Iterable[dict], policy: Policy) -> dict[tuple[str, int], lis
 def audit(objects: Iterable[Located], policy: Policy) -> list[Item]:
     """Every finding over a set of objects: a cluster's, or a set of manifests.
 
-    Namespaces, Nodes and Pods among the objects give each other context; a Pod or workload
-    whose namespace is not among them is audited as if its namespace enforced gpushard.
+    Namespaces, Nodes, DeviceClasses and Pods among the objects give each other context; a Pod or
+    workload whose namespace is not among them is audited as if its namespace enforced gpushard.
     """
     objects = [o for o in objects if isinstance(o.obj, dict)]
     by_kind: dict[str, list[Located]] = {}
@@ -352,13 +356,20 @@ def audit(objects: Iterable[Located], policy: Policy) -> list[Item]:
                 f"gpushard: shared node \"{node.name}\" also advertises {node.fraction_allocatable} "
                 f"{policy.resources.fraction}, so NVIDIA's device plugin still runs there")), located.source))
 
+    # DeviceClasses of other drivers serving extended resources: each a finding, and the context of every pod.
+    classes = by_kind.get(DEVICE_CLASS_KIND, [])
+    for located in classes:
+        for name, finding in extended.class_findings([located.obj], policy):
+            items.append(Item(Ref(DEVICE_CLASS_KIND, "", name), finding, located.source))
+    served = extended.served_by(o.obj for o in classes)
+
     pods = [o for o in by_kind.get(names.POD_KIND, []) if not terminal(o.obj)]
     workloads = [o for kind in names.TEMPLATE_PATHS for o in by_kind.get(kind, [])]
     for located in pods + workloads:
         ref = ref_of(located.obj)
         mode = modes.get(ref.namespace or "default", UNKNOWN_NAMESPACE)
         recreate = _created_unfixed(located.obj, mode)
-        for finding in audit_object(located.obj, mode, policy, nodes):
+        for finding in audit_object(located.obj, mode, policy, nodes, served):
             fix = RECREATE_FIX if recreate and finding.rule in FIXED_BY_ENFORCE else ""
             items.append(Item(ref, finding, located.source, fix))
 
@@ -376,12 +387,12 @@ def audit(objects: Iterable[Located], policy: Policy) -> list[Item]:
     return sorted(items, key=_order)
 
 
-_KIND_ORDER = {NAMESPACE_KIND: 0, NODE_KIND: 1}
+_KIND_ORDER = {NAMESPACE_KIND: 0, NODE_KIND: 1, DEVICE_CLASS_KIND: 2}
 
 
 def _order(item: Item) -> tuple:
     ref = item.ref
-    return (_KIND_ORDER.get(ref.kind, 2), ref.namespace, ref.name, ref.kind)
+    return (_KIND_ORDER.get(ref.kind, 3), ref.namespace, ref.name, ref.kind)
 
 
 # --- usage per card --------------------------------------------------------------------------------

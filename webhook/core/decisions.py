@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from webhook.core import asks as req
-from webhook.core import draclaims, draws, hostaccess, isolation, names, placement, rewrite
+from webhook.core import draclaims, draws, extended, hostaccess, isolation, names, placement, rewrite
 from webhook.core import findings as f
 from webhook.core import policy as policy_mod
 from webhook.core.policy import Policy
@@ -27,6 +28,8 @@ class Request:
     sub_resource: str = ""
     namespace: str = ""  # the request's namespace, when the object does not say it
     seed: str = ""  # draws the card among the best few (the request's uid); "" picks the best
+    # Extended resources that DeviceClasses of other drivers serve (core/extended.py): name -> who serves it.
+    served: Mapping[str, extended.Served] = field(default_factory=lambda: extended.NONE)
 
 
 @dataclass(slots=True)
@@ -332,6 +335,11 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         pod_found, shares, pin = pod_rules(asks, policy)
         found += pod_found
         denied = bool(pod_found)
+    if not denied and request.served:
+        # Never a rewrite into a resource another driver serves (core/extended.py).
+        served_found = extended.pod_findings(asks, request.served, policy, request.mode)
+        found += served_found
+        denied = any(x.severity == f.DENY for x in served_found)
     if not denied:
         limit_found = isolation.env_findings(spec, asks, request.mode, policy)
         if limit_found:  # most pods write no limit variable: nothing to add or look at

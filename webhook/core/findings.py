@@ -46,6 +46,10 @@ DEVICE_ANNOTATION = "device-annotation"
 VISIBLE_DEVICES_FROM = "visible-devices-from"
 LIMIT_ENV_SET = "limit-env-set"
 LIMIT_ENV_FROM = "limit-env-from"
+# A DeviceClass of another driver that serves an extended resource (DRAExtendedResource, core/extended.py):
+# one gpushard writes (denied), or the fraction name users write (warned).
+EXTENDED_RESOURCE_TAKEN = "extended-resource-taken"
+EXTENDED_RESOURCE_SHARED = "extended-resource-shared"
 
 # What a user can do about each rule, for audit tables.
 FIXES = {
@@ -80,6 +84,10 @@ FIXES = {
     VISIBLE_DEVICES_FROM: "give the envFrom a prefix, or drop it, so it cannot set NVIDIA_VISIBLE_DEVICES",
     LIMIT_ENV_SET: "remove NVIDIA_GPU_MEMORY_* and CUDA_MPS_* from GPU containers; the device plugin sets them",
     LIMIT_ENV_FROM: "give the envFrom a prefix (e.g. APP_) so it cannot set NVIDIA_GPU_MEMORY_* or CUDA_MPS_*",
+    EXTENDED_RESOURCE_TAKEN: "remove extendedResourceName from that DeviceClass, or give gpushard other resource names "
+                             "in its config (resources)",
+    EXTENDED_RESOURCE_SHARED: "keep that DeviceClass's driver off gpushard's nodes; fractions stay gpushard's, whole "
+                              "cards passed through may go to it",
 }
 
 
