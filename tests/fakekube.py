@@ -70,6 +70,9 @@ KINDS.update({"resourceslices": "ResourceSlice", "resourceclaims": "ResourceClai
 GROUPS.update({k: "resource.k8s.io/v1" for k in ("resourceslices", "resourceclaims", "resourceclaimtemplates",
                                                  "deviceclasses")})
 CLUSTER_SCOPED += ("resourceslices", "deviceclasses")
+# Which replica a webhook is: the EndpointSlices of its Service (webhook/cluster/peers.py).
+KINDS["endpointslices"] = "EndpointSlice"
+GROUPS["endpointslices"] = "discovery.k8s.io/v1"
 WRITABLE += ("resourceslices", "resourceclaimtemplates", "deviceclasses")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -96,10 +97,23 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 # --- serve -----------------------------------------------------------------------------------
 
+def _replica(text: str) -> str:
+    from webhook.cluster import peers
+
+    try:
+        peers.parse(text, "I/N")
+    except peers.ReplicaError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from webhook.admission import serving
+    from webhook.cluster import peers
 
     _settings(args.config)  # fail fast, before gunicorn forks, on a bad file
+    if getattr(args, "replica", None):
+        os.environ[peers.REPLICA_ENV] = args.replica  # the workers read it (webhook.cluster.open_peers)
     return serving.serve(args)
 
 
@@ -306,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a client may stall mid-handshake or mid-request (default: 10)")
     p.add_argument("--graceful-timeout", type=int, default=20,
                    help="seconds to finish reviews in flight after SIGTERM (default: 20)")
+    p.add_argument("--replica", type=_replica, metavar="I/N",
+                   help="this webhook is replica I (from 0) of N: it tries first the cards whose index mod N is I, "
+                        "so replicas fill different cards (default: in a pod, its rank among the webhook Service's "
+                        "ready pods; else every card alike)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("agent", help="run the node agent: NVML discovery and the kubelet device plugin")

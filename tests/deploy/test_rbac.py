@@ -33,7 +33,7 @@ NAMESPACE = "gpushard-system"
 API_CLASSES = (kubernetes.client.CoreV1Api, kubernetes.client.AppsV1Api, kubernetes.client.BatchV1Api,
                kubernetes.client.AdmissionregistrationV1Api, kubernetes.client.CoordinationV1Api,
                kubernetes.client.ResourceV1Api, kubernetes.client.AuthenticationV1Api,
-               kubernetes.client.AuthorizationV1Api)
+               kubernetes.client.AuthorizationV1Api, kubernetes.client.DiscoveryV1Api)
 VERB_PREFIXES = {"list": "list", "read": "get", "patch": "patch", "create": "create", "replace": "update",
                  "delete": "delete", "connect": "create"}
 # Who runs what: the module a program starts from, and the account it runs as.

@@ -25,9 +25,11 @@ SYNC_GRACE_S = 30.0
 
 def create_app(settings: Settings, view: reviews.View | None = None, sync_grace: float = SYNC_GRACE_S,
                clock: Callable[[], float] = time.monotonic, certfile: str | None = None,
-               templates: reviews.Templates | None = None, classes: reviews.Classes | None = None) -> flask.Flask:
+               templates: reviews.Templates | None = None, classes: reviews.Classes | None = None,
+               peers: reviews.Peers | None = None) -> flask.Flask:
     """The admission app for ``settings``, choosing cards over ``view`` (None: no view), and judging pods by
-    the extended resources ``classes`` says other drivers' DeviceClasses serve (None: none).
+    the extended resources ``classes`` says other drivers' DeviceClasses serve (None: none), trying first the
+    card indexes ``peers`` gives this replica (None: every card alike).
 
     /readyz turns ready when the view has synced, or ``sync_grace`` seconds after the app was
     built, whichever comes first, and says which. /metrics reports ``certfile``'s expiry, if given.
@@ -36,7 +38,7 @@ def create_app(settings: Settings, view: reviews.View | None = None, sync_grace:
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     app.extensions["gpushard"] = {"settings": settings, "view": view, "metrics": metrics_mod.Metrics(view, certfile),
                                   "ready_by": clock() + sync_grace, "clock": clock, "templates": templates,
-                                  "classes": classes}
+                                  "classes": classes, "peers": peers}
     # Reviews skip Flask's request machinery (the blueprint still answers what the fast path hands on).
     app.wsgi_app = ReviewFastPath(app.wsgi_app, app.extensions["gpushard"], app.logger)
     app.register_blueprint(admission_blueprint())
@@ -81,7 +83,7 @@ def _review(state: dict, body: bytes, mode: str) -> tuple[int, bytes]:
     metrics = state["metrics"]
     try:
         result = reviews.review(body, mode, state["settings"].policy, state["view"], state["templates"],
-                                state["classes"])
+                                state["classes"], state["peers"])
     except reviews.BadReview as exc:
         metrics.admitted(reviews.INVALID, "unknown", mode)
         return 400, f"{exc}\n".encode()

@@ -57,6 +57,12 @@ class Classes(Protocol):
 
     def served(self) -> Mapping[str, extended.Served]: ...
 
+
+class Peers(Protocol):
+    """Which card indexes this replica tries first (webhook.cluster.peers offers it)."""
+
+    def prefer(self) -> tuple[int, ...]: ...
+
     def synced(self) -> bool: ...
 
 
@@ -137,7 +143,7 @@ def metric_kind(kind: object) -> str:
 
 
 def answer(request: dict, mode: str, policy: Policy, view: View | None, templates: Templates | None = None,
-           classes: Classes | None = None) -> Answer:
+           classes: Classes | None = None, peers: Peers | None = None) -> Answer:
     """Decide one parsed request and build the AdmissionReview that answers it.
 
     Never raises: an object gpushard cannot read is a 400 denial, and a fault of
@@ -149,7 +155,7 @@ def answer(request: dict, mode: str, policy: Policy, view: View | None, template
     kind = request_kind(request)
     kind_label = metric_kind(kind)
     try:
-        result = _answer(request, uid, kind, kind_label, mode, policy, view, templates, classes)
+        result = _answer(request, uid, kind, kind_label, mode, policy, view, templates, classes, peers)
         response = result.review["response"]
         if mode == names.MODE_AUDIT and not response["allowed"]:
             # Audit mode never blocks: a review it cannot read is said as a warning.
@@ -188,8 +194,19 @@ def _served(classes: Classes | None) -> Mapping[str, extended.Served]:
         return extended.NONE
 
 
+def _prefer(peers: Peers | None) -> tuple[int, ...]:
+    """The card indexes this replica tries first; none when it is alone or that cannot be read."""
+    if peers is None:
+        return ()
+    try:
+        return peers.prefer()
+    except Exception:
+        log.exception("gpushard: the replica partition failed; choosing over every card alike")
+        return ()
+
+
 def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, policy: Policy, view: View | None,
-            templates: Templates | None = None, classes: Classes | None = None) -> Answer:
+            templates: Templates | None = None, classes: Classes | None = None, peers: Peers | None = None) -> Answer:
     if not isinstance(kind, str) or not kind:
         return Answer(denial(uid, 400, "gpushard: the AdmissionReview request has no kind.kind"), INVALID,
                       kind_label)
@@ -207,7 +224,8 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
         decision = decisions.decide(decisions.Request(
             obj, kind, operation, mode, dry_run, old=request.get("oldObject"),
             sub_resource=sub_resource if isinstance(sub_resource, str) else "", seed=uid,
-            namespace=namespace if isinstance(namespace, str) else "", served=_served(classes)), policy,
+            namespace=namespace if isinstance(namespace, str) else "", served=_served(classes),
+            prefer=_prefer(peers)), policy,
             _snapshot(view))
     except RecursionError:
         decision = decisions.Decision(allowed=False, code=400,
@@ -274,6 +292,6 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
 
 
 def review(body: bytes, mode: str, policy: Policy, view: View | None, templates: Templates | None = None,
-           classes: Classes | None = None) -> Answer:
+           classes: Classes | None = None, peers: Peers | None = None) -> Answer:
     """Parse a body and answer it; raises BadReview for a body that is no AdmissionReview."""
-    return answer(parse(body), mode, policy, view, templates, classes)
+    return answer(parse(body), mode, policy, view, templates, classes, peers)

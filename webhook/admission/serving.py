@@ -49,8 +49,10 @@ def build_app(config: str | None, cluster: str | None) -> flask.Flask:
     # Started with the view, from the same source: which extended resources other drivers' DeviceClasses serve.
     classes = cluster_mod.open_device_classes(cluster, settings.policy.shares_per_card, settings)
     templates = cluster_mod.open_templates(settings) if cluster is None else None
+    # Which card indexes this replica tries first: --replica, or its rank among the Service's ready pods.
+    peers = cluster_mod.open_peers(cluster, settings)
     return app_mod.create_app(settings, view, certfile=os.environ.get(CERT_ENV) or None, templates=templates,
-                              classes=classes)
+                              classes=classes, peers=peers)
 
 
 def app_from_env() -> flask.Flask:

@@ -8,6 +8,8 @@ and ``close()``.
 
 from __future__ import annotations
 
+import os
+
 
 def open_view(cluster_file: str | None, shares_per_card: int, settings=None):
     """The static view of ``cluster_file``, or, without one, the live view of the Kubernetes API."""
@@ -30,6 +32,17 @@ def open_device_classes(cluster_file: str | None, shares_per_card: int, settings
 
         return deviceclasses.Fixed(static.load_file(cluster_file, shares_per_card)[1])
     return deviceclasses.DeviceClasses.start(settings)
+
+
+def open_peers(cluster_file: str | None, settings=None):
+    """Which card indexes this replica tries first: ``$GPUSHARD_REPLICA`` (``serve --replica``), else, with
+    the Kubernetes API and in a pod, its rank among the webhook Service's ready pods. Offers ``prefer()``."""
+    from webhook.cluster import peers
+
+    if cluster_file is not None:
+        fixed = os.environ.get(peers.REPLICA_ENV)
+        return peers.Fixed(peers.parse(fixed, f"${peers.REPLICA_ENV}") if fixed else None)
+    return peers.Peers.start(settings)
 
 
 def open_templates(settings):

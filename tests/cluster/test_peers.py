@@ -1,0 +1,128 @@
+"""Which replica a webhook is, and what it does with it.
+
+We test:
+- ``I/N`` is read, and anything else gets one line naming the setting and quoting the value; `gpushard serve
+  --replica` refuses a bad one with exit status 2 before anything starts;
+- over tests/fakekube.py as the API server, a pod's rank among its Service's ready endpoints (EndpointSlices
+  labelled with the Service's name; another Service's are not read; an endpoint not ready does not count), kept
+  by watch: a replica going away or becoming ready changes the rank; a replica not among the ready, or alone,
+  tries every card alike; the environment chooses the source ($GPUSHARD_REPLICA, else $POD_NAME and
+  $POD_NAMESPACE, else none);
+- placement: replicas with the same view choose cards of their own indexes (k mod N = rank) while those have
+  room, and any card once they have none; a pinned pod keeps its pin;
+- admission: the app hands the replica's indexes to every choice.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tests.admission import objects
+from tests.cluster import kubeobjects as o
+from webhook import cli
+from webhook import settings as settings_mod
+from webhook.admission import app as app_mod
+from webhook.cluster import peers, static
+from webhook.core import placement
+
+
+def endpoint_slice(name: str, pods: dict[str, bool | None], service: str = "gpushard") -> dict:
+    endpoints = []
+    for pod, ready in pods.items():
+        endpoint = {"addresses": ["10.0.0.1"],
+                    "targetRef": {"kind": "Pod", "name": pod, "namespace": "gpushard-system"}}
+        if ready is not None:
+            endpoint["conditions"] = {"ready": ready}
+        endpoints.append(endpoint)
+    return {"metadata": {"name": name, "namespace": "gpushard-system", "labels": {peers.SERVICE_LABEL: service}},
+            "addressType": "IPv4", "endpoints": endpoints}
+
+
+@pytest.mark.parametrize("text", ["2", "1/1", "3/2", "-1/2", "a/b", "1/0", "", "1/2/3"])
+def test_a_bad_replica_setting_names_itself_and_the_value(text):
+    with pytest.raises(peers.ReplicaError) as caught:
+        peers.parse(text, "--replica")
+    assert str(caught.value) == f"--replica: expected I/N with 0 <= I < N (replica I of N), got {text!r}"
+
+
+def test_serve_refuses_a_bad_replica_with_exit_2(capsys):
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["serve", "--cert", "c", "--key", "k", "--replica", "2/2"])
+    assert caught.value.code == 2
+    assert "--replica: I/N: expected I/N with 0 <= I < N (replica I of N), got '2/2'" in capsys.readouterr().err
+
+
+def test_partitions_name_their_indexes():
+    assert peers.parse("1/3").indexes()[:4] == (1, 4, 7, 10)
+    assert peers.parse("0/1").indexes() == ()  # alone: every card alike
+
+
+def test_the_rank_among_the_services_ready_pods_is_kept_by_watch(fake):
+    fake.put("endpointslices", endpoint_slice("gpushard-a", {"webhook-c": True, "webhook-a": None}))
+    fake.put("endpointslices", endpoint_slice("gpushard-b", {"webhook-b": True, "webhook-d": False}))
+    fake.put("endpointslices", endpoint_slice("other", {"webhook-0": True}, service="elsewhere"))
+    found = peers.Peers.start(environ={"POD_NAME": "webhook-b", "POD_NAMESPACE": "gpushard-system"},
+                              api_client=fake.api_client(), watch_timeout=5, backoff=(0.05, 0.3))
+    try:
+        # Ready: a (no condition counts as ready), b, c; d is not ready, and webhook-0 is another Service's.
+        o.wait_for(lambda: found.partition() == peers.Partition(1, 3), what="rank 1 of 3")
+        assert found.prefer()[:3] == (1, 4, 7)
+        fake.put("endpointslices", endpoint_slice("gpushard-a", {"webhook-c": False, "webhook-a": True}))
+        o.wait_for(lambda: found.partition() == peers.Partition(1, 2), what="rank 1 of 2")
+        fake.put("endpointslices", endpoint_slice("gpushard-b", {"webhook-d": True}))  # b itself not ready
+        o.wait_for(lambda: found.partition() is None, what="not among the ready")
+        assert found.prefer() == ()
+        fake.delete("endpointslices", "gpushard-a", "gpushard-system")
+        fake.put("endpointslices", endpoint_slice("gpushard-b", {"webhook-b": True}))
+        o.wait_for(lambda: found.partition() == peers.Partition(0, 1), what="alone")
+        assert found.prefer() == ()
+    finally:
+        found.close()
+
+
+def test_the_environment_chooses_the_source():
+    assert peers.Peers.start(environ={"GPUSHARD_REPLICA": "2/3"}).prefer()[:2] == (2, 5)
+    assert peers.Peers.start(environ={}).prefer() == ()  # not in a pod: every card alike
+    with pytest.raises(peers.ReplicaError, match=r"\$GPUSHARD_REPLICA: expected I/N"):
+        peers.Peers.start(environ={"GPUSHARD_REPLICA": "three"})
+
+
+def empty_view(nodes: int = 4, cards: int = 4) -> placement.View:
+    return placement.View(tuple(placement.Node(f"n{i}", cards=tuple(placement.Card(k, 100) for k in range(cards)))
+                                for i in range(nodes)))
+
+
+def test_replicas_with_one_view_fill_their_own_indexes_then_any():
+    view = empty_view()
+    for rank in (0, 1):
+        prefer = peers.Partition(rank, 2).indexes()
+        for seed in range(20):
+            choice = placement.choose(view, placement.Ask(shares=25), "binpack", random.Random(seed),
+                                      prefer)
+            assert choice.fits and choice.card % 2 == rank
+    # Their own cards full: any card with room.
+    full = placement.View(tuple(placement.Node(f"n{i}", cards=tuple(
+        placement.Card(k, 100, 100 if k % 2 == 1 else 0) for k in range(4))) for i in range(4)))
+    choice = placement.choose(full, placement.Ask(shares=25), "binpack", None, peers.Partition(1, 2).indexes())
+    assert choice.fits and choice.card % 2 == 0
+    # A pinned pod keeps its pin.
+    choice = placement.choose(view, placement.Ask(shares=25, pin=0), "binpack", None, peers.Partition(1, 2).indexes())
+    assert choice.card == 0
+
+
+def test_admission_hands_the_replicas_indexes_to_the_choice(tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(json.dumps({"nodes": [{"name": "a", "cards": [{"index": k} for k in range(4)]}]}))
+    view = static.StaticView(static.load(cluster, 100))
+    for rank in (0, 1):
+        client = app_mod.create_app(settings_mod.Settings(), view,
+                                    peers=peers.Fixed(peers.Partition(rank, 2))).test_client()
+        for _ in range(3):
+            obj = objects.pod(objects.container("train", "0.25"))
+            review = objects.review(obj)
+            resp = client.post("/mutate", data=json.dumps(review), content_type="application/json")
+            new = objects.patched(obj, objects.response_of(resp.get_json(), review["request"]["uid"]))
+            assert int(new["metadata"]["annotations"]["gpushard.io/card"]) % 2 == rank

@@ -1,0 +1,197 @@
+"""Which of the webhook's replicas this process is, so that replicas fill different cards first.
+
+Replicas choose over views that lag each other by the pods in flight (admitted by one, not yet seen
+by the other). In a burst they then pick the same nearly full card, and one of the two pods finds
+no room on its card index anywhere: stranded while other cards have room. Measured on the real
+scheduler (bench/e2e_scale.py) and reproduced by bench/stranding.py --partition, a burst filling
+100 nodes x 8 cards to 95 % strands about 9 % of its pods with two replicas and 12-15 % with three;
+with each replica trying first the card indexes ``k`` with ``k mod N == r`` (its rank ``r`` among
+``N`` replicas), the replicas fill different cards and collide only once their own are full.
+
+The partition comes from:
+- ``--replica I/N`` (``gpushard serve``; ``$GPUSHARD_REPLICA`` in the workers): fixed, for webhooks
+  that no Service fronts;
+- in a cluster (``$POD_NAME`` and ``$POD_NAMESPACE`` from the downward API), the ready endpoints of
+  the webhook's Service (``$GPUSHARD_SERVICE``, default ``gpushard``), listed and watched through
+  their EndpointSlices: the rank is this pod's among the ready pods' names, sorted. A replica that
+  is not among them (not ready yet) tries every card alike; so does one alone.
+
+A partition never refuses a pod anything: a pod that fits none of its replica's cards is placed over
+all of them, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import kubernetes
+
+from webhook import connecting
+from webhook import settings as settings_mod
+from webhook.cluster import informing
+
+log = logging.getLogger(__name__)
+
+RESOURCE = "endpointslices"
+REPLICA_ENV = "GPUSHARD_REPLICA"
+SERVICE_ENV = "GPUSHARD_SERVICE"
+POD_NAME_ENV, POD_NAMESPACE_ENV = "POD_NAME", "POD_NAMESPACE"
+DEFAULT_SERVICE = "gpushard"
+SERVICE_LABEL = "kubernetes.io/service-name"
+# The card indexes a partition names: every index a node may have (the agent numbers cards from 0).
+MAX_INDEX = 64
+
+
+class ReplicaError(ValueError):
+    """A replica setting gpushard cannot run with; the message names it and quotes the value."""
+
+
+@dataclass(frozen=True)
+class Partition:
+    rank: int
+    count: int
+
+    def indexes(self) -> tuple[int, ...]:
+        """The card indexes this replica tries first; none (every card alike) when it is alone."""
+        return _indexes(self.rank, self.count)
+
+
+@functools.lru_cache(maxsize=64)
+def _indexes(rank: int, count: int) -> tuple[int, ...]:
+    return tuple(range(rank, MAX_INDEX, count)) if count > 1 else ()
+
+
+def parse(text: str, where: str = "--replica") -> Partition:
+    """``I/N``: replica I (from 0) of N."""
+    rank, slash, count = text.partition("/")
+    if not slash or not rank.isdigit() or not count.isdigit() or int(count) < 1 or int(rank) >= int(count):
+        raise ReplicaError(f"{where}: expected I/N with 0 <= I < N (replica I of N), got {text!r}")
+    return Partition(int(rank), int(count))
+
+
+class Fixed:
+    """A partition given on the command line."""
+
+    def __init__(self, partition: Partition | None):
+        self._partition = partition
+
+    def prefer(self) -> tuple[int, ...]:
+        return self._partition.indexes() if self._partition is not None else ()
+
+    def close(self) -> None:
+        pass
+
+
+def ready_pods(slice_obj: dict) -> frozenset[str]:
+    """The names of the pods an EndpointSlice lists as ready (a missing ``ready`` counts as ready)."""
+    names = set()
+    for endpoint in slice_obj.get("endpoints") or ():
+        if not isinstance(endpoint, dict):
+            continue
+        conditions = endpoint.get("conditions") if isinstance(endpoint.get("conditions"), dict) else {}
+        ref = endpoint.get("targetRef") if isinstance(endpoint.get("targetRef"), dict) else {}
+        if conditions.get("ready") is False or ref.get("kind") != "Pod" or not isinstance(ref.get("name"), str):
+            continue
+        names.add(ref["name"])
+    return frozenset(names)
+
+
+class Peers:
+    """This pod's rank among the webhook Service's ready pods, kept by list and watch of its EndpointSlices."""
+
+    def __init__(self, api_client: kubernetes.client.ApiClient | None, namespace: str, service: str, pod: str, *,
+                 watch_timeout: int = informing.WATCH_TIMEOUT_S, backoff: tuple[float, float] = informing.BACKOFF_S,
+                 connect_timeout: float = informing.CONNECT_TIMEOUT_S, list_timeout: float = informing.LIST_TIMEOUT_S):
+        self.pod = pod
+        calls = {RESOURCE: functools.partial(
+            kubernetes.client.DiscoveryV1Api(api_client).list_namespaced_endpoint_slice, namespace,
+            label_selector=f"{SERVICE_LABEL}={service}")} if api_client is not None else {}
+        self.informer = informing.Informer(api_client, self, watch_timeout=watch_timeout, backoff=backoff,
+                                           resources=(RESOURCE,), connect_timeout=connect_timeout,
+                                           list_timeout=list_timeout, calls=calls)
+        self._lock = threading.Lock()
+        self._slices: dict[str, frozenset[str]] = {}  # slice name -> its ready pods
+        self._partition: Partition | None = None
+
+    @classmethod
+    def start(cls, settings: settings_mod.Settings | None = None, environ: dict | None = None,
+              api_client: kubernetes.client.ApiClient | None = None, **options) -> Peers | Fixed:
+        """The partition the environment says: fixed (``$GPUSHARD_REPLICA``), found through the Service's
+        EndpointSlices (in a pod: ``$POD_NAME``, ``$POD_NAMESPACE``), or none."""
+        environ = os.environ if environ is None else environ
+        fixed = environ.get(REPLICA_ENV)
+        if fixed:
+            return Fixed(parse(fixed, f"${REPLICA_ENV}"))
+        pod, namespace = environ.get(POD_NAME_ENV), environ.get(POD_NAMESPACE_ENV)
+        if not pod or not namespace:
+            return Fixed(None)
+        settings = settings or settings_mod.Settings()
+        options = {"connect_timeout": settings.view.connect_timeout, "list_timeout": settings.view.list_timeout,
+                   "watch_timeout": settings.view.watch_timeout, **options}
+        if api_client is None:
+            try:
+                api_client = connecting.client().api
+            except connecting.ConfigError as exc:
+                log.error("%s; this replica tries every card alike", exc)
+                return Fixed(None)
+        peers = cls(api_client, namespace, environ.get(SERVICE_ENV) or DEFAULT_SERVICE, pod, **options)
+        peers.informer.start()
+        return peers
+
+    def partition(self) -> Partition | None:
+        return self._partition
+
+    def prefer(self) -> tuple[int, ...]:
+        """The card indexes to try first: ``k mod N == rank``; none while alone or not among the ready."""
+        partition = self._partition
+        return partition.indexes() if partition is not None else ()
+
+    def close(self) -> None:
+        self.informer.close()
+
+    # --- the sink ---------------------------------------------------------------------------------
+
+    def reduce(self, resource: str, items, into: dict) -> dict:
+        for obj in items:
+            name = ((obj.get("metadata") or {}).get("name")) if isinstance(obj, dict) else None
+            if isinstance(name, str):
+                into[name] = ready_pods(obj)
+        return into
+
+    def apply_list(self, resource: str, fresh: dict) -> None:
+        with self._lock:
+            self._slices = dict(fresh)
+            self._rebuild()
+
+    def apply_event(self, resource: str, kind: str, obj: dict) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if not isinstance(name, str):
+            return
+        with self._lock:
+            if kind == "DELETED":
+                self._slices.pop(name, None)
+            else:
+                self._slices[name] = ready_pods(obj)
+            self._rebuild()
+
+    def watch_opened(self, resource: str) -> None:
+        pass
+
+    def watch_closed(self, resource: str, gap: bool) -> None:
+        pass
+
+    def _rebuild(self) -> None:
+        ready = sorted(set().union(*self._slices.values())) if self._slices else []
+        partition = Partition(ready.index(self.pod), len(ready)) if self.pod in ready else None
+        if partition != self._partition:
+            if partition is None or partition.count < 2:
+                log.info("gpushard: %s; it tries every card alike", "this replica is alone" if partition else
+                         f"this replica ({self.pod}) is not among the Service's ready endpoints yet")
+            else:
+                log.info("gpushard: replica %d of %d (%s): cards whose index mod %d is %d first", partition.rank,
+                         partition.count, ", ".join(ready), partition.count, partition.rank)
+        self._partition = partition
