@@ -32,8 +32,12 @@ cordons card 0 on that part of the nodes, as `gpushard cordon` and the agent lea
 allocatable 0 for the device plugin, the device gone from the slice under dra), and reports any pod bound
 to a cordoned card. Under dra the card of a bound pod is its claim's allocation result.
 
+``--partition`` (on by default, as in a cluster): each webhook replica tries first the card indexes k with
+k mod replicas = its number (``serve --replica I/N``); ``off`` every replica chooses over all cards alike.
+
 Run: KUBEBUILDER_ASSETS=... python bench/e2e_scale.py [--nodes 100] [--pods 1000] [--replicas 1,2,3]
      [--clients 16] [--load 0.95] [--seed N] [--backends deviceplugin,dra,dra-nohint] [--cordon 0.1]
+     [--partition on|off|both]
      (as root is not needed: no kubelet runs)
 """
 
@@ -335,7 +339,7 @@ def first_fit_decreasing(nodes: int, sizes: list[int], cordoned: set[int] = froz
 
 
 def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: float, seed: int,
-        score_all: bool = True, backend: str = "deviceplugin", cordon: float = 0.0) -> dict:
+        score_all: bool = True, backend: str = "deviceplugin", cordon: float = 0.0, partition: bool = True) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpushard-scale-"))
     (work / "audit-policy.yaml").write_text(AUDIT_POLICY)
     plane = components.ControlPlane(assets, work, node_lifecycle=False, score_all_nodes=score_all, apiserver_flags=[
@@ -370,7 +374,8 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
             ports.append(port)
             webhooks.append(components.Process(f"webhook-{r}", [
                 gpushard.GPUSHARD, "serve", f"--cert={cert}", f"--key={key}", f"--bind=127.0.0.1:{port}",
-                f"--config={config}"], work / f"webhook-{r}.log", env=env).start())
+                f"--config={config}", *([f"--replica={r}/{replicas}"] if partition else [])],
+                work / f"webhook-{r}.log", env=env).start())
         context = components.tls_context(plane.pki.ca_path)
         for port in ports:
             components.wait_for("a webhook's view", lambda p=port: urllib.request.urlopen(
@@ -405,7 +410,8 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
         bound_shares = sum(s for s, node, _c in state if node)
         pending = sum(1 for _s, node, _c in state if not node)
         return {
-            "backend": backend, "cordoned_cards": len(off), "on_cordoned": on_cordoned(state, off),
+            "backend": backend, "partition": partition and replicas > 1, "cordoned_cards": len(off),
+            "on_cordoned": on_cordoned(state, off),
             "nodes": nodes, "cards": nodes * CARDS, "pods": len(sizes), "load": load, "replicas": replicas,
             "scheduler": "scores every node" if score_all else "kube-scheduler's default sample",
             "clients": clients, "node_setup_s": round(node_seconds, 1), "refused": refused,
@@ -436,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--backends", default="deviceplugin",
                         help=f"backends to run the same trace under, comma-separated: {', '.join(BACKENDS)}")
+    parser.add_argument("--partition", default="on", choices=("on", "off", "both"),
+                        help="webhook replicas each try their own card indexes first (serve --replica I/N, as in a "
+                             "cluster they do by their rank among the Service's pods), not, or both in turn")
     parser.add_argument("--cordon", type=float, default=0.0,
                         help="the part of the nodes whose card 0 is cordoned (0.1: one node in ten)")
     parser.add_argument("--default-scheduler", action="store_true",
@@ -455,13 +464,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpushard: --cordon: {args.cordon} must be from 0 up to (not including) 1", file=sys.stderr)
         return 2
     rows = []
+    partitions = {"on": (True,), "off": (False,), "both": (False, True)}[args.partition]
     for backend in backends:
         for replicas in [int(r) for r in args.replicas.split(",")]:
-            row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
-                      score_all=not args.default_scheduler, backend=backend, cordon=args.cordon)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    keys = ["backend", "replicas", "cordoned_cards", "on_cordoned", "pods", "load_reached", "create_rate",
+            for partition in partitions if replicas > 1 else partitions[:1]:
+                row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
+                          score_all=not args.default_scheduler, backend=backend, cordon=args.cordon,
+                          partition=partition)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    keys = ["backend", "replicas", "partition", "cordoned_cards", "on_cordoned", "pods", "load_reached", "create_rate",
             "scheduled_s", "pending", "stranded", "api_p50",
             "api_p99", "own_p50", "own_p99", "rss_mib", "view_synced_s", "requests_per_admission", "packing"]
     print(f"\n{args.nodes} nodes x {CARDS} cards, load {args.load} (of the cards not cordoned), {args.clients} "
