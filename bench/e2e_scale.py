@@ -32,8 +32,8 @@ cordons card 0 on that part of the nodes, as `gpushard cordon` and the agent lea
 allocatable 0 for the device plugin, the device gone from the slice under dra), and reports any pod bound
 to a cordoned card. Under dra the card of a bound pod is its claim's allocation result.
 
-``--partition`` (on by default, as in a cluster): each webhook replica tries first the card indexes k with
-k mod replicas = its number (``serve --replica I/N``); ``off`` every replica chooses over all cards alike.
+``--partition`` (on by default, as in a cluster): each webhook replica tries its share of the cards first
+(``serve --replica I/N``); ``off``: every replica chooses over all cards alike.
 
 Run: KUBEBUILDER_ASSETS=... python bench/e2e_scale.py [--nodes 100] [--pods 1000] [--replicas 1,2,3]
      [--clients 16] [--load 0.95] [--seed N] [--backends deviceplugin,dra,dra-nohint] [--cordon 0.1]
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="deviceplugin",
                         help=f"backends to run the same trace under, comma-separated: {', '.join(BACKENDS)}")
     parser.add_argument("--partition", default="on", choices=("on", "off", "both"),
-                        help="webhook replicas each try their own card indexes first (serve --replica I/N, as in a "
+                        help="webhook replicas each try their share of the cards first (serve --replica I/N, as in a "
                              "cluster they do by their rank among the Service's pods), not, or both in turn")
     parser.add_argument("--cordon", type=float, default=0.0,
                         help="the part of the nodes whose card 0 is cordoned (0.1: one node in ten)")

@@ -94,12 +94,10 @@ class Chooser:
         self.mine: dict[int, tuple[int, int, int, float]] = {}
         self.view = placement.View(tuple(sim.node(i, self.used) for i in range(sim.nodes)))
 
-    def prefer(self) -> tuple[int, ...]:
-        """The card indexes this chooser tries first: all alike (none) unless the replicas partition them."""
-        if not self.sim.partition:
-            return ()
+    def share(self) -> tuple[int, int] | None:
+        """(rank, count) of this chooser for its share of the cards; None (all alike) unless partitioned."""
         count = len(self.sim.choosers) if hasattr(self.sim, "choosers") else 1
-        return tuple(k for k in range(self.sim.cards) if k % count == self.number % count) if count > 1 else ()
+        return (self.number % count, count) if self.sim.partition and count > 1 else None
 
     def choose(self, pod: Pod) -> None:
         sim, touched = self.sim, set()
@@ -123,7 +121,7 @@ class Chooser:
         if touched:
             self.view = placement.replace_nodes(self.view, {sim.names[i]: sim.node(i, self.used) for i in touched})
         rng = random.Random(f"{sim.seed}-{pod.number}") if sim.randomized else None
-        choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack", rng, self.prefer())
+        choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack", rng, self.share())
         if not choice.fits and not sim.spread_waiting:  # as before: wait on the most free card's index
             choice = placement.choose(self.view, placement.Ask(shares=pod.shares), "binpack")
         pod.card, pod.fitted = choice.card, choice.fits
@@ -151,7 +149,7 @@ class Sim:
         self.forget_after = forget_after
         # How long a chooser counts a choice its lagging view does not show yet (None: until it shows).
         self.remember_ttl: float | None = None
-        # Replicas try their own card indexes first (k mod replicas = their number): placement's ``prefer``.
+        # Replicas try their own share of the cards first: placement's ``share``.
         self.partition = False
         self.unbound: collections.deque = collections.deque()  # (created, pod), for forgetting
         self.rng = random.Random(seed + 1)
@@ -968,7 +966,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--why", action="store_true",
                         help="only which pods the churn figure with the defaults counts as stranded")
     parser.add_argument("--partition", action="store_true",
-                        help="replicas trying their own card indexes first, against all alike")
+                        help="replicas trying their own share of the cards first, against all alike")
     parser.add_argument("--dra", action="store_true",
                         help="only backend dra (the scheduler picks the card) beside the device-plugin backend")
     args = parser.parse_args(argv)

@@ -321,8 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graceful-timeout", type=int, default=20,
                    help="seconds to finish reviews in flight after SIGTERM (default: 20)")
     p.add_argument("--replica", type=_replica, metavar="I/N",
-                   help="this webhook is replica I (from 0) of N: it tries first the cards whose index mod N is I, "
-                        "so replicas fill different cards (default: in a pod, its rank among the webhook Service's "
+                   help="this webhook is replica I (from 0) of N: it tries its share of the cards first, so "
+                        "replicas fill different cards (default: in a pod, its rank among the webhook Service's "
                         "ready pods; else every card alike)")
     p.set_defaults(func=cmd_serve)
 

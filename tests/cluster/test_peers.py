@@ -8,8 +8,10 @@ We test:
   by watch: a replica going away or becoming ready changes the rank; a replica not among the ready, or alone,
   tries every card alike; the environment chooses the source ($GPUSHARD_REPLICA, else $POD_NAME and
   $POD_NAMESPACE, else none);
-- placement: replicas with the same view choose cards of their own indexes (k mod N = rank) while those have
-  room, and any card once they have none; a pinned pod keeps its pin;
+- placement: each replica's share of the cards (card k of a node whose name hashes to h is replica (h + k) mod
+  N's) is even over the cards whatever N, and every card is exactly one replica's; replicas with the same view
+  choose cards of their own share while those have room, and any card once they have none; a pinned pod keeps
+  its pin; the share survives the view's updates;
 - admission: the app hands the replica's indexes to every choice.
 """
 
@@ -55,9 +57,9 @@ def test_serve_refuses_a_bad_replica_with_exit_2(capsys):
     assert "--replica: I/N: expected I/N with 0 <= I < N (replica I of N), got '2/2'" in capsys.readouterr().err
 
 
-def test_partitions_name_their_indexes():
-    assert peers.parse("1/3").indexes()[:4] == (1, 4, 7, 10)
-    assert peers.parse("0/1").indexes() == ()  # alone: every card alike
+def test_partitions_name_their_share():
+    assert peers.parse("1/3").share() == (1, 3)
+    assert peers.parse("0/1").share() is None  # alone: every card alike
 
 
 def test_the_rank_among_the_services_ready_pods_is_kept_by_watch(fake):
@@ -69,53 +71,87 @@ def test_the_rank_among_the_services_ready_pods_is_kept_by_watch(fake):
     try:
         # Ready: a (no condition counts as ready), b, c; d is not ready, and webhook-0 is another Service's.
         o.wait_for(lambda: found.partition() == peers.Partition(1, 3), what="rank 1 of 3")
-        assert found.prefer()[:3] == (1, 4, 7)
+        assert found.share() == (1, 3)
         fake.put("endpointslices", endpoint_slice("gpushard-a", {"webhook-c": False, "webhook-a": True}))
         o.wait_for(lambda: found.partition() == peers.Partition(1, 2), what="rank 1 of 2")
         fake.put("endpointslices", endpoint_slice("gpushard-b", {"webhook-d": True}))  # b itself not ready
         o.wait_for(lambda: found.partition() is None, what="not among the ready")
-        assert found.prefer() == ()
+        assert found.share() is None
         fake.delete("endpointslices", "gpushard-a", "gpushard-system")
         fake.put("endpointslices", endpoint_slice("gpushard-b", {"webhook-b": True}))
         o.wait_for(lambda: found.partition() == peers.Partition(0, 1), what="alone")
-        assert found.prefer() == ()
+        assert found.share() is None
     finally:
         found.close()
 
 
 def test_the_environment_chooses_the_source():
-    assert peers.Peers.start(environ={"GPUSHARD_REPLICA": "2/3"}).prefer()[:2] == (2, 5)
-    assert peers.Peers.start(environ={}).prefer() == ()  # not in a pod: every card alike
+    assert peers.Peers.start(environ={"GPUSHARD_REPLICA": "2/3"}).share() == (2, 3)
+    assert peers.Peers.start(environ={}).share() is None  # not in a pod: every card alike
     with pytest.raises(peers.ReplicaError, match=r"\$GPUSHARD_REPLICA: expected I/N"):
         peers.Peers.start(environ={"GPUSHARD_REPLICA": "three"})
 
 
-def empty_view(nodes: int = 4, cards: int = 4) -> placement.View:
-    return placement.View(tuple(placement.Node(f"n{i}", cards=tuple(placement.Card(k, 100) for k in range(cards)))
-                                for i in range(nodes)))
+def empty_view(nodes: int = 4, cards: int = 4, used=lambda i, k: 0) -> placement.View:
+    return placement.View(tuple(placement.Node(f"n{i}", cards=tuple(placement.Card(k, 100, used(i, k))
+                                                                    for k in range(cards))) for i in range(nodes)))
 
 
-def test_replicas_with_one_view_fill_their_own_indexes_then_any():
-    view = empty_view()
+def owner(view: placement.View, node: str, k: int, count: int) -> int:
+    every = (1 << view.size) - 1
+    i = next(i for i, n in enumerate(view.nodes) if n.name == node)
+    return next(r for r in range(count) if view.share_of(every, r, count).get(k, 0) >> i & 1)
+
+
+@pytest.mark.parametrize("count", [2, 3, 5])
+def test_every_card_is_one_replicas_and_the_shares_are_even(count):
+    view = empty_view(nodes=300, cards=8)
+    every = (1 << view.size) - 1
+    shares = [sum(bin(bits).count("1") for bits in view.share_of(every, r, count).values()) for r in range(count)]
+    assert sum(shares) == 300 * 8  # every card is someone's, and no card is two replicas'
+    for r in range(count):
+        for s in range(r + 1, count):
+            mine, theirs = view.share_of(every, r, count), view.share_of(every, s, count)
+            assert not any(mine[k] & theirs[k] for k in mine)
+    assert max(shares) - min(shares) <= 0.12 * 300 * 8 / count, shares  # within a hash's spread of even
+    # Each replica has cards of every index (with three replicas and eight cards, index-only shares would give
+    # one replica two indexes for three's traffic).
+    assert all(all(view.share_of(every, r, count)[k] for k in range(8)) for r in range(count))
+
+
+def test_replicas_with_one_view_fill_their_own_share_then_any():
+    view = empty_view(nodes=8)
     for rank in (0, 1):
-        prefer = peers.Partition(rank, 2).indexes()
         for seed in range(20):
-            choice = placement.choose(view, placement.Ask(shares=25), "binpack", random.Random(seed),
-                                      prefer)
-            assert choice.fits and choice.card % 2 == rank
-    # Their own cards full: any card with room.
-    full = placement.View(tuple(placement.Node(f"n{i}", cards=tuple(
-        placement.Card(k, 100, 100 if k % 2 == 1 else 0) for k in range(4))) for i in range(4)))
-    choice = placement.choose(full, placement.Ask(shares=25), "binpack", None, peers.Partition(1, 2).indexes())
-    assert choice.fits and choice.card % 2 == 0
+            choice = placement.choose(view, placement.Ask(shares=25), "binpack", random.Random(seed), (rank, 2))
+            assert choice.fits and owner(view, choice.node, choice.card, 2) == rank
+    # Replica 1's cards full: any card with room.
+    full = empty_view(nodes=8, used=lambda i, k: 100 if owner(view, f"n{i}", k, 2) == 1 else 0)
+    choice = placement.choose(full, placement.Ask(shares=25), "binpack", None, (1, 2))
+    assert choice.fits and owner(view, choice.node, choice.card, 2) == 0
     # A pinned pod keeps its pin.
-    choice = placement.choose(view, placement.Ask(shares=25, pin=0), "binpack", None, peers.Partition(1, 2).indexes())
-    assert choice.card == 0
+    choice = placement.choose(view, placement.Ask(shares=25, pin=3), "binpack", None, (1, 2))
+    assert choice.card == 3
 
 
-def test_admission_hands_the_replicas_indexes_to_the_choice(tmp_path):
+def test_the_share_follows_the_views_updates():
+    view = empty_view(nodes=8)
+    every = (1 << view.size) - 1
+    before = view.share_of(every, 0, 2)
+    # A remembered choice (one card's shares) and a watch event (a node's shares) keep every node where it was.
+    node = view.nodes[3]
+    fuller = placement.Node(node.name, cards=tuple(placement.Card(c.index, 100, 50) for c in node.cards))
+    after = placement.replace_nodes(view, {node.name: fuller})
+    assert after.share_of(every, 0, 2) == before
+    # A node removed shifts the positions: its share is built again from the names.
+    fewer = placement.replace_nodes(view, {view.nodes[0].name: None})
+    assert owner(fewer, "n5", 2, 2) == owner(view, "n5", 2, 2)
+
+
+def test_admission_hands_the_replicas_share_to_the_choice(tmp_path):
     cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(json.dumps({"nodes": [{"name": "a", "cards": [{"index": k} for k in range(4)]}]}))
+    cluster.write_text(json.dumps({"nodes": [{"name": f"n{i}", "cards": [{"index": k} for k in range(4)]}
+                                             for i in range(4)]}))
     view = static.StaticView(static.load(cluster, 100))
     for rank in (0, 1):
         client = app_mod.create_app(settings_mod.Settings(), view,
@@ -125,4 +161,6 @@ def test_admission_hands_the_replicas_indexes_to_the_choice(tmp_path):
             review = objects.review(obj)
             resp = client.post("/mutate", data=json.dumps(review), content_type="application/json")
             new = objects.patched(obj, objects.response_of(resp.get_json(), review["request"]["uid"]))
-            assert int(new["metadata"]["annotations"]["gpushard.io/card"]) % 2 == rank
+            k = int(new["metadata"]["annotations"]["gpushard.io/card"])
+            node = placement.preferred_node(new["spec"])
+            assert owner(view.snapshot(), node, k, 2) == rank

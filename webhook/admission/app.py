@@ -28,8 +28,8 @@ def create_app(settings: Settings, view: reviews.View | None = None, sync_grace:
                templates: reviews.Templates | None = None, classes: reviews.Classes | None = None,
                peers: reviews.Peers | None = None) -> flask.Flask:
     """The admission app for ``settings``, choosing cards over ``view`` (None: no view), and judging pods by
-    the extended resources ``classes`` says other drivers' DeviceClasses serve (None: none), trying first the
-    card indexes ``peers`` gives this replica (None: every card alike).
+    the extended resources ``classes`` says other drivers' DeviceClasses serve (None: none), trying first this
+    replica's share of the cards, as ``peers`` says (None: every card alike).
 
     /readyz turns ready when the view has synced, or ``sync_grace`` seconds after the app was
     built, whichever comes first, and says which. /metrics reports ``certfile``'s expiry, if given.

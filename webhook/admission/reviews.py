@@ -59,9 +59,9 @@ class Classes(Protocol):
 
 
 class Peers(Protocol):
-    """Which card indexes this replica tries first (webhook.cluster.peers offers it)."""
+    """Which replica this is, (rank, count), for its share of the cards (webhook.cluster.peers offers it)."""
 
-    def prefer(self) -> tuple[int, ...]: ...
+    def share(self) -> tuple[int, int] | None: ...
 
     def synced(self) -> bool: ...
 
@@ -194,15 +194,15 @@ def _served(classes: Classes | None) -> Mapping[str, extended.Served]:
         return extended.NONE
 
 
-def _prefer(peers: Peers | None) -> tuple[int, ...]:
-    """The card indexes this replica tries first; none when it is alone or that cannot be read."""
+def _share(peers: Peers | None) -> tuple[int, int] | None:
+    """This replica's (rank, count); None when it is alone or that cannot be read."""
     if peers is None:
-        return ()
+        return None
     try:
-        return peers.prefer()
+        return peers.share()
     except Exception:
         log.exception("gpushard: the replica partition failed; choosing over every card alike")
-        return ()
+        return None
 
 
 def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, policy: Policy, view: View | None,
@@ -225,7 +225,7 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
             obj, kind, operation, mode, dry_run, old=request.get("oldObject"),
             sub_resource=sub_resource if isinstance(sub_resource, str) else "", seed=uid,
             namespace=namespace if isinstance(namespace, str) else "", served=_served(classes),
-            prefer=_prefer(peers)), policy,
+            share=_share(peers)), policy,
             _snapshot(view))
     except RecursionError:
         decision = decisions.Decision(allowed=False, code=400,

@@ -35,8 +35,8 @@ def open_device_classes(cluster_file: str | None, shares_per_card: int, settings
 
 
 def open_peers(cluster_file: str | None, settings=None):
-    """Which card indexes this replica tries first: ``$GPUSHARD_REPLICA`` (``serve --replica``), else, with
-    the Kubernetes API and in a pod, its rank among the webhook Service's ready pods. Offers ``prefer()``."""
+    """Which replica this is, for its share of the cards: ``$GPUSHARD_REPLICA`` (``serve --replica``), else,
+    with the Kubernetes API and in a pod, its rank among the webhook Service's ready pods. Offers ``share()``."""
     from webhook.cluster import peers
 
     if cluster_file is not None:

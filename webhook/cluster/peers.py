@@ -5,8 +5,9 @@ by the other). In a burst they then pick the same nearly full card, and one of t
 no room on its card index anywhere: stranded while other cards have room. Measured on the real
 scheduler (bench/e2e_scale.py) and reproduced by bench/stranding.py --partition, a burst filling
 100 nodes x 8 cards to 95 % strands about 9 % of its pods with two replicas and 12-15 % with three;
-with each replica trying first the card indexes ``k`` with ``k mod N == r`` (its rank ``r`` among
-``N`` replicas), the replicas fill different cards and collide only once their own are full.
+with each replica trying first its own share of the cards (its rank ``r`` among ``N`` replicas: card
+``k`` of a node whose name hashes to ``h`` is replica ``(h + k) mod N``'s, ``View.share_of``), the
+replicas fill different cards and collide only once their own are full.
 
 The partition comes from:
 - ``--replica I/N`` (``gpushard serve``; ``$GPUSHARD_REPLICA`` in the workers): fixed, for webhooks
@@ -42,8 +43,6 @@ SERVICE_ENV = "GPUSHARD_SERVICE"
 POD_NAME_ENV, POD_NAMESPACE_ENV = "POD_NAME", "POD_NAMESPACE"
 DEFAULT_SERVICE = "gpushard"
 SERVICE_LABEL = "kubernetes.io/service-name"
-# The card indexes a partition names: every index a node may have (the agent numbers cards from 0).
-MAX_INDEX = 64
 
 
 class ReplicaError(ValueError):
@@ -55,14 +54,9 @@ class Partition:
     rank: int
     count: int
 
-    def indexes(self) -> tuple[int, ...]:
-        """The card indexes this replica tries first; none (every card alike) when it is alone."""
-        return _indexes(self.rank, self.count)
-
-
-@functools.lru_cache(maxsize=64)
-def _indexes(rank: int, count: int) -> tuple[int, ...]:
-    return tuple(range(rank, MAX_INDEX, count)) if count > 1 else ()
+    def share(self) -> tuple[int, int] | None:
+        """(rank, count) for placement's ``share``; None (every card alike) when it is alone."""
+        return (self.rank, self.count) if self.count > 1 else None
 
 
 def parse(text: str, where: str = "--replica") -> Partition:
@@ -79,8 +73,8 @@ class Fixed:
     def __init__(self, partition: Partition | None):
         self._partition = partition
 
-    def prefer(self) -> tuple[int, ...]:
-        return self._partition.indexes() if self._partition is not None else ()
+    def share(self) -> tuple[int, int] | None:
+        return self._partition.share() if self._partition is not None else None
 
     def close(self) -> None:
         pass
@@ -145,10 +139,10 @@ class Peers:
     def partition(self) -> Partition | None:
         return self._partition
 
-    def prefer(self) -> tuple[int, ...]:
-        """The card indexes to try first: ``k mod N == rank``; none while alone or not among the ready."""
+    def share(self) -> tuple[int, int] | None:
+        """(rank, count) of this replica; None while alone or not among the ready."""
         partition = self._partition
-        return partition.indexes() if partition is not None else ()
+        return partition.share() if partition is not None else None
 
     def close(self) -> None:
         self.informer.close()
@@ -192,6 +186,6 @@ class Peers:
                 log.info("gpushard: %s; it tries every card alike", "this replica is alone" if partition else
                          f"this replica ({self.pod}) is not among the Service's ready endpoints yet")
             else:
-                log.info("gpushard: replica %d of %d (%s): cards whose index mod %d is %d first", partition.rank,
-                         partition.count, ", ".join(ready), partition.count, partition.rank)
+                log.info("gpushard: replica %d of %d (%s): its share of the cards first", partition.rank,
+                         partition.count, ", ".join(ready))
         self._partition = partition

@@ -30,7 +30,7 @@ class Request:
     seed: str = ""  # draws the card among the best few (the request's uid); "" picks the best
     # Extended resources that DeviceClasses of other drivers serve (core/extended.py): name -> who serves it.
     served: Mapping[str, extended.Served] = field(default_factory=lambda: extended.NONE)
-    prefer: tuple[int, ...] = ()  # the card indexes this replica tries first (webhook.cluster.peers)
+    share: tuple[int, int] | None = None  # (rank, count) of this webhook replica: its cards first (peers)
 
 
 @dataclass(slots=True)
@@ -381,7 +381,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         ask = placement.Ask(shares, pin, scheduling.node_name, scheduling.node_selector,
                             scheduling.required_terms, scheduling.tolerations)
         choice = placement.choose(view, ask, policy.placement,
-                                  draws.Draw(request.seed) if request.seed else None, request.prefer)
+                                  draws.Draw(request.seed) if request.seed else None, request.share)
         card, node = choice.card, choice.node
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)

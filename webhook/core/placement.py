@@ -84,10 +84,12 @@ def _waiting_index(view: View, mask: int, rng: random.Random) -> int:
 
 
 def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.Random | None = None,
-           prefer: tuple[int, ...] = ()) -> Choice:
+           share: tuple[int, int] | None = None) -> Choice:
     """Pick card k for the pod. Never fails: a poor view only costs packing, not correctness.
 
-    Without ``rng`` the best card (ties to the lower index, then the earlier node); with it, one of
+    With ``share`` (rank, count), one of several webhook replicas: its own cards first
+    (``View.share_of``), then any. Without ``rng`` the best card (ties to the lower index, then the
+    earlier node); with it, one of
     the best few (CHOICE_CANDIDATES, CHOICE_SLACK), drawn uniformly. When nothing fits, without
     ``rng`` the most free card's index; with it, an index drawn among those of the nodes the pod may
     run on (``_waiting_index``), one not cordoned on all of them. A card an operator cordoned has no
@@ -107,11 +109,11 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
                else "no shared node matches this pod's scheduling rules")
         return Choice(k, findings=(_warn(f.NO_MATCHING_NODE, f"{why}; card {k} chosen, the pod may stay Pending"),))
     hit = None
-    if prefer and ask.pin is None:
-        # This chooser's own card indexes first (one of several webhook replicas): replicas whose views
-        # lag each other then fill different cards, and only collide once their own are full.
+    if share is not None and share[1] > 1 and ask.pin is None:
+        # This replica's own cards first (``share``: its rank among ``count`` webhook replicas): replicas
+        # whose views lag each other then fill different cards, and only collide once their own are full.
         hit = view.draw(0, None, ask.shares, strategy, CHOICE_SLACK if rng is not None else 0, CHOICE_CANDIDATES,
-                        rng, {k: mask for k in prefer})
+                        rng, view.share_of(mask, *share))
     if hit is not None:
         pass
     elif rng is not None:

@@ -25,6 +25,7 @@ import collections
 import functools
 import json
 import threading
+import zlib
 from collections.abc import Mapping
 
 from webhook.core.scheduling import Ask, Node, card_memory_mib, eligible, same_scheduling
@@ -125,6 +126,14 @@ class View:
         ``slack`` of the best one's (without ``rng``, the first of them); None when none fits.
         ``masks``: per card index, the nodes to look at instead of ``nodes`` and ``pin``."""
         return self._usage.draw(nodes, pin, shares, strategy, slack, count, rng, masks)
+
+    def share_of(self, nodes: int, rank: int, count: int) -> dict[int, int]:
+        """Per card index, the nodes among ``nodes`` whose card of that index is replica ``rank``'s of
+        ``count``: card ``k`` of a node whose name hashes to ``h`` is replica ``(h + k) mod count``'s. Each
+        replica gets a card index of every node in turn, so replicas share the cards evenly whatever the
+        number of cards per node."""
+        classes = _residues(self, count)
+        return {k: nodes & classes[(rank - k) % count] for k in self.card_indexes(nodes)}
 
     def card_indexes(self, nodes: int) -> list[int]:
         """The card indexes that some of ``nodes`` have, in order."""
@@ -595,6 +604,8 @@ def replace_nodes(view: View, changes: Mapping[str, Node | None]) -> View:
             result.__dict__["_sizes"] = _sizes_with(view.__dict__["_sizes"], new)
     if "_cordons" in view.__dict__:
         result.__dict__["_cordons"] = _cordons_with(view.__dict__["_cordons"], new)
+    if "_residues" in view.__dict__ and not added:  # the same names at the same positions
+        result.__dict__["_residues"] = view.__dict__["_residues"]
     if "_usage" in view.__dict__:  # only keep an index someone has paid for
         result.__dict__["_usage"] = view._usage.derive(old, new, result)
     return result
@@ -616,6 +627,8 @@ def replace_card(view: View, node: Node, j: int) -> View:
         result.__dict__["_sizes"] = view.__dict__["_sizes"]
     if "_cordons" in view.__dict__:  # only shares moved: the same cards are cordoned
         result.__dict__["_cordons"] = view.__dict__["_cordons"]
+    if "_residues" in view.__dict__:
+        result.__dict__["_residues"] = view.__dict__["_residues"]
     if "_usage" in view.__dict__:
         result.__dict__["_usage"] = view._usage.moved(i, now.index, was.free, now.free)
     return result
@@ -642,6 +655,23 @@ def _without(view: View, gone: list[int]) -> View:
     if "_usage" in view.__dict__:  # every position after the first gone moves: built anew
         result.__dict__["_usage"] = _Usage.build(result.nodes)
     return result
+
+
+def _residues(view: View, count: int) -> tuple[int, ...]:
+    """The nodes whose name's CRC-32 is ``c`` mod ``count``, for each ``c``: bitsets over node positions.
+
+    A hash of the name, never the position: each replica's view lists the nodes in its own order.
+    Cached on the view per count and carried by ``replace_card`` and by ``replace_nodes`` when no node
+    came or went (a node replaced keeps its name, so its hash).
+    """
+    cached = view.__dict__.setdefault("_residues", {})
+    found = cached.get(count)
+    if found is None:
+        bits = [0] * count
+        for i, node in enumerate(view.nodes):
+            bits[zlib.crc32(node.name.encode()) % count] |= 1 << i
+        found = cached[count] = tuple(bits)
+    return found
 
 
 def _sizes(view: View) -> dict[int, dict[int, int]]:
