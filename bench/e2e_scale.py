@@ -332,6 +332,20 @@ def rss_mib(pid: int) -> float:
     return total / 1024
 
 
+def simulated(nodes: int, sizes: list[int], replicas: int, partition: bool, lag: int, seed: int) -> dict:
+    """The same trace through bench/stranding.py's model: ``replicas`` choosers taking the pods in turn (as the
+    balancer hands them out), each view ``lag`` changes behind, the scheduler behind the whole burst and
+    honouring the preferred node; stranded at the first scheduling pass, and the packing."""
+    sim = stranding.Sim([[0] * CARDS for _ in range(nodes)], replicas, lag, True, True, seed)
+    sim.partition = partition
+    for size in sizes:
+        sim.create(size, 0.0)
+    sim.schedule()
+    placed = sum(p.shares for p in sim.running.values())
+    return {"sim_lag": lag, "sim_stranded": sim.stranded(), "sim_pending": len(sim.pending),
+            "sim_packing": round(placed / max(1, first_fit_decreasing(nodes, sizes)), 4)}
+
+
 def first_fit_decreasing(nodes: int, sizes: list[int], cordoned: set[int] = frozenset()) -> int:
     # A cordoned card is full to the packer: it takes nothing.
     return stranding.first_fit_decreasing([[SHARES if (k == 0 and n in cordoned) else 0 for k in range(CARDS)]
@@ -339,7 +353,8 @@ def first_fit_decreasing(nodes: int, sizes: list[int], cordoned: set[int] = froz
 
 
 def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: float, seed: int,
-        score_all: bool = True, backend: str = "deviceplugin", cordon: float = 0.0, partition: bool = True) -> dict:
+        score_all: bool = True, backend: str = "deviceplugin", cordon: float = 0.0, partition: bool = True,
+        sim_lag: int = 0) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpushard-scale-"))
     (work / "audit-policy.yaml").write_text(AUDIT_POLICY)
     plane = components.ControlPlane(assets, work, node_lifecycle=False, score_all_nodes=score_all, apiserver_flags=[
@@ -425,6 +440,8 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
             "load_reached": round(sum(sizes) / ((nodes * CARDS - len(off)) * SHARES), 3),
             "packing": round(bound_shares / max(1, first_fit_decreasing(nodes, sizes, off)), 4),
             "pending_reasons": pending_reasons(admin),
+            **(simulated(nodes, sizes, replicas, partition, sim_lag, seed)
+               if sim_lag and backend == "deviceplugin" and not off else {}),
         }
     finally:
         for w in webhooks:
@@ -445,6 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partition", default="on", choices=("on", "off", "both"),
                         help="webhook replicas each try their share of the cards first (serve --replica I/N, as in a "
                              "cluster they do by their rank among the Service's pods), not, or both in turn")
+    parser.add_argument("--sim-lag", type=int, default=12,
+                        help="also run the trace through bench/stranding.py's model, views this many changes "
+                             "behind (device plugin, no cordon; 0: not)")
     parser.add_argument("--cordon", type=float, default=0.0,
                         help="the part of the nodes whose card 0 is cordoned (0.1: one node in ten)")
     parser.add_argument("--default-scheduler", action="store_true",
@@ -470,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             for partition in partitions if replicas > 1 else partitions[:1]:
                 row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
                           score_all=not args.default_scheduler, backend=backend, cordon=args.cordon,
-                          partition=partition)
+                          partition=partition, sim_lag=args.sim_lag)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     keys = ["backend", "replicas", "partition", "cordoned_cards", "on_cordoned", "pods", "load_reached", "create_rate",
@@ -482,6 +502,13 @@ def main(argv: list[str] | None = None) -> int:
     print(" | ".join(keys))
     for row in rows:
         print(" | ".join(str(row[k]) for k in keys))
+    simulated_rows = [r for r in rows if "sim_stranded" in r]
+    if simulated_rows:
+        print(f"\nthe same traces through bench/stranding.py (views {args.sim_lag} changes behind, the scheduler "
+              "behind the burst): replicas | partition | stranded real / model | packing real / model")
+        for r in simulated_rows:
+            print(f"{r['replicas']} | {r['partition']} | {r['stranded']} / {r['sim_stranded']} | "
+                  f"{r['packing']} / {r['sim_packing']}")
     print(f"stranded share of the burst: {[round(r['stranded'] / r['pods'], 4) for r in rows]}; "
           f"mean create rate {statistics.mean(r['create_rate'] for r in rows):.1f} pods/s")
     return 0
