@@ -21,8 +21,11 @@ Printed per run, with its parameters:
   audit log, which records the webhooks' ServiceAccount only);
 - packing: shares bound against what first-fit-decreasing places from the same trace on empty cards.
 
-Re-placement (`gpushard replace`) moves only pods a controller recreates, so it needs the burst as
-workloads; this bench creates bare pods and reports what a round could rescue (the stranded count).
+Re-placement (`gpushard replace`) moves only pods a controller recreates: with ``--workloads`` each pod
+comes from a ReplicaSet of 1 (the webhook rewrites the template, then places each pod), and after the
+burst one round runs (`gpushard replace --once`; the pods it evicted are then removed, as a kubelet
+would, since none runs here), and the stranded pods are counted again once binding stops. Without it
+the pods are bare and the stranded count is what a round could rescue.
 
 ``--backends`` runs the same trace under each backend, side by side: ``deviceplugin`` (the webhook pins
 the card), ``dra`` (deploy/overlays/dra: each node's ResourceSlice written as the agent writes it, the
@@ -52,6 +55,7 @@ import os
 import random
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -198,21 +202,35 @@ def pod_body(i: int, shares: int) -> dict:
                 "resources": {"limits": {"nvidia.com/gpu": fraction}}}]}}
 
 
-def create_burst(config: Path, sizes: list[int], clients: int) -> tuple[float, int]:
-    """Create every pod from ``clients`` threads, each with its own connection; (seconds, refused)."""
+def replica_set_body(i: int, shares: int) -> dict:
+    """One pod's worth of workload: a ReplicaSet of 1, which re-placement may evict and its controller remake."""
+    pod = pod_body(i, shares)
+    labels = {"bench.gpushard.io/pod": str(i)}
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": f"rs-{i:05d}"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": pod["spec"]}}}
+
+
+def create_burst(config: Path, sizes: list[int], clients: int, workloads: bool = False) -> tuple[float, int]:
+    """Create every pod (or, with ``workloads``, a ReplicaSet of 1 per pod) from ``clients`` threads, each with
+    its own connection; (seconds, refused)."""
     work = list(enumerate(sizes))
     lock = threading.Lock()
     refused = [0]
 
     def client() -> None:
-        api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(config)))
+        api_client = kubernetes.config.new_client_from_config(str(config))
+        api, apps = kubernetes.client.CoreV1Api(api_client), kubernetes.client.AppsV1Api(api_client)
         while True:
             with lock:
                 if not work:
                     return
                 i, shares = work.pop()
             try:
-                api.create_namespaced_pod(NAMESPACE, pod_body(i, shares))
+                if workloads:
+                    apps.create_namespaced_replica_set(NAMESPACE, replica_set_body(i, shares))
+                else:
+                    api.create_namespaced_pod(NAMESPACE, pod_body(i, shares))
             except kubernetes.client.ApiException:
                 with lock:
                     refused[0] += 1
@@ -223,6 +241,21 @@ def create_burst(config: Path, sizes: list[int], clients: int) -> tuple[float, i
     for t in threads:
         t.join()
     return time.monotonic() - started, refused[0]
+
+
+def replacement_round(config: Path, settings: Path, api: kubernetes.client.CoreV1Api) -> int:
+    """One `gpushard replace --once` pass, then what the kubelet would do for the pods it evicted (no kubelet
+    runs on these nodes: a deleted pod stays Terminating until something removes it); the pods evicted."""
+    done = subprocess.run([gpushard.GPUSHARD, "replace", "--once", f"--config={settings}", f"--kubeconfig={config}",
+                           "--namespace=gpushard-system"], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"gpushard replace --once exited {done.returncode}: {done.stderr[-2000:]}")
+    evicted = 0
+    for pod in api.list_namespaced_pod(NAMESPACE, _request_timeout=60).items:
+        if pod.metadata.deletion_timestamp:
+            evicted += 1
+            api.delete_namespaced_pod(pod.metadata.name, NAMESPACE, grace_period_seconds=0)
+    return evicted
 
 
 def pods_state(api: kubernetes.client.CoreV1Api) -> list[tuple[int, str | None, int]]:
@@ -354,7 +387,7 @@ def first_fit_decreasing(nodes: int, sizes: list[int], cordoned: set[int] = froz
 
 def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: float, seed: int,
         score_all: bool = True, backend: str = "deviceplugin", cordon: float = 0.0, partition: bool = True,
-        sim_lag: int = 0) -> dict:
+        sim_lag: int = 0, workloads: bool = False) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpushard-scale-"))
     (work / "audit-policy.yaml").write_text(AUDIT_POLICY)
     plane = components.ControlPlane(assets, work, node_lifecycle=False, score_all_nodes=score_all, apiserver_flags=[
@@ -407,8 +440,17 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
                        for p in ports]
         audit_before = (work / "audit.log").read_text().count("\n") if (work / "audit.log").exists() else 0
         t0 = time.monotonic()
-        create_seconds, refused = create_burst(plane.work / "admin.kubeconfig", sizes, clients)
+        create_seconds, refused = create_burst(plane.work / "admin.kubeconfig", sizes, clients, workloads)
         last_bind, state = wait_bound(admin, len(sizes) - refused, settle=20)
+        replaced = {}
+        if workloads:
+            first = stranded(state, nodes, off)
+            evicted = replacement_round(plane.work / "admin.kubeconfig", config, admin)
+            _again, after = wait_bound(admin, len(sizes) - refused, settle=20)
+            replaced = {"stranded_after_round": stranded(after, nodes, off), "evicted": evicted,
+                        "stranded_first": first, "packing_after_round": round(
+                            sum(sh for sh, node, _c in after if node) / max(1, first_fit_decreasing(nodes, sizes, off)),
+                            4)}
         metrics_after = kubectl.run("get", "--raw", "/metrics").stdout
         ours_after = [urllib.request.urlopen(f"https://127.0.0.1:{p}/metrics", context=context).read().decode()
                       for p in ports]
@@ -439,7 +481,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
             "requests_per_admission": round(audit_total / max(1, len(sizes)), 4),
             "load_reached": round(sum(sizes) / ((nodes * CARDS - len(off)) * SHARES), 3),
             "packing": round(bound_shares / max(1, first_fit_decreasing(nodes, sizes, off)), 4),
-            "pending_reasons": pending_reasons(admin),
+            "pending_reasons": pending_reasons(admin), "workloads": workloads, **replaced,
             **(simulated(nodes, sizes, replicas, partition, sim_lag, seed)
                if sim_lag and backend == "deviceplugin" and not off else {}),
         }
@@ -462,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partition", default="on", choices=("on", "off", "both"),
                         help="webhook replicas each try their share of the cards first (serve --replica I/N, as in a "
                              "cluster they do by their rank among the Service's pods), not, or both in turn")
+    parser.add_argument("--workloads", action="store_true",
+                        help="each pod from a ReplicaSet of 1, then one re-placement round (gpushard replace --once) "
+                             "and the stranded pods after it")
     parser.add_argument("--sim-lag", type=int, default=12,
                         help="also run the trace through bench/stranding.py's model, views this many changes "
                              "behind (device plugin, no cordon; 0: not)")
@@ -490,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             for partition in partitions if replicas > 1 else partitions[:1]:
                 row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
                           score_all=not args.default_scheduler, backend=backend, cordon=args.cordon,
-                          partition=partition, sim_lag=args.sim_lag)
+                          partition=partition, sim_lag=args.sim_lag, workloads=args.workloads)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     keys = ["backend", "replicas", "partition", "cordoned_cards", "on_cordoned", "pods", "load_reached", "create_rate",
@@ -509,6 +554,10 @@ def main(argv: list[str] | None = None) -> int:
         for r in simulated_rows:
             print(f"{r['replicas']} | {r['partition']} | {r['stranded']} / {r['sim_stranded']} | "
                   f"{r['packing']} / {r['sim_packing']}")
+    if args.workloads:
+        print("after one re-placement round: " + "; ".join(
+            f"{r['replicas']} replicas, partition {r['partition']}: stranded {r['stranded_first']} -> "
+            f"{r['stranded_after_round']} ({r['evicted']} evicted), packing {r['packing_after_round']}" for r in rows))
     print(f"stranded share of the burst: {[round(r['stranded'] / r['pods'], 4) for r in rows]}; "
           f"mean create rate {statistics.mean(r['create_rate'] for r in rows):.1f} pods/s")
     return 0

@@ -20,10 +20,10 @@ def start_view(fake):
     """Start a KubeView on the fake server (short watches and backoff); closed after the test."""
     views = []
 
-    def start(**options):
+    def start(settings: settings_mod.Settings | None = None, **options):
         options.setdefault("watch_timeout", 5)
         options.setdefault("backoff", (0.05, 0.3))
-        view = kube.KubeView.start(settings_mod.Settings(), api_client=fake.api_client(), **options)
+        view = kube.KubeView.start(settings or settings_mod.Settings(), api_client=fake.api_client(), **options)
         views.append(view)
         return view
 

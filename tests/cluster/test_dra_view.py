@@ -20,7 +20,6 @@ import pytest
 
 from tests.cluster import kubeobjects as o
 from webhook import settings as settings_mod
-from webhook.cluster import kube
 from webhook.core import decisions, draobjects, names, placement
 from webhook.core import policy as policy_mod
 
@@ -74,20 +73,13 @@ def dra_pod(name: str, shares: int, hinted: str | None = None, node_name: str | 
 
 
 @pytest.fixture
-def dra_view(fake):
-    views = []
-
+def dra_view(start_view):
     def start(**options):
-        options.setdefault("watch_timeout", 5)
-        options.setdefault("backoff", (0.05, 0.3))
-        view = kube.KubeView.start(settings_mod.Settings(policy=POLICY), api_client=fake.api_client(), **options)
-        views.append(view)
+        view = start_view(settings_mod.Settings(policy=POLICY), **options)
         o.wait_for(view.synced, what="the view's first sync")
         return view
 
-    yield start
-    for view in views:
-        view.close()
+    return start
 
 
 def capacity(view, node: str, k: int) -> int | None:

@@ -14,7 +14,6 @@ again now and then.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
 
 import kubernetes
@@ -29,7 +28,7 @@ log = logging.getLogger(__name__)
 RESOURCE = informing.DEVICECLASSES
 
 
-class DeviceClasses:
+class DeviceClasses(informing.ByName):
     """The extended resources served by DeviceClasses other than gpushard's own, kept by list and watch."""
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None, *,
@@ -40,10 +39,8 @@ class DeviceClasses:
         self.informer = informing.Informer(api_client, self, watch_timeout=watch_timeout, backoff=backoff,
                                            resources=(RESOURCE,), connect_timeout=connect_timeout,
                                            list_timeout=list_timeout, calls=calls)
-        self._lock = threading.Lock()
-        self._classes: dict[str, tuple[str, extended.Served]] = {}  # class name -> (resource, who serves it)
+        super().__init__()  # class name -> (resource, who serves it)
         self._served: Mapping[str, extended.Served] = extended.NONE
-        self._listed = False
 
     @classmethod
     def start(cls, settings: settings_mod.Settings | None = None,
@@ -62,58 +59,22 @@ class DeviceClasses:
         return self._served
 
     def synced(self) -> bool:
-        return self._listed
+        return self.listed
 
     def close(self) -> None:
         self.informer.close()
 
-    # --- the sink ---------------------------------------------------------------------------------
+    # --- the sink (informing.ByName): each class as extended.read_class reads it ------------------
 
-    def reduce(self, resource: str, items, into: dict) -> dict:
-        for obj in items:
-            name = _name(obj)
-            read = extended.read_class(obj)
-            if name and read is not None:
-                into[name] = read
-        return into
+    def read(self, obj: dict) -> tuple[str, extended.Served] | None:
+        return extended.read_class(obj)
 
-    def apply_list(self, resource: str, fresh: dict) -> None:
-        with self._lock:
-            self._classes = dict(fresh)
-            self._listed = True
-            self._rebuild()
-
-    def apply_event(self, resource: str, kind: str, obj: dict) -> None:
-        name = _name(obj)
-        if not name:
-            return
-        read = None if kind == "DELETED" else extended.read_class(obj)
-        with self._lock:
-            if read is None:
-                if self._classes.pop(name, None) is None:
-                    return
-            else:
-                self._classes[name] = read
-            self._rebuild()
-
-    def watch_opened(self, resource: str) -> None:
-        pass
-
-    def watch_closed(self, resource: str, gap: bool) -> None:
-        pass
-
-    def _rebuild(self) -> None:
-        served = extended.winners(self._classes.values())
+    def rebuild(self) -> None:
+        served = extended.winners(self._by_name.values())
         if served != dict(self._served):
             log.info("gpushard: DeviceClasses of other drivers serve %s", ", ".join(
                 f"{resource} ({by.device_class})" for resource, by in sorted(served.items())) or "no extended resource")
         self._served = extended.frozen(served)
-
-
-def _name(obj: object) -> str:
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    name = meta.get("name") if isinstance(meta, dict) else None
-    return name if isinstance(name, str) else ""
 
 
 def _default_api_client() -> kubernetes.client.ApiClient | None:

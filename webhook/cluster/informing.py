@@ -72,6 +72,61 @@ class Sink(Protocol):
         until the next watch opens, or the next list replaces everything."""
 
 
+class ByName:
+    """A sink that keeps each object it hears of, as ``read`` reduces it, under the object's name, and calls
+    ``rebuild`` (with its lock held) after every change; ``listed`` once the first list is in. An object
+    ``read`` gives None for is not kept (or no longer)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_name: dict[str, object] = {}
+        self.listed = False
+
+    def read(self, obj: dict) -> object | None:
+        raise NotImplementedError
+
+    def rebuild(self) -> None:
+        raise NotImplementedError
+
+    def reduce(self, resource: str, items, into: dict) -> dict:
+        for obj in items:
+            name, read = _name(obj), self.read(obj)
+            if name and read is not None:
+                into[name] = read
+        return into
+
+    def apply_list(self, resource: str, fresh: dict) -> None:
+        with self._lock:
+            self._by_name = dict(fresh)
+            self.listed = True
+            self.rebuild()
+
+    def apply_event(self, resource: str, kind: str, obj: dict) -> None:
+        name = _name(obj)
+        if not name:
+            return
+        read = None if kind == "DELETED" else self.read(obj)
+        with self._lock:
+            if read is None:
+                if self._by_name.pop(name, None) is None:
+                    return
+            else:
+                self._by_name[name] = read
+            self.rebuild()
+
+    def watch_opened(self, resource: str) -> None:
+        pass
+
+    def watch_closed(self, resource: str, gap: bool) -> None:
+        pass
+
+
+def _name(obj: object) -> str:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else ""
+
+
 class _Gone(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 from dataclasses import dataclass
 
 import kubernetes
@@ -94,7 +93,7 @@ def ready_pods(slice_obj: dict) -> frozenset[str]:
     return frozenset(names)
 
 
-class Peers:
+class Peers(informing.ByName):
     """This pod's rank among the webhook Service's ready pods, kept by list and watch of its EndpointSlices."""
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None, namespace: str, service: str, pod: str, *,
@@ -107,8 +106,7 @@ class Peers:
         self.informer = informing.Informer(api_client, self, watch_timeout=watch_timeout, backoff=backoff,
                                            resources=(RESOURCE,), connect_timeout=connect_timeout,
                                            list_timeout=list_timeout, calls=calls)
-        self._lock = threading.Lock()
-        self._slices: dict[str, frozenset[str]] = {}  # slice name -> its ready pods
+        super().__init__()  # slice name -> its ready pods
         self._partition: Partition | None = None
 
     @classmethod
@@ -147,39 +145,13 @@ class Peers:
     def close(self) -> None:
         self.informer.close()
 
-    # --- the sink ---------------------------------------------------------------------------------
+    # --- the sink (informing.ByName): each EndpointSlice as its ready pods ------------------------
 
-    def reduce(self, resource: str, items, into: dict) -> dict:
-        for obj in items:
-            name = ((obj.get("metadata") or {}).get("name")) if isinstance(obj, dict) else None
-            if isinstance(name, str):
-                into[name] = ready_pods(obj)
-        return into
+    def read(self, obj: dict) -> frozenset[str]:
+        return ready_pods(obj)
 
-    def apply_list(self, resource: str, fresh: dict) -> None:
-        with self._lock:
-            self._slices = dict(fresh)
-            self._rebuild()
-
-    def apply_event(self, resource: str, kind: str, obj: dict) -> None:
-        name = (obj.get("metadata") or {}).get("name")
-        if not isinstance(name, str):
-            return
-        with self._lock:
-            if kind == "DELETED":
-                self._slices.pop(name, None)
-            else:
-                self._slices[name] = ready_pods(obj)
-            self._rebuild()
-
-    def watch_opened(self, resource: str) -> None:
-        pass
-
-    def watch_closed(self, resource: str, gap: bool) -> None:
-        pass
-
-    def _rebuild(self) -> None:
-        ready = sorted(set().union(*self._slices.values())) if self._slices else []
+    def rebuild(self) -> None:
+        ready = sorted(set().union(*self._by_name.values())) if self._by_name else []
         partition = Partition(ready.index(self.pod), len(ready)) if self.pod in ready else None
         if partition != self._partition:
             if partition is None or partition.count < 2:
