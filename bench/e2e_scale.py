@@ -21,11 +21,13 @@ Printed per run, with its parameters:
   audit log, which records the webhooks' ServiceAccount only);
 - packing: shares bound against what first-fit-decreasing places from the same trace on empty cards.
 
-Re-placement (`gpushard replace`) moves only pods a controller recreates: with ``--workloads`` each pod
-comes from a ReplicaSet of 1 (the webhook rewrites the template, then places each pod), and after the
-burst one round runs (`gpushard replace --once`; the pods it evicted are then removed, as a kubelet
-would, since none runs here), and the stranded pods are counted again once binding stops. Without it
-the pods are bare and the stranded count is what a round could rescue.
+Re-placement (`gpushard replace`) moves only pods a controller recreates: with ``--workloads``, once the
+burst (bare pods, at the clients' pace) has bound, a ReplicaSet of 1 adopts each pod (its selector matches
+that pod alone: pods made by their controllers come at the controller's pace, a few a second, and never
+make the burst), then one round runs (`gpushard replace --once`; the pods it evicted are then removed, as
+a kubelet would, since none runs here), the ReplicaSets make them again and the webhooks place them, and
+the stranded pods are counted again once binding stops. Without it the stranded count is what a round
+could rescue.
 
 ``--backends`` runs the same trace under each backend, side by side: ``deviceplugin`` (the webhook pins
 the card), ``dra`` (deploy/overlays/dra: each node's ResourceSlice written as the agent writes it, the
@@ -79,6 +81,7 @@ CARDS = 8
 SHARES = 100
 MEMORY_MIB = 81559
 BACKENDS = ("deviceplugin", "dra", "dra-nohint")
+POD_LABEL = "bench.gpushard.io/pod"
 NAMESPACE = "burst"
 WEBHOOK_USER = "system:serviceaccount:gpushard-system:gpushard-webhook"
 AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
@@ -196,41 +199,68 @@ def trace(rng: random.Random, nodes: int, load: float, limit: int, cards: int | 
 
 def pod_body(i: int, shares: int) -> dict:
     fraction = f"{shares / SHARES:g}" if shares < SHARES else "1"
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p-{i:05d}"},
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p-{i:05d}", "labels": {POD_LABEL: str(i)}},
             "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
                 "name": "main", "image": "registry.example/cuda:12", "command": ["sleep", "inf"],
                 "resources": {"limits": {"nvidia.com/gpu": fraction}}}]}}
 
 
 def replica_set_body(i: int, shares: int) -> dict:
-    """One pod's worth of workload: a ReplicaSet of 1, which re-placement may evict and its controller remake."""
+    """A ReplicaSet of 1 that adopts burst pod ``i`` (its selector matches that pod alone): re-placement may
+    then evict the pod, and the ReplicaSet makes it again."""
     pod = pod_body(i, shares)
-    labels = {"bench.gpushard.io/pod": str(i)}
+    labels = {POD_LABEL: str(i)}
     return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": f"rs-{i:05d}"},
             "spec": {"replicas": 1, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels}, "spec": pod["spec"]}}}
 
 
-def create_burst(config: Path, sizes: list[int], clients: int, workloads: bool = False) -> tuple[float, int]:
-    """Create every pod (or, with ``workloads``, a ReplicaSet of 1 per pod) from ``clients`` threads, each with
-    its own connection; (seconds, refused)."""
+def adopt(config: Path, sizes: list[int], clients: int, api: kubernetes.client.CoreV1Api, timeout: float = 300) -> int:
+    """A ReplicaSet for every burst pod, which adopts it (the pods were made first, by the clients, at the burst's
+    pace); the pods adopted once adoption stops."""
+    work = list(enumerate(sizes))
+    lock = threading.Lock()
+
+    def client() -> None:
+        apps = kubernetes.client.AppsV1Api(kubernetes.config.new_client_from_config(str(config)))
+        while True:
+            with lock:
+                if not work:
+                    return
+                i, shares = work.pop()
+            apps.create_namespaced_replica_set(NAMESPACE, replica_set_body(i, shares))
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    deadline, owned, last = time.monotonic() + timeout, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now_owned = sum(1 for p in api.list_namespaced_pod(NAMESPACE, _request_timeout=60).items
+                        if p.metadata.owner_references)
+        if now_owned == len(sizes) or (now_owned == owned and time.monotonic() - last > 20):
+            return now_owned
+        if now_owned != owned:
+            owned, last = now_owned, time.monotonic()
+        time.sleep(1.0)
+    return owned
+
+
+def create_burst(config: Path, sizes: list[int], clients: int) -> tuple[float, int]:
+    """Create every pod from ``clients`` threads, each with its own connection; (seconds, refused)."""
     work = list(enumerate(sizes))
     lock = threading.Lock()
     refused = [0]
 
     def client() -> None:
-        api_client = kubernetes.config.new_client_from_config(str(config))
-        api, apps = kubernetes.client.CoreV1Api(api_client), kubernetes.client.AppsV1Api(api_client)
+        api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(config)))
         while True:
             with lock:
                 if not work:
                     return
                 i, shares = work.pop()
             try:
-                if workloads:
-                    apps.create_namespaced_replica_set(NAMESPACE, replica_set_body(i, shares))
-                else:
-                    api.create_namespaced_pod(NAMESPACE, pod_body(i, shares))
+                api.create_namespaced_pod(NAMESPACE, pod_body(i, shares))
             except kubernetes.client.ApiException:
                 with lock:
                     refused[0] += 1
@@ -245,7 +275,7 @@ def create_burst(config: Path, sizes: list[int], clients: int, workloads: bool =
 
 def replacement_round(config: Path, settings: Path, api: kubernetes.client.CoreV1Api) -> int:
     """One `gpushard replace --once` pass, then what the kubelet would do for the pods it evicted (no kubelet
-    runs on these nodes: a deleted pod stays Terminating until something removes it); the pods evicted."""
+    runs on these nodes: a deleted pod stays Terminating until something removes it); those pods."""
     done = subprocess.run([gpushard.GPUSHARD, "replace", "--once", f"--config={settings}", f"--kubeconfig={config}",
                            "--namespace=gpushard-system"], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
@@ -440,14 +470,18 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
                        for p in ports]
         audit_before = (work / "audit.log").read_text().count("\n") if (work / "audit.log").exists() else 0
         t0 = time.monotonic()
-        create_seconds, refused = create_burst(plane.work / "admin.kubeconfig", sizes, clients, workloads)
+        create_seconds, refused = create_burst(plane.work / "admin.kubeconfig", sizes, clients)
         last_bind, state = wait_bound(admin, len(sizes) - refused, settle=20)
         replaced = {}
         if workloads:
             first = stranded(state, nodes, off)
+            adopted = adopt(plane.work / "admin.kubeconfig", sizes, clients, admin)
             evicted = replacement_round(plane.work / "admin.kubeconfig", config, admin)
             _again, after = wait_bound(admin, len(sizes) - refused, settle=20)
-            replaced = {"stranded_after_round": stranded(after, nodes, off), "evicted": evicted,
+            # Every pod the round evicted was made again by its ReplicaSet, under the ReplicaSet's name.
+            evicted += sum(1 for p in admin.list_namespaced_pod(NAMESPACE, _request_timeout=60).items
+                           if p.metadata.name.startswith("rs-"))
+            replaced = {"stranded_after_round": stranded(after, nodes, off), "evicted": evicted, "adopted": adopted,
                         "stranded_first": first, "packing_after_round": round(
                             sum(sh for sh, node, _c in after if node) / max(1, first_fit_decreasing(nodes, sizes, off)),
                             4)}
@@ -505,8 +539,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="webhook replicas each try their share of the cards first (serve --replica I/N, as in a "
                              "cluster they do by their rank among the Service's pods), not, or both in turn")
     parser.add_argument("--workloads", action="store_true",
-                        help="each pod from a ReplicaSet of 1, then one re-placement round (gpushard replace --once) "
-                             "and the stranded pods after it")
+                        help="after the burst, a ReplicaSet of 1 adopts each pod, then one re-placement round "
+                             "(gpushard replace --once) and the stranded pods after it")
     parser.add_argument("--sim-lag", type=int, default=12,
                         help="also run the trace through bench/stranding.py's model, views this many changes "
                              "behind (device plugin, no cordon; 0: not)")
