@@ -16,6 +16,8 @@ Printed per run, with its parameters:
 - time from the first create until the last bind, and the creation rate the clients reached;
 - admission p50/p99 as the API server measures it (``apiserver_admission_webhook_admission_duration_seconds``
   for enforce.gpushard.io: bucket bounds, so "<= 25 ms"), and the webhooks' own (``gpushard_admission_seconds``);
+  and each create's round trip as its client timed it (admission, the write and the answer: an upper
+  bound on admission, in milliseconds, where the API server's buckets jump from 25 to 100 ms);
 - the webhooks' worker RSS and the time from start until their view synced;
 - API server requests the webhooks made per admission (list and watch of the view, from the API server's
   audit log, which records the webhooks' ServiceAccount only);
@@ -246,11 +248,13 @@ def adopt(config: Path, sizes: list[int], clients: int, api: kubernetes.client.C
     return owned
 
 
-def create_burst(config: Path, sizes: list[int], clients: int) -> tuple[float, int]:
-    """Create every pod from ``clients`` threads, each with its own connection; (seconds, refused)."""
+def create_burst(config: Path, sizes: list[int], clients: int) -> tuple[float, int, list[float]]:
+    """Create every pod from ``clients`` threads, each with its own connection; (seconds, refused, each
+    create's round trip in seconds as its client saw it: admission, the write and the answer)."""
     work = list(enumerate(sizes))
     lock = threading.Lock()
     refused = [0]
+    took: list[float] = []
 
     def client() -> None:
         api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(config)))
@@ -259,18 +263,27 @@ def create_burst(config: Path, sizes: list[int], clients: int) -> tuple[float, i
                 if not work:
                     return
                 i, shares = work.pop()
+            started = time.perf_counter()
             try:
                 api.create_namespaced_pod(NAMESPACE, pod_body(i, shares))
             except kubernetes.client.ApiException:
                 with lock:
                     refused[0] += 1
+                continue
+            with lock:
+                took.append(time.perf_counter() - started)
     started = time.monotonic()
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return time.monotonic() - started, refused[0]
+    return time.monotonic() - started, refused[0], took
+
+
+def percentile_ms(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) if ordered else 0.0
 
 
 def replacement_round(config: Path, settings: Path, api: kubernetes.client.CoreV1Api) -> int:
@@ -470,7 +483,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
                        for p in ports]
         audit_before = (work / "audit.log").read_text().count("\n") if (work / "audit.log").exists() else 0
         t0 = time.monotonic()
-        create_seconds, refused = create_burst(plane.work / "admin.kubeconfig", sizes, clients)
+        create_seconds, refused, took = create_burst(plane.work / "admin.kubeconfig", sizes, clients)
         last_bind, state = wait_bound(admin, len(sizes) - refused, settle=20)
         replaced = {}
         if workloads:
@@ -510,6 +523,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
             "scheduled_s": round(last_bind - t0, 1), "pending": pending, "stranded": stranded(state, nodes, off),
             "api_p50": quantile_bound(api_b, api_a, 0.5), "api_p99": quantile_bound(api_b, api_a, 0.99),
             "own_p50": quantile_bound(own_b, own_a, 0.5), "own_p99": quantile_bound(own_b, own_a, 0.99),
+            "create_p50_ms": percentile_ms(took, 0.5), "create_p99_ms": percentile_ms(took, 0.99),
             "rss_mib": [round(rss_mib(w.proc.pid), 1) for w in webhooks], "view_synced_s": round(synced, 1),
             "webhook_requests": audit_total, "requests_during_burst": audit_lines,
             "requests_per_admission": round(audit_total / max(1, len(sizes)), 4),
@@ -573,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     keys = ["backend", "replicas", "partition", "cordoned_cards", "on_cordoned", "pods", "load_reached", "create_rate",
-            "scheduled_s", "pending", "stranded", "api_p50",
+            "scheduled_s", "pending", "stranded", "api_p50", "create_p50_ms", "create_p99_ms",
             "api_p99", "own_p50", "own_p99", "rss_mib", "view_synced_s", "requests_per_admission", "packing"]
     print(f"\n{args.nodes} nodes x {CARDS} cards, load {args.load} (of the cards not cordoned), {args.clients} "
           f"clients, seed {args.seed}, "
