@@ -34,7 +34,7 @@ COMMANDS = ("webhook.auditing", "webhook.reviewing", "webhook.installing", "webh
 # else reads plain JSON (webhook.core.objects) or goes through webhook.connecting.
 KUBERNETES_CLIENTS = {
     "webhook.connecting", "webhook.cluster.informing", "webhook.cluster.kube", "webhook.cluster.templates",
-    "webhook.cluster.deviceclasses",
+    "webhook.cluster.deviceclasses", "webhook.cluster.peers",
     "webhook.auditing", "webhook.cordoning",
     "webhook.installing", "webhook.top", "webhook.relocation.controller", "webhook.relocation.lease",
     "webhook.agent.authorizing", "webhook.agent.conflicting", "webhook.agent.cordonwatching",
