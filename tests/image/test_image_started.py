@@ -344,6 +344,10 @@ def volumes_for(pod_spec: dict, ctr: dict, base: Path, secrets: dict[str, dict[s
     return out
 
 
+# The downward API's pod fields the shipped pods read (the webhook's rank among its Service's pods).
+POD_FIELDS = {"metadata.name": "gpushard-webhook-check", "metadata.namespace": "gpushard-system"}
+
+
 def env_for(ctr: dict) -> dict[str, str]:
     env = {}
     for item in ctr.get("env", []):
@@ -351,6 +355,8 @@ def env_for(ctr: dict) -> dict[str, str]:
             env[item["name"]] = item["value"]
         elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "spec.nodeName":
             env[item["name"]] = NODE_NAME
+        elif item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") in POD_FIELDS:
+            env[item["name"]] = POD_FIELDS[item["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
             pytest.fail(f"gpushard: env {item['name']} comes from {item.get('valueFrom')}, which the check does "
                         "not emulate", pytrace=False)
