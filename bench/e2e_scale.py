@@ -217,25 +217,31 @@ def replica_set_body(i: int, shares: int) -> dict:
                      "template": {"metadata": {"labels": labels}, "spec": pod["spec"]}}}
 
 
-def adopt(config: Path, sizes: list[int], clients: int, api: kubernetes.client.CoreV1Api, timeout: float = 300) -> int:
-    """A ReplicaSet for every burst pod, which adopts it (the pods were made first, by the clients, at the burst's
-    pace); the pods adopted once adoption stops."""
+def in_parallel(config: Path, sizes: list[int], clients: int, one) -> None:
+    """``one(api_client, i, shares)`` for every burst pod, from ``clients`` threads, each with its own connection."""
     work = list(enumerate(sizes))
     lock = threading.Lock()
 
     def client() -> None:
-        apps = kubernetes.client.AppsV1Api(kubernetes.config.new_client_from_config(str(config)))
+        api_client = kubernetes.config.new_client_from_config(str(config))
         while True:
             with lock:
                 if not work:
                     return
                 i, shares = work.pop()
-            apps.create_namespaced_replica_set(NAMESPACE, replica_set_body(i, shares))
+            one(api_client, i, shares)
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+
+
+def adopt(config: Path, sizes: list[int], clients: int, api: kubernetes.client.CoreV1Api, timeout: float = 300) -> int:
+    """A ReplicaSet for every burst pod, which adopts it (the pods were made first, by the clients, at the burst's
+    pace); the pods adopted once adoption stops."""
+    in_parallel(config, sizes, clients, lambda api_client, i, shares: kubernetes.client.AppsV1Api(
+        api_client).create_namespaced_replica_set(NAMESPACE, replica_set_body(i, shares)))
     deadline, owned, last = time.monotonic() + timeout, -1, time.monotonic()
     while time.monotonic() < deadline:
         now_owned = sum(1 for p in api.list_namespaced_pod(NAMESPACE, _request_timeout=60).items
@@ -251,33 +257,22 @@ def adopt(config: Path, sizes: list[int], clients: int, api: kubernetes.client.C
 def create_burst(config: Path, sizes: list[int], clients: int) -> tuple[float, int, list[float]]:
     """Create every pod from ``clients`` threads, each with its own connection; (seconds, refused, each
     create's round trip in seconds as its client saw it: admission, the write and the answer)."""
-    work = list(enumerate(sizes))
     lock = threading.Lock()
     refused = [0]
     took: list[float] = []
 
-    def client() -> None:
-        api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(str(config)))
-        while True:
+    def one(api_client, i: int, shares: int) -> None:
+        started = time.perf_counter()
+        try:
+            kubernetes.client.CoreV1Api(api_client).create_namespaced_pod(NAMESPACE, pod_body(i, shares))
+        except kubernetes.client.ApiException:
             with lock:
-                if not work:
-                    return
-                i, shares = work.pop()
-            started = time.perf_counter()
-            try:
-                api.create_namespaced_pod(NAMESPACE, pod_body(i, shares))
-            except kubernetes.client.ApiException:
-                with lock:
-                    refused[0] += 1
-                continue
-            with lock:
-                took.append(time.perf_counter() - started)
+                refused[0] += 1
+            return
+        with lock:
+            took.append(time.perf_counter() - started)
     started = time.monotonic()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_parallel(config, sizes, clients, one)
     return time.monotonic() - started, refused[0], took
 
 
