@@ -15,6 +15,7 @@ before the next is fetched, with the cyclic garbage collector held off while a p
 
 from __future__ import annotations
 
+import abc
 import collections
 import contextlib
 import gc
@@ -72,21 +73,23 @@ class Sink(Protocol):
         until the next watch opens, or the next list replaces everything."""
 
 
-class ByName:
+class ByName(abc.ABC):
     """A sink that keeps each object it hears of, as ``read`` reduces it, under the object's name, and calls
     ``rebuild`` (with its lock held) after every change; ``listed`` once the first list is in. An object
-    ``read`` gives None for is not kept (or no longer)."""
+    ``read`` gives None for is not kept (or no longer). Subclasses say what to keep and what it makes."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_name: dict[str, object] = {}
         self.listed = False
 
+    @abc.abstractmethod
     def read(self, obj: dict) -> object | None:
-        raise NotImplementedError
+        """What to keep of one object; None: nothing."""
 
+    @abc.abstractmethod
     def rebuild(self) -> None:
-        raise NotImplementedError
+        """Make what the sink offers from ``self._by_name`` (called with the lock held)."""
 
     def reduce(self, resource: str, items, into: dict) -> dict:
         for obj in items:
@@ -115,10 +118,12 @@ class ByName:
             self.rebuild()
 
     def watch_opened(self, resource: str) -> None:
-        pass
+        """Nothing to do: a by-name sink takes every object afresh, and a list replaces all it held."""
+        return None
 
     def watch_closed(self, resource: str, gap: bool) -> None:
-        pass
+        """Nothing to do: after a gap the next watch replays what was missed (or, on 410, a list replaces it)."""
+        return None
 
 
 def _name(obj: object) -> str:
