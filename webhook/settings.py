@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from webhook.core import policy as policy_mod
+from webhook.core import runtimes
 
 VERSION = "v1"
 MAX_SHARES_PER_CARD = 1000
@@ -52,6 +53,9 @@ class Agent:
     # TokenReview, SubjectAccessReview and the node's pods, made while a scrape waits: well under
     # Prometheus's default scrape timeout of 10 s.
     metrics_request_timeout: float = 5.0
+    # Whether the node's container runtime applies CDI devices (backend dra needs it): "auto" reads it from the
+    # runtime version the Node reports (webhook.core.runtimes); "true" or "false" is the operator's word.
+    runtime_cdi: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -218,11 +222,18 @@ def _view(value: Any) -> View:
 
 def _agent(value: Any) -> Agent:
     data = _mapping("agent", value)
-    _check_keys("agent.", data, {"requestTimeout", "metricsRequestTimeout"})
+    _check_keys("agent.", data, {"requestTimeout", "metricsRequestTimeout", "runtimeCDI"})
     defaults = Agent()
+    runtime_cdi = data.get("runtimeCDI", defaults.runtime_cdi)
+    # YAML reads true and false as booleans; "auto" stays a string.
+    if isinstance(runtime_cdi, bool):
+        runtime_cdi = "true" if runtime_cdi else "false"
+    if runtime_cdi not in runtimes.DECLARED:
+        raise SettingsError(f"agent.runtimeCDI: must be auto, true or false, got {runtime_cdi!r}")
     return Agent(request_timeout=_seconds("agent.requestTimeout", data.get("requestTimeout", defaults.request_timeout)),
                  metrics_request_timeout=_seconds("agent.metricsRequestTimeout",
-                                                  data.get("metricsRequestTimeout", defaults.metrics_request_timeout)))
+                                                  data.get("metricsRequestTimeout", defaults.metrics_request_timeout)),
+                 runtime_cdi=runtime_cdi)
 
 
 def _replacement(value: Any) -> Replacement:

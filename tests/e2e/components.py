@@ -325,7 +325,7 @@ class ControlPlane:
 KUBELET_CONFIG = """\
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: {address}
 port: {port}
 readOnlyPort: 0
 healthzPort: 0
@@ -358,8 +358,12 @@ featureGates: {gates}
 class Kubelet:
     """A real kubelet on this machine, registered as ``NODE_NAME``, over an already running CRI runtime."""
 
-    def __init__(self, binary: str, cri: str, plane: ControlPlane, work: Path, gates: dict | None = None):
+    def __init__(self, binary: str, cri: str, plane: ControlPlane, work: Path, gates: dict | None = None,
+                 address: str = "127.0.0.1"):
         self.binary, self.cri, self.plane = binary, cri, plane
+        # The node's address, where it serves and where the API server reaches it (logs, exec): a loopback
+        # address is refused as the node's IP (the kubelet then reports none), which only matters to those.
+        self.address = address
         self.work = work
         self.root = work / "kubelet-root"
         self.process: Process | None = None
@@ -381,14 +385,14 @@ class Kubelet:
         self.root.mkdir(parents=True, exist_ok=True)
         DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
         cert, key = self.plane.pki.issue("kubelet-serving", NODE_NAME, dns=(NODE_NAME, "localhost"),
-                                         ips=("127.0.0.1",), server=True)
+                                         ips=tuple(dict.fromkeys(("127.0.0.1", self.address))), server=True)
         client = self.plane.user_config("kubelet", f"system:node:{NODE_NAME}", ("system:nodes",))
         config = self.work / "kubelet.yaml"
-        config.write_text(KUBELET_CONFIG.format(port=free_port(), cri=self.cri, ca=self.plane.pki.ca_path,
+        config.write_text(KUBELET_CONFIG.format(address=self.address, port=free_port(), cri=self.cri, ca=self.plane.pki.ca_path,
                                                 cert=cert, key=key, gates=json.dumps(self.gates)))
         self.process = Process("kubelet", [
             self.binary, f"--config={config}", f"--kubeconfig={client}", f"--root-dir={self.root}",
-            f"--hostname-override={NODE_NAME}", "--node-ip=127.0.0.1", f"--cert-dir={self.work / 'kubelet-certs'}",
+            f"--hostname-override={NODE_NAME}", f"--node-ip={self.address}", f"--cert-dir={self.work / 'kubelet-certs'}",
             "--v=2",
         ], self.work / "kubelet.log").start()
         kubectl = self.plane.kubectl

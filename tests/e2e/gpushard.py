@@ -129,6 +129,8 @@ class Agent:
         self.control = self.folder / "nvml"
         self.process: components.Process | None = None
         self.pod = ""
+        # Where the agent writes its per-claim CDI specs: a container runtime with CDI reads them there.
+        self.cdi_dir = self.folder / "cdi"
 
     def build_nvml(self) -> Path:
         lib = self.folder / "lib"
@@ -181,7 +183,7 @@ class Agent:
             f"--device-plugin-dir={components.DEVICE_PLUGIN_DIR}",
             f"--pod-resources-socket={self.kubelet.pod_resources_socket}",
             f"--kubelet-registry-dir={self.kubelet.registry_dir}", f"--kubelet-plugins-dir={self.kubelet.plugins_dir}",
-            f"--cdi-dir={self.folder / 'cdi'}", "--poll-interval=0.5",
+            f"--cdi-dir={self.cdi_dir}", "--poll-interval=0.5",
         ], self.work / "agent.log", env=env).start()
         self.wait_allocatable(expect or {"gpushard.io/card-0": "100", "gpushard.io/card-1": "100",
                                          "gpushard.io/gpu": "200"})

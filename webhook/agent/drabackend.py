@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import kubernetes
 
-from webhook.agent import cdi, drahealth, draplugin, draslices, health, isolation, nvml
+from webhook.agent import cdi, drahealth, draplugin, draslices, health, isolation, nvml, runtimechecking
 from webhook.core import asks as req
 from webhook.core import draobjects, names
 from webhook.core import policy as policy_mod
@@ -37,8 +37,14 @@ class DraBackend:
     def __init__(self, api: kubernetes.client.ApiClient, node: str, devices: nvml.Devices, cards: list[nvml.Card],
                  board: health.Board, policy: policy_mod.Policy, folders: Folders = Folders(),
                  mps_root: isolation.MpsRoot | None = None, poll: float = 1.0, timeout: float = 10.0,
-                 health_resend: float = drahealth.RESEND_S) -> None:
+                 health_resend: float = drahealth.RESEND_S,
+                 runtime: runtimechecking.Checker | None = None) -> None:
         self.node = node
+        # The node's container runtime must apply CDI devices, or a prepared claim's container starts without
+        # its card: while it does not (or is not read yet), the slice offers no card and no claim is prepared.
+        self.runtime = runtime
+        if runtime is not None:
+            runtime.on_change = self.changed
         self.cards = list(cards)
         self.board = board
         self.policy = policy
@@ -50,7 +56,8 @@ class DraBackend:
                                       draplugin.api_claim_reader(api, timeout),
                                       draplugin.Checkpoint(folders.checkpoint()),
                                       cdi_dir=folders.cdi, mode=policy.isolation, mps_root=mps_root,
-                                      read_pod=draplugin.api_pod_reader(api, timeout), pod_shares=self.pod_shares)
+                                      read_pod=draplugin.api_pod_reader(api, timeout), pod_shares=self.pod_shares,
+                                      refusal=self.refusal)
         self.health = drahealth.HealthServicer(board, self.device_health, resend=health_resend)
         self.plugin = draplugin.DraPlugin(preparer, folders.registry, folders.plugins, health=self.health)
         # Set by the agent: the cards an operator cordoned, which leave the slice as an unhealthy card does.
@@ -67,12 +74,20 @@ class DraBackend:
         is beta in 1.36, and a cluster may turn it off) the API server drops the taint and the cordon
         would hold nothing, where the scheduler alone picks the card. Claims prepared on it keep it
         (``present_cards``)."""
+        if self.refusal() is not None:
+            return []
         snapshot = self.board.snapshot()
         cordoned = self.cordoned()
         return [draobjects.CardFacts(c.index, c.uuid, c.model, c.memory_mib, self.policy.isolation,
                                      self.memory_limits)
                 for c in self.cards if snapshot.present.get(c.index) and snapshot.healthy.get(c.index)
                 and c.index not in cordoned]
+
+    def refusal(self) -> str | None:
+        """Why this node takes no new claim now, or None."""
+        if self.runtime is None or self.runtime.serves():
+            return None
+        return self.runtime.verdict.reason
 
     def device_health(self, snapshot: health.Snapshot) -> list[drahealth.DeviceState]:
         """Every card's health for the kubelet: those in the slice Healthy, and those that left it Unhealthy
@@ -90,6 +105,8 @@ class DraBackend:
     def start(self, threads: Callable[[str, object], None]) -> None:
         """Serve the plugin, then run the slice publisher and the socket keeper on ``threads(name, target)``."""
         self.plugin.start()
+        if self.runtime is not None:
+            threads("gpushard-dra-runtime", self.runtime.run)
         threads("gpushard-dra-slices", self.slices.run)
         threads("gpushard-dra-plugin", lambda stop: self.plugin.run(stop, self.poll))
 

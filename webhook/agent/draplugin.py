@@ -134,9 +134,12 @@ class Preparer:
                  read_claim: Callable[[str, str], dict], checkpoint: Checkpoint, cdi_dir: str = cdi.DEFAULT_DIR,
                  mode: str = "none", mps_root: isolation.MpsRoot | None = None,
                  driver: str = names.DRA_DRIVER, read_pod: Callable[[str, str], dict] | None = None,
-                 pod_shares: Callable[[dict], int] | None = None) -> None:
+                 pod_shares: Callable[[dict], int] | None = None,
+                 refusal: Callable[[], str | None] | None = None) -> None:
         self.node = node
         self.cards = cards
+        # Why no new claim may be prepared on this node now (its runtime applies no CDI device), or None.
+        self.refusal = refusal
         self.shares_per_card = shares_per_card
         self.read_claim = read_claim
         self.checkpoint = checkpoint
@@ -158,6 +161,10 @@ class Preparer:
                 # Prepared before (a restarted kubelet asks again): the same answer, from the checkpoint.
                 return done
             named = f"{namespace}/{name}"
+            refused = self.refusal() if self.refusal is not None else None
+            if refused:
+                # The container would start without its card: the kubelet puts this in the pod's events instead.
+                raise PrepareError(f"gpushard: claim {named} cannot be prepared on node {self.node!r}: {refused}")
             try:
                 claim = self.read_claim(namespace, name)
             except kubernetes.client.exceptions.ApiException as exc:

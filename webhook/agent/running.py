@@ -27,6 +27,7 @@ from webhook.agent import (
     nvml,
     podresources,
     publishing,
+    runtimechecking,
 )
 from webhook.core import policy as policy_mod
 
@@ -92,6 +93,9 @@ class Agent:
         self.dra = dra(self) if dra is not None else None
         if self.dra is not None:
             self.dra.cordoned = self.cordoned
+            if self.dra.runtime is not None:
+                # A new verdict on the runtime changes the slice and the Node's inventory.
+                self.dra.runtime.on_change = self._changed
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -132,6 +136,9 @@ class Agent:
         if self.conflicts is not None:
             for index, found in self.conflicts.card_details().items():
                 per_card.setdefault(index, {}).update(found)
+        refused = self.dra.runtime.card_details() if self.dra is not None and self.dra.runtime is not None else {}
+        for card in self.cards:
+            per_card[card.index].update(refused)
         return {"cards": per_card, "excluded": list(self.excluded)}
 
     def _thread(self, name: str, target, *args) -> None:
@@ -258,8 +265,10 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
             cdi=getattr(args, "cdi_dir", None) or drabackend.Folders.cdi)
 
         def dra(agent):
+            runtime = runtimechecking.Checker(api, node_name, settings.agent.runtime_cdi, timeout=timeout)
             return drabackend.DraBackend(api, node_name, agent.devices, agent.cards, agent.board, agent.policy,
-                                         folders, agent.mps_root, poll=args.poll_interval, timeout=timeout)
+                                         folders, agent.mps_root, poll=args.poll_interval, timeout=timeout,
+                                         runtime=runtime)
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
                   mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra,
                   conflicts=conflicts, cordons=cordons,

@@ -1,0 +1,181 @@
+"""What a container sees, read from inside it: its GPU variables, its NVIDIA device nodes, its device-list mounts.
+
+Every container the tier starts runs one script that prints those three and then waits; the tests read it
+back with ``kubectl logs`` (or run it again with ``kubectl exec``). Only that proves what the runtime applied:
+the pod spec says what was asked, the container says what was done.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import yaml
+
+from tests.e2e import components, gpushard, objects
+from tests.runtime import images, node
+
+# Device nodes by number (hex, as stat prints them), so that card k is told by its minor number.
+REPORT = ("echo @env; env; echo @dev; for f in /dev/nvidia*; do [ -e \"$f\" ] && echo \"$f $(stat -c '%t %T' "
+          "\"$f\")\"; done; echo @lists; ls -1 /var/run/nvidia-container-devices 2>/dev/null; echo @end")
+STANDIN = "gpushard-agent-host"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One container's view: its environment, its /dev/nvidia* nodes (name: (major, minor)), its device-list mounts."""
+
+    env: dict = field(default_factory=dict)
+    devices: dict = field(default_factory=dict)
+    lists: tuple = ()
+
+    @property
+    def visible(self) -> str | None:
+        return self.env.get("NVIDIA_VISIBLE_DEVICES")
+
+    def cards(self) -> set[int]:
+        """The cards whose device node the container has (nvidia<k>, NVIDIA's major, minor k)."""
+        return {minor for name, (major, minor) in self.devices.items()
+                if major == node.NVIDIA_MAJOR and minor != node.CTL_MINOR and name.startswith("/dev/nvidia")
+                and name[len("/dev/nvidia"):].isdigit()}
+
+    def no_card(self) -> bool:
+        """Nothing of a card: no device node, no device-list mount, and a variable that names none."""
+        return not self.devices and not self.lists and self.visible in ("void", None)
+
+
+def parse(text: str) -> Seen | None:
+    """The report's sections, or None while the container has not printed all of it yet."""
+    if "@end" not in text:
+        return None
+    section, env, devices, lists = "", {}, {}, []
+    for line in text.splitlines():
+        if line.startswith("@"):
+            section = line[1:]
+            continue
+        if section == "env" and "=" in line:
+            key, _, value = line.partition("=")
+            env[key] = value
+        elif section == "dev" and line.strip():
+            name, major, minor = line.split()
+            devices[name] = (int(major, 16), int(minor, 16))
+        elif section == "lists" and line.strip():
+            lists.append(line.strip())
+    return Seen(env, devices, tuple(sorted(lists)))
+
+
+def container(name: str = "main", gpu: str | None = None, resource: str = "nvidia.com/gpu", env: dict | None = None,
+              keep: bool = True, sidecar: bool = False) -> dict:
+    """A container of the tier's image that reports what it sees (and then waits, unless ``keep`` is off)."""
+    c = objects.container(name, gpu, resource, env, image=images.WORKLOAD)
+    c["command"] = ["/bin/sh", "-c", REPORT + ("; exec sleep 100000" if keep else "")]
+    c["imagePullPolicy"] = "Never"  # never a registry: the image was imported
+    if sidecar:
+        c["restartPolicy"] = "Always"
+    return c
+
+
+def pod(name: str, *containers: dict, init: list[dict] | None = None, **spec) -> str:
+    manifest = json.loads(objects.pod(name, *containers, **spec))
+    if init:
+        manifest["spec"]["initContainers"] = init
+    return json.dumps(manifest)
+
+
+def running(kubectl: components.Kubectl, namespace: str, name: str, timeout: float = 120, explain=None) -> dict:
+    def check():
+        p = kubectl.json("get", "pod", name, "-n", namespace)
+        statuses = p["status"].get("containerStatuses") or []
+        return p if statuses and all(s.get("state", {}).get("running") for s in statuses) else None
+
+    def why():
+        text = kubectl.run("describe", "pod", name, "-n", namespace, check=False).stdout[-3000:]
+        return text + ("\n" + explain() if explain else "")
+    return components.wait_for(f"pod {namespace}/{name} running", check, timeout=timeout, explain=why)
+
+
+def seen(kubectl: components.Kubectl, namespace: str, pod_name: str, container_name: str = "main",
+         timeout: float = 60) -> Seen:
+    """What the container printed of its view (its log)."""
+    return components.wait_for(
+        f"the report of {pod_name}/{container_name}", lambda: parse(kubectl.run(
+            "logs", pod_name, "-c", container_name, "-n", namespace, check=False).stdout), timeout=timeout)
+
+
+def seen_now(kubectl: components.Kubectl, namespace: str, pod_name: str, container_name: str = "main") -> Seen:
+    """What the container sees now, by running the report in it again (kubectl exec)."""
+    done = kubectl.run("exec", pod_name, "-c", container_name, "-n", namespace, "--", "/bin/sh", "-c", REPORT)
+    found = parse(done.stdout)
+    assert found is not None, done.stdout + done.stderr
+    return found
+
+
+def card_of(kubectl: components.Kubectl, namespace: str, pod_name: str) -> int:
+    return int(kubectl.json("get", "pod", pod_name, "-n", namespace)["metadata"]["annotations"]["gpushard.io/card"])
+
+
+def per_card(cards: int, shares: int = 100) -> dict:
+    want = {f"gpushard.io/card-{k}": str(shares) for k in range(cards)}
+    want["gpushard.io/gpu"] = str(shares * cards)
+    return want
+
+
+def configure(kubectl: components.Kubectl, **changes) -> dict:
+    """Change keys of the shipped ConfigMap's config.yaml (as an operator edits it); the config before."""
+    configmap = kubectl.json("get", "configmap", "gpushard-config", "-n", gpushard.SYSTEM)
+    before = yaml.safe_load(configmap["data"]["config.yaml"])
+    after = dict(before)
+    for key, value in changes.items():
+        if value is None:
+            after.pop(key, None)
+        else:
+            after[key] = value
+    set_config(kubectl, after)
+    return before
+
+
+def set_config(kubectl: components.Kubectl, config: dict) -> None:
+    patch = {"data": {"config.yaml": yaml.safe_dump(config, sort_keys=False)}}
+    kubectl.run("patch", "configmap", "gpushard-config", "-n", gpushard.SYSTEM, "--type=merge", "-p",
+                json.dumps(patch))
+
+
+def delete_all_pods(kubectl: components.Kubectl, runtime: node.Containerd | None = None, timeout: float = 60) -> None:
+    """Every pod deleted, so that the kubelet stops their containers and frees their networks its own way."""
+    kubectl.run("delete", "pods", "--all", "-A", "--grace-period=0", "--force", "--wait=false", check=False,
+                timeout=60)
+    if runtime is None:
+        time.sleep(5)
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and runtime.ctr_run("containers", "list", "-q").stdout.split():
+        time.sleep(1)
+
+
+class HostAgent(gpushard.Agent):
+    """`gpushard agent` on the host, as the node tier runs it, over four fake cards; its CDI specs go where the
+    runtime reads them. Its token is bound to a pod of its ServiceAccount on the node (as its DaemonSet's pod
+    would have it, so the own-node policy reads the node's name in it); that pod only holds the binding."""
+
+    def __init__(self, plane: components.ControlPlane, kubelet: components.Kubelet, work, runtime: node.Containerd):
+        super().__init__(plane, kubelet, work)
+        self.cdi_dir = runtime.cdi_dynamic
+
+    def start(self, expect: dict | None = None) -> HostAgent:
+        if not (self.folder / "lib").exists():
+            self.build_nvml()
+            self.put("cards", str(node.CARDS))
+        super().start(expect or per_card(node.CARDS))
+        return self
+
+    def daemonset_pod(self) -> str:
+        kubectl = self.plane.kubectl
+        kubectl.apply(json.dumps({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": STANDIN, "namespace": gpushard.SYSTEM},
+            "spec": {"serviceAccountName": "gpushard-agent", "nodeName": components.NODE_NAME,
+                     "terminationGracePeriodSeconds": 0, "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "hold", "image": images.WORKLOAD, "imagePullPolicy": "Never",
+                                     "command": ["/bin/sh", "-c", "exec sleep 100000"]}]}}))
+        return STANDIN
