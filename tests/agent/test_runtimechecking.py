@@ -16,7 +16,7 @@ import pytest
 
 from tests.agent import drakubelet, draworld, fakekubelet
 from tests.agent.test_drabackend import CARDS, NODE, eventually, slice_devices
-from webhook.agent import drabackend, nvml, publishing, runtimechecking, running
+from webhook.agent import drabackend, nvml, publishing, running, runtimechecking
 from webhook.core import names
 from webhook.core import policy as policy_mod
 

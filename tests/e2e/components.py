@@ -388,12 +388,13 @@ class Kubelet:
                                          ips=tuple(dict.fromkeys(("127.0.0.1", self.address))), server=True)
         client = self.plane.user_config("kubelet", f"system:node:{NODE_NAME}", ("system:nodes",))
         config = self.work / "kubelet.yaml"
-        config.write_text(KUBELET_CONFIG.format(address=self.address, port=free_port(), cri=self.cri, ca=self.plane.pki.ca_path,
-                                                cert=cert, key=key, gates=json.dumps(self.gates)))
+        config.write_text(KUBELET_CONFIG.format(address=self.address, port=free_port(), cri=self.cri,
+                                                ca=self.plane.pki.ca_path, cert=cert, key=key,
+                                                gates=json.dumps(self.gates)))
         self.process = Process("kubelet", [
             self.binary, f"--config={config}", f"--kubeconfig={client}", f"--root-dir={self.root}",
-            f"--hostname-override={NODE_NAME}", f"--node-ip={self.address}", f"--cert-dir={self.work / 'kubelet-certs'}",
-            "--v=2",
+            f"--hostname-override={NODE_NAME}", f"--node-ip={self.address}",
+            f"--cert-dir={self.work / 'kubelet-certs'}", "--v=2",
         ], self.work / "kubelet.log").start()
         kubectl = self.plane.kubectl
         wait_for(f"node {NODE_NAME} Ready", lambda: self.ready(kubectl), timeout=90, explain=self.process.tail)
