@@ -90,11 +90,13 @@ class Webhook:
     def point_configuration(self) -> None:
         point_configuration(self.plane, self.url)
 
-    def apply(self, kustomization: Path, *args: str) -> subprocess.CompletedProcess:
+    def apply(self, kustomization: Path, *args: str, leave: frozenset = frozenset()) -> subprocess.CompletedProcess:
         """`kubectl apply -k` of a kustomization once the webhook runs here: its configuration keeps calling
-        this process (on a cluster it calls the Service; a loopback URL is this tier's only change)."""
+        this process (on a cluster it calls the Service; a loopback URL is this tier's only change). ``leave``:
+        (kind, name) of objects not applied (they stay as they are)."""
         kubectl = self.plane.kubectl
-        documents = list(yaml.safe_load_all(kubectl.run("kustomize", str(kustomization)).stdout))
+        documents = [d for d in yaml.safe_load_all(kubectl.run("kustomize", str(kustomization)).stdout)
+                     if d and (d["kind"], d["metadata"]["name"]) not in leave]
         for document in documents:
             if document and document["kind"] == "MutatingWebhookConfiguration":
                 for hook in document["webhooks"]:

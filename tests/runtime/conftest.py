@@ -117,15 +117,8 @@ def runtime(work, cards):
 
 @pytest.fixture(scope="session")
 def quiet(kubectl, installed):
-    """The shipped workloads whose image this tier does not import, stopped before the node joins: the webhook
-    runs on this machine (tests/e2e/gpushard.py), and a pod of them on the node would make the runtime ask a
-    registry for gpushard's image."""
-    system = "gpushard-system"
-    kubectl.run("scale", "deployment", "gpushard-webhook", "gpushard-replacer", "-n", system, "--replicas=0")
-    kubectl.run("patch", "cronjob", "gpushard-certs-renew", "-n", system, "-p", '{"spec": {"suspend": true}}')
-    kubectl.run("delete", "job", "gpushard-certs", "-n", system, "--cascade=foreground", "--wait=true")
-    components.wait_for("no pod of gpushard's own workloads", lambda: not kubectl.json(
-        "get", "pods", "-n", system)["items"], timeout=60)
+    """The shipped workloads whose image this tier does not import, stopped before the node joins (seeing.quiet)."""
+    seeing.quiet(kubectl)
 
 
 @pytest.fixture(scope="session")

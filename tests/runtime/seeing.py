@@ -20,6 +20,10 @@ from tests.runtime import images, node
 REPORT = ("echo @env; env; echo @dev; for f in /dev/nvidia*; do [ -e \"$f\" ] && echo \"$f $(stat -c '%t %T' "
           "\"$f\")\"; done; echo @lists; ls -1 /var/run/nvidia-container-devices 2>/dev/null; echo @end")
 STANDIN = "gpushard-agent-host"
+# The shipped workloads that run gpushard's image, which this tier does not import: the webhook runs on this
+# machine (tests/e2e/gpushard.py), and a pod of them on the node would make the runtime ask a registry for it.
+IMAGE_WORKLOADS = frozenset({("Deployment", "gpushard-webhook"), ("Deployment", "gpushard-replacer"),
+                             ("Job", "gpushard-certs"), ("CronJob", "gpushard-certs-renew")})
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,18 @@ def delete_all_pods(kubectl: components.Kubectl, runtime: node.Containerd | None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and runtime.ctr_run("containers", "list", "-q").stdout.split():
         time.sleep(1)
+
+
+def quiet(kubectl: components.Kubectl) -> None:
+    """Stop IMAGE_WORKLOADS: no pod of theirs is left, and none is made again (apply overlays with ``leave``)."""
+    system = gpushard.SYSTEM
+    kubectl.run("scale", "deployment", "gpushard-webhook", "gpushard-replacer", "-n", system, "--replicas=0")
+    kubectl.run("patch", "cronjob", "gpushard-certs-renew", "-n", system, "-p", '{"spec": {"suspend": true}}')
+    kubectl.run("delete", "job", "gpushard-certs", "-n", system, "--cascade=foreground", "--wait=true",
+                "--ignore-not-found")
+    components.wait_for("no pod of gpushard's own workloads", lambda: not [
+        p for p in kubectl.json("get", "pods", "-n", system)["items"] if p["metadata"]["name"] != STANDIN],
+        timeout=60)
 
 
 class HostAgent(gpushard.Agent):
