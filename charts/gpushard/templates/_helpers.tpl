@@ -72,14 +72,13 @@ app.kubernetes.io/component: {{ . }}
 {{- end -}}
 {{- end -}}
 
-{{/* imagePullSecrets of a pod spec, or nothing. */}}
+{{/* imagePullSecrets of a pod spec, or nothing. Called with a dict: ctx, indent (of the pod spec's keys). */}}
 {{- define "gpushard.pullSecrets" -}}
-{{- with .Values.image.pullSecrets }}
-imagePullSecrets:
-{{- range . }}
-- name: {{ . }}
-{{- end }}
-{{- end }}
+{{- with .ctx.Values.image.pullSecrets -}}
+{{- $secrets := list -}}
+{{- range . }}{{ $secrets = append $secrets (dict "name" .) }}{{ end -}}
+{{- dict "imagePullSecrets" $secrets | toYaml | nindent $.indent -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The Secret that holds the webhook's serving certificate (tls.crt, tls.key and, but for certs.mode secret, ca.crt). */}}
