@@ -59,7 +59,7 @@ def run(*args: str, values: dict | None = None, check: bool = True) -> subproces
     return done
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _template(values_json: str, namespace: str) -> str:
     return run("template", RELEASE, str(CHART), "--namespace", namespace,
                values=json.loads(values_json)).stdout

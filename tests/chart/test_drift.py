@@ -116,8 +116,7 @@ def test_chart_renders_the_kustomization(folder):
 
 
 def test_the_dashboard_is_the_monitoring_overlays():
-    copy_ = helm.CHART / "files" / "dashboard.json"
-    original = DEPLOY / "overlays" / "monitoring" / "dashboard.json"
-    assert copy_.read_bytes() == original.read_bytes(), (
-        f"{copy_.relative_to(helm.ROOT)} differs from {original.relative_to(helm.ROOT)}: copy it over (cp {original.relative_to(helm.ROOT)} "
-        f"{copy_.relative_to(helm.ROOT)})")
+    copied = (helm.CHART / "files" / "dashboard.json").relative_to(helm.ROOT)
+    original = (DEPLOY / "overlays" / "monitoring" / "dashboard.json").relative_to(helm.ROOT)
+    assert (helm.ROOT / copied).read_bytes() == (helm.ROOT / original).read_bytes(), (
+        f"{copied} differs from {original}: copy it over (cp {original} {copied})")
