@@ -24,17 +24,32 @@ NAMESPACE = "gpushard-system"
 RELEASE = "gpushard"
 
 
-def binary() -> str:
-    """The helm to run; skips (fails under CI=true) when there is none."""
+def _path() -> Path:
     explicit = os.environ.get("GPUSHARD_HELM")
-    path = Path(explicit) if explicit else ROOT / ".venv" / "bin" / "helm"
+    return Path(explicit) if explicit else ROOT / ".venv" / "bin" / "helm"
+
+
+def _missing() -> str | None:
+    path = _path()
     if path.is_file() and os.access(path, os.X_OK):
-        return str(path)
-    message = (f"helm is not at {path}: make {path.relative_to(ROOT) if not explicit else 'test'} installs it "
-               "(or set GPUSHARD_HELM)")
-    if os.environ.get("CI") == "true":
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+        return None
+    return f"helm is not at {path}: `make .venv/bin/helm` installs it (or set GPUSHARD_HELM)"
+
+
+def binary() -> str:
+    """The helm to run; fails when there is none (modules call skip_module_without_helm first)."""
+    missing = _missing()
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    return str(_path())
+
+
+def skip_module_without_helm() -> None:
+    """Outside CI, a module that needs helm is skipped, with one line, when there is none; under CI=true it
+    runs, and each of its tests fails (binary)."""
+    missing = _missing()
+    if missing and os.environ.get("CI") != "true":
+        pytest.skip(missing, allow_module_level=True)
 
 
 def kubectl() -> str | None:

@@ -30,6 +30,9 @@ import webhook
 from tests.admission import objects
 from tests.chart import helm
 
+helm.skip_module_without_helm()
+pytestmark = pytest.mark.usefixtures("helm_binary")
+
 EVERYTHING = yaml.safe_load((helm.ROOT / "tests/chart/values/good/everything.yaml").read_text())
 
 

@@ -26,40 +26,21 @@ from __future__ import annotations
 
 import copy
 import difflib
-import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.chart import helm
-from tests.deploy import rendering
+from tests.chart.kustomizations import DEPLOY, VALUES, kustomize
 from webhook import settings
 
-DEPLOY = helm.ROOT / "deploy"
-# The values that render each kustomization.
-VALUES: dict[str, dict] = {
-    "base": {},
-    "overlays/audit-only": {"mode": "audit-only"},
-    "overlays/cert-manager": {"certs": {"mode": "cert-manager"}},
-    "overlays/dra": {"backend": "dra", "config": {"replacement": {"enabled": False}}},
-    "overlays/isolation-mps": {"isolation": "mps"},
-    "overlays/monitoring": {"monitoring": {"enabled": True}},
-    "overlays/network-policy": {"networkPolicy": {"enabled": True}},
-}
+helm.skip_module_without_helm()
+pytestmark = pytest.mark.usefixtures("helm_binary")
+
 HELM_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version",
                "helm.sh/chart")
 HELM_ANNOTATIONS = ("helm.sh/resource-policy",)
 CONFIG = ("", "ConfigMap", helm.NAMESPACE, "gpushard-config")
-
-
-def kustomize(folder: Path) -> list[dict]:
-    kubectl = helm.kubectl()
-    if kubectl is None:
-        return rendering.render(folder)
-    done = subprocess.run([kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"kubectl kustomize {folder}: {done.stderr}"
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 def read_config(obj: dict) -> dict:

@@ -23,6 +23,9 @@ from tests.chart import helm
 from webhook import settings
 from webhook.core import policy
 
+helm.skip_module_without_helm()
+pytestmark = pytest.mark.usefixtures("helm_binary")
+
 VALUES = Path(__file__).parent / "values"
 SCHEMA = json.loads((helm.CHART / "values.schema.json").read_text())
 GOOD = sorted((VALUES / "good").glob("*.yaml"))

@@ -7,7 +7,7 @@ helm's pkg/release/v1/util/kind_sorter.go (the same at tag v4.2.4, 3900f434fd3e,
 name (lessByKind). INSTALL_ORDER, from the same file, is checked against the pinned binary itself, whose
 `helm template` prints objects in it; so the file and the binary agree.
 
-We test, for the chart with the values of every kustomization (tests/chart/test_drift.py):
+We test, for the chart with the values of every kustomization (tests/chart/kustomizations.py):
 - the binary sorts the rendered objects as INSTALL_ORDER says;
 - in UNINSTALL_ORDER the MutatingWebhookConfiguration (failurePolicy Fail) goes before every other object,
   the webhook's Service and Deployment included, so no pod is refused for want of a webhook;
@@ -27,7 +27,10 @@ import shlex
 import pytest
 
 from tests.chart import helm
-from tests.chart.test_drift import DEPLOY, VALUES, kustomize
+from tests.chart.kustomizations import DEPLOY, VALUES, kustomize
+
+helm.skip_module_without_helm()
+pytestmark = pytest.mark.usefixtures("helm_binary")
 
 INSTALL_ORDER = [
     "PriorityClass", "Namespace", "NetworkPolicy", "ResourceQuota", "LimitRange", "PodSecurityPolicy",
