@@ -11,7 +11,8 @@ We test:
 - certs.mode secret puts the CA into both webhooks' caBundle and the Secret into the webhook's volume, and
   makes neither the Job nor cert-manager's objects; certs.mode cert-manager annotates the webhook
   configuration for the CA injector;
-- commonLabels and podLabels never reach a selector; the image digest replaces the tag;
+- commonLabels and podLabels never reach a selector; the image digest replaces the tag; IPv6 pod
+  ranges get an ipBlock of their own under ::/0;
 - the helm test pod's script, run as the pod runs it against a real `gpushard serve` over TLS with the
   CA, passes for /mutate and /audit, and fails (exit 1, a `gpushard:` line) with a CA that did not sign
   the server's certificate; with the NetworkPolicy on it comes from its node's address.
@@ -98,6 +99,12 @@ def test_certs_from_cert_manager():
     assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "gpu-system/gpushard-serving"
     assert find(rendered, "Certificate", "gpushard-serving")["spec"]["dnsNames"][0] == "gpushard.gpu-system.svc"
     assert not kinds(rendered) & {"Job", "CronJob"}
+
+
+def test_ipv6_pod_ranges_go_under_their_own_block():
+    policy = find(helm.template(EVERYTHING), "NetworkPolicy", "gpushard-webhook")
+    assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/14"]}},
+                                                    {"ipBlock": {"cidr": "::/0", "except": ["fd00::/48"]}}]
 
 
 def test_values_labels_never_reach_selectors_and_digest_wins():
