@@ -44,7 +44,7 @@ e2e: $(STAMP)
 		if [ $$rc = 5 ]; then exit 0; fi; exit $$rc
 
 lint: $(STAMP)
-	$(PY) -m ruff check webhook tests bench examples docs
+	$(PY) -m ruff check webhook tests bench examples docs charts .ci
 
 bench: $(STAMP)
 	@for b in bench/*.py; do [ $$b = bench/e2e_scale.py ] && continue; echo "== $$b"; $(PY) $$b || exit 1; done
