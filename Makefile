@@ -52,6 +52,13 @@ e2e: $(STAMP)
 	if [ -z "$${GPUSHARD_E2E_CONTAINERD:-}" ]; then \
 		echo "gpushard runtime tier: not run: set GPUSHARD_E2E_CONTAINERD (a containerd binary, or several separated by ':')"; \
 	fi
+	@# deploy/base as real pods from gpushard's image (GPUSHARD_E2E_IMAGE: make image-archive), on the last containerd named.
+	@if [ -n "$${GPUSHARD_E2E_CONTAINERD:-}" ] && [ -n "$${GPUSHARD_E2E_IMAGE:-}" ]; then \
+		GPUSHARD_E2E_CONTAINERD=$${GPUSHARD_E2E_CONTAINERD##*:} $(PY) -m pytest -p no:cacheprovider -m e2e \
+			--timeout 900 tests/runtime_install $(E2E_ARGS); \
+	else \
+		echo "gpushard shipped-install tier: not run: set GPUSHARD_E2E_CONTAINERD and GPUSHARD_E2E_IMAGE (make image-archive)"; \
+	fi
 
 lint: $(STAMP)
 	$(PY) -m ruff check webhook tests bench examples docs charts .ci
@@ -164,6 +171,14 @@ CHECK_BASE ?= localhost/gpushard-base:bookworm
 image-check: wheelhouse
 	CHECK_IMAGE=$(CHECK_IMAGE) CHECK_BASE=$(CHECK_BASE) WHEELHOUSE=$(WHEELHOUSE_DIR) PY=$(PY) \
 		bash tests/image/check.sh
+
+# The image make image-check built, as an OCI archive that a container runtime imports (the shipped-install
+# tier of make e2e takes it as GPUSHARD_E2E_IMAGE).
+IMAGE_ARCHIVE ?= build/gpushard-image.tar
+.PHONY: image-archive
+image-archive: image-check
+	podman save --format oci-archive -o $(IMAGE_ARCHIVE) $(CHECK_IMAGE)
+	@echo "gpushard: $(CHECK_IMAGE) saved as $(IMAGE_ARCHIVE) (GPUSHARD_E2E_IMAGE=$(CURDIR)/$(IMAGE_ARCHIVE))"
 # --- end of the container image -------------------------------------------------------------
 
 # Every gpu-marked test, as one command on a machine with a GPU. With wheels in .whl/ (make gpu-wheels,

@@ -213,8 +213,11 @@ class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager and kube-scheduler from ``assets``, on loopback."""
 
     def __init__(self, assets: Path, work: Path, node_lifecycle: bool = True, apiserver_flags: list[str] = (),
-                 score_all_nodes: bool = False):
+                 score_all_nodes: bool = False, address: str = "127.0.0.1"):
         self.assets, self.work = assets, work
+        # Where the API server serves: loopback, or an address pods reach (the runtime tier's bridge), for
+        # gpushard's own pods to talk to it.
+        self.address = address
         self.node_lifecycle = node_lifecycle
         self.apiserver_flags = list(apiserver_flags)
         # docs/install.md's advice for clusters past 100 nodes: kube-scheduler scores every feasible node.
@@ -222,7 +225,7 @@ class ControlPlane:
         self.processes: list[Process] = []
         self.pki = Pki(work / "pki")
         self.port = free_port()
-        self.server = f"https://127.0.0.1:{self.port}"
+        self.server = f"https://{address}:{self.port}"
         self.kubectl: Kubectl | None = None
 
     def binary(self, name: str) -> str:
@@ -258,13 +261,15 @@ class ControlPlane:
         wait_for("etcd", lambda: urllib.request.urlopen(f"http://127.0.0.1:{etcd_port}/health", timeout=2).status
                  == 200, timeout=30, explain=etcd.tail)
         serving = self.pki.issue("apiserver", "kube-apiserver", dns=("kubernetes", "kubernetes.default.svc",
-                                                                        "localhost"), ips=("127.0.0.1",), server=True)
+                                                                        "localhost"),
+                                  # 10.0.0.1: the kubernetes Service's address, which pods are told to use.
+                                  ips=tuple(dict.fromkeys(("127.0.0.1", self.address, "10.0.0.1"))), server=True)
         sa_key, sa_pub = self.pki.service_account_keys()
         kubelet_client = self.pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
                                         ("system:masters",))
         apiserver = self._start("kube-apiserver", [
             self.binary("kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={self.port}",
+            f"--bind-address={self.address}", f"--advertise-address={self.address}", f"--secure-port={self.port}",
             f"--tls-cert-file={serving[0]}", f"--tls-private-key-file={serving[1]}",
             f"--client-ca-file={self.pki.ca_path}",
             # Aggregation is unused; naming its CA keeps every component from logging its absence.
@@ -359,13 +364,15 @@ class Kubelet:
     """A real kubelet on this machine, registered as ``NODE_NAME``, over an already running CRI runtime."""
 
     def __init__(self, binary: str, cri: str, plane: ControlPlane, work: Path, gates: dict | None = None,
-                 address: str = "127.0.0.1"):
+                 address: str = "127.0.0.1", root: Path | None = None):
         self.binary, self.cri, self.plane = binary, cri, plane
         # The node's address, where it serves and where the API server reaches it (logs, exec): a loopback
         # address is refused as the node's IP (the kubelet then reports none), which only matters to those.
         self.address = address
         self.work = work
-        self.root = work / "kubelet-root"
+        # The kubelet's --root-dir: the run's folder, or /var/lib/kubelet where pods mount its folders by their
+        # usual host paths (the agent's DaemonSet mounts pod-resources/ from there).
+        self.root = root or work / "kubelet-root"
         self.process: Process | None = None
         self.gates = gates or {}
 

@@ -220,20 +220,10 @@ class Containerd:
             return CONFIG_V3.format(cdi_dirs=dirs, **common)
         return CONFIG_V2.format(**common)
 
-    def _bridge(self) -> None:
-        """The bridge, made before the kubelet starts (which serves on its address); the CNI plugin adopts it."""
-        prefix = ipaddress.ip_network(POD_SUBNET).prefixlen
-        for argv in (["ip", "link", "add", BRIDGE, "type", "bridge"],
-                     ["ip", "addr", "replace", f"{NODE_IP}/{prefix}", "dev", BRIDGE],
-                     ["ip", "link", "set", BRIDGE, "up"]):
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-            if done.returncode and "File exists" not in done.stderr:
-                raise AssertionError(f"gpushard e2e: {' '.join(argv)}: {done.stderr}")
-
     def start(self) -> Containerd:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.cdi_dynamic.mkdir(exist_ok=True)
-        self._bridge()
+        make_bridge()
         self._cni()
         config = self.folder / "config.toml"
         config.write_text(self.config())
@@ -276,7 +266,7 @@ class Containerd:
             self.process.stop()
         self._kill_shims()
         self._unmount()
-        subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, timeout=30)
+        remove_bridge()
 
     def _kill_shims(self) -> None:
         # A shim outlives containerd by design; ours name our socket on their command line.
@@ -299,6 +289,46 @@ class Containerd:
 
     def tail(self, lines: int = 40) -> str:
         return self.process.tail(lines) if self.process else ""
+
+
+def make_bridge() -> None:
+    """The bridge with the node's address, made before the kubelet (which serves there) and the CNI plugin (which
+    adopts it)."""
+    prefix = ipaddress.ip_network(POD_SUBNET).prefixlen
+    for argv in (["ip", "link", "add", BRIDGE, "type", "bridge"],
+                 ["ip", "addr", "replace", f"{NODE_IP}/{prefix}", "dev", BRIDGE],
+                 ["ip", "link", "set", BRIDGE, "up"]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        if done.returncode and "File exists" not in done.stderr:
+            raise AssertionError(f"gpushard e2e: {' '.join(argv)}: {done.stderr}")
+
+
+def remove_bridge() -> None:
+    subprocess.run(["ip", "link", "delete", BRIDGE], capture_output=True, timeout=30)
+
+
+class ServiceRoute:
+    """What kube-proxy does for one Service address, as a DNAT rule: pods told to reach the API server at the
+    kubernetes Service's address (10.0.0.1:443) reach it where it serves on the node."""
+
+    def __init__(self, service: str, port: int, target: str):
+        self.rule = ["-d", f"{service}/32", "-p", "tcp", "--dport", str(port), "-j", "DNAT",
+                     "--to-destination", target, "-m", "comment", "--comment", "gpushard-e2e"]
+
+    def _iptables(self, action: str, chain: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["iptables", "-t", "nat", action, chain, *self.rule], capture_output=True, text=True,
+                              timeout=30)
+
+    def add(self) -> ServiceRoute:
+        for chain in ("PREROUTING", "OUTPUT"):  # from pods on the bridge, and from the host's own network
+            done = self._iptables("-A", chain)
+            if done.returncode:
+                raise AssertionError(f"gpushard e2e: iptables -t nat -A {chain}: {done.stderr}")
+        return self
+
+    def remove(self) -> None:
+        for chain in ("PREROUTING", "OUTPUT"):
+            self._iptables("-D", chain)
 
 
 def unmount_under(folder: Path) -> None:

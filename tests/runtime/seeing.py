@@ -107,12 +107,29 @@ def seen(kubectl: components.Kubectl, namespace: str, pod_name: str, container_n
             "logs", pod_name, "-c", container_name, "-n", namespace, check=False).stdout), timeout=timeout)
 
 
-def seen_now(kubectl: components.Kubectl, namespace: str, pod_name: str, container_name: str = "main") -> Seen:
-    """What the container sees now, by running the report in it again (kubectl exec)."""
-    done = kubectl.run("exec", pod_name, "-c", container_name, "-n", namespace, "--", "/bin/sh", "-c", REPORT)
-    found = parse(done.stdout)
-    assert found is not None, done.stdout + done.stderr
-    return found
+def seen_now(kubectl: components.Kubectl, namespace: str, pod_name: str, container_name: str = "main",
+             timeout: float = 60) -> Seen:
+    """What the container sees now, by running the report in it again (kubectl exec). A kubelet that has just
+    restarted answers "pod does not exist" until it has read its pods back: that is retried."""
+    def report():
+        done = kubectl.run("exec", pod_name, "-c", container_name, "-n", namespace, "--", "/bin/sh", "-c", REPORT,
+                           check=False)
+        if done.returncode:
+            raise AssertionError(done.stderr.strip())
+        return parse(done.stdout)
+    return components.wait_for(f"the report of {pod_name}/{container_name} by exec", report, timeout=timeout)
+
+
+def clear(kubectl: components.Kubectl, timeout: float = 120) -> None:
+    """Every pod of the tests' namespaces gone from the API (their namespaces are deleted without waiting), so
+    that the shares they held are free for the scheduler."""
+    def ours():
+        return [p for p in kubectl.json("get", "pods", "-A")["items"]
+                if p["metadata"]["namespace"].startswith("e2e-")]
+    for pod in ours():
+        kubectl.run("delete", "pod", pod["metadata"]["name"], "-n", pod["metadata"]["namespace"], "--grace-period=0",
+                    "--force", "--wait=false", check=False)
+    components.wait_for("the tests' pods gone", lambda: not ours(), timeout=timeout)
 
 
 def card_of(kubectl: components.Kubectl, namespace: str, pod_name: str) -> int:
@@ -167,6 +184,26 @@ def quiet(kubectl: components.Kubectl) -> None:
     components.wait_for("no pod of gpushard's own workloads", lambda: not [
         p for p in kubectl.json("get", "pods", "-n", system)["items"] if p["metadata"]["name"] != STANDIN],
         timeout=60)
+
+
+def expect_card(view: Seen, card: int, strategy: tuple[str, ...], runtime: node.Containerd) -> None:
+    """What a container that holds shares of ``card`` must see under ``strategy`` on ``runtime``, and no more."""
+    injected = runtime.cdi and "cdi-cri" in strategy
+    if injected:
+        assert view.cards() == {card}, view.devices
+        assert set(view.devices) == {f"/dev/nvidia{card}", "/dev/nvidiactl", "/dev/nvidia-uvm"}, view.devices
+        # NVIDIA's spec sets void once it injected the devices itself: no hook may add any.
+        assert view.visible == "void", view.env
+    else:
+        # No NVIDIA hook on this node: nothing turns the variable or the mount into a device node. They are what
+        # the hook would act on, and they name card k only. The pod's value (the webhook's) wins over the agent's.
+        assert view.devices == {}, view.devices
+        assert view.visible == str(card), view.env
+    if "volume-mounts" in strategy:
+        assert view.lists == (node.uuid(card),), view.lists
+    else:
+        assert view.lists == (), view.lists
+    assert view.env.get("GPUSHARD_FRACTION") in ("0.25", "0.6", "0.5"), view.env
 
 
 class HostAgent(gpushard.Agent):

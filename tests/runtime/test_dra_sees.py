@@ -32,6 +32,7 @@ def slice_devices(kubectl) -> list[str] | None:
 
 @pytest.fixture(scope="module")
 def dra(kubectl, installed, agent, kubelet):
+    seeing.clear(kubectl)  # the device plugin tests' pods hold gpushard.io/gpu until they are gone
     done = installed.apply(ROOT / "deploy" / "overlays" / "dra", leave=seeing.IMAGE_WORKLOADS)
     assert done.returncode == 0, f"kubectl apply -k deploy/overlays/dra:\n{done.stderr}"
     installed.reload()

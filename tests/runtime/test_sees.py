@@ -52,26 +52,6 @@ def yaml_text(kubectl) -> str:
     return kubectl.json("get", "configmap", "gpushard-config", "-n", "gpushard-system")["data"]["config.yaml"]
 
 
-def expect_card(view: seeing.Seen, card: int, strategy: tuple[str, ...], runtime: node.Containerd) -> None:
-    """What a container that holds shares of ``card`` must see under ``strategy`` on ``runtime``, and no more."""
-    injected = runtime.cdi and "cdi-cri" in strategy
-    if injected:
-        assert view.cards() == {card}, view.devices
-        assert set(view.devices) == {f"/dev/nvidia{card}", "/dev/nvidiactl", "/dev/nvidia-uvm"}, view.devices
-        # NVIDIA's spec sets void once it injected the devices itself: no hook may add any.
-        assert view.visible == "void", view.env
-    else:
-        # No NVIDIA hook on this node: nothing turns the variable or the mount into a device node. They are what
-        # the hook would act on, and they name card k only. The pod's value (the webhook's) wins over the agent's.
-        assert view.devices == {}, view.devices
-        assert view.visible == str(card), view.env
-    if "volume-mounts" in strategy:
-        assert view.lists == (node.uuid(card),), view.lists
-    else:
-        assert view.lists == (), view.lists
-    assert view.env.get("GPUSHARD_FRACTION") in ("0.25", "0.6", "0.5"), view.env
-
-
 def test_fraction_sees_its_card_and_its_other_containers_none(strategy, runtime, agent, kubectl, namespace):
     kubectl.apply(seeing.pod("quarter", seeing.container(gpu="0.25"),
                              seeing.container("sidecar-app", keep=True),
@@ -80,7 +60,7 @@ def test_fraction_sees_its_card_and_its_other_containers_none(strategy, runtime,
     seeing.running(kubectl, namespace, "quarter", explain=runtime.tail)
     card = seeing.card_of(kubectl, namespace, "quarter")
     main = seeing.seen(kubectl, namespace, "quarter")
-    expect_card(main, card, strategy, runtime)
+    seeing.expect_card(main, card, strategy, runtime)
     assert main.env["GPUSHARD_FRACTION"] == "0.25"
     for other in ("sidecar-app", "setup", "logger"):
         view = seeing.seen(kubectl, namespace, "quarter", other)
@@ -96,7 +76,7 @@ def test_two_pods_on_two_cards_each_see_their_own(strategy, runtime, agent, kube
     for name in ("left", "right"):
         seeing.running(kubectl, namespace, name, explain=runtime.tail)
         cards[name] = seeing.card_of(kubectl, namespace, name)
-        expect_card(seeing.seen(kubectl, namespace, name), cards[name], strategy, runtime)
+        seeing.expect_card(seeing.seen(kubectl, namespace, name), cards[name], strategy, runtime)
     assert cards["left"] != cards["right"]
 
 

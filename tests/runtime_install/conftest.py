@@ -1,0 +1,238 @@
+"""Fixtures of the shipped-install tier: deploy/base running as real pods from gpushard's own image.
+
+The webhook Deployment, the certificate Job and the agent DaemonSet run on a real kubelet over a real containerd
+and runc (tests/runtime/node.py), from gpushard's image built from this Dockerfile (``GPUSHARD_E2E_IMAGE``, an
+OCI archive: ``make image-archive``), imported under the name deploy/base gives it, never pulled. The API
+server calls the webhook through its Service: ``--enable-aggregator-routing=true`` makes it dial the Service's
+endpoints itself, so no kube-proxy is needed. For gpushard's pods to reach the API server, it serves on the
+node's bridge address and the kubernetes Service's address (10.0.0.1:443) is routed there by one DNAT rule,
+which is what kube-proxy does for it. The test overlay changes only what a GPU node provides: the fake
+``libnvidia-ml.so.1`` and its control folder, the kubelet's pod-resources folder where this kubelet keeps it,
+and the RuntimeClass ``nvidia``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e import components, gpushard
+from tests.e2e.conftest import ASSETS, WHY_NOT
+from tests.runtime import images, node, seeing
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBELET = os.environ.get("GPUSHARD_E2E_KUBELET", "")
+CONTAINERD = os.environ.get("GPUSHARD_E2E_CONTAINERD", "")
+IMAGE = os.environ.get("GPUSHARD_E2E_IMAGE", "")
+SHIPPED_IMAGE = "ghcr.io/gpushard/gpushard:0.1.0"  # what deploy/base's kustomization names
+_RUN: dict = {}
+
+
+def _why_not() -> str:
+    if ASSETS is None:
+        return WHY_NOT
+    if not (KUBELET and CONTAINERD) or os.pathsep in CONTAINERD:
+        return "set GPUSHARD_E2E_KUBELET and GPUSHARD_E2E_CONTAINERD (one containerd) for the shipped-install tier"
+    if not IMAGE or not Path(IMAGE).is_file():
+        return ("set GPUSHARD_E2E_IMAGE to an OCI archive of gpushard's image (make image-archive) for the "
+                "shipped-install tier")
+    if os.geteuid() != 0 or not shutil.which("iptables"):
+        return "the shipped-install tier runs containers and routes one address with iptables: run it as root"
+    return ""
+
+
+WHY = _why_not()
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    ours = [item for item in items if here in Path(str(item.fspath)).parents]
+    if WHY:
+        if ours:
+            config.hook.pytest_deselected(items=ours)
+            items[:] = [item for item in items if item not in set(ours)]
+            _RUN["deselected"] = len(ours)
+        return
+    for item in ours:
+        item.add_marker(pytest.mark.e2e)
+        item.add_marker(pytest.mark.runtime)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _RUN.get("deselected"):
+        terminalreporter.write_line(f"gpushard shipped-install tier: {_RUN['deselected']} tests not run: {WHY}")
+
+
+def pytest_report_header(config):
+    if WHY:
+        return f"gpushard shipped-install tier: skipped: {WHY}"
+    return (f"gpushard shipped-install tier: containerd {'.'.join(map(str, node.version_of(CONTAINERD)))}, "
+            f"image {IMAGE} as {SHIPPED_IMAGE}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed and _RUN.get("plane") is not None:
+        sections = [_RUN["plane"].logs(20)]
+        for name in ("containerd", "kubelet"):
+            if _RUN.get(name) is not None:
+                sections.append(_RUN[name].tail(30))
+        kubectl = _RUN["plane"].kubectl
+        sections.append(kubectl.run("get", "pods", "-A", "-o", "wide", check=False).stdout)
+        for pod in ("app.kubernetes.io/component=webhook", "app.kubernetes.io/component=agent"):
+            sections.append(kubectl.run("logs", "-n", gpushard.SYSTEM, "-l", pod, "--tail=20", "--prefix",
+                                        check=False).stdout)
+        report.sections.append(("component logs", "\n".join(sections)))
+
+
+@pytest.fixture(scope="session")
+def work():
+    folder = Path(tempfile.mkdtemp(prefix="gpushard-e2e-install-"))
+    yield folder
+    if os.environ.get("GPUSHARD_E2E_KEEP"):
+        print(f"gpushard e2e: logs and state kept in {folder}", file=sys.stderr)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def plane(work):
+    node.make_bridge()  # the API server serves on the bridge's address
+    plane = components.ControlPlane(ASSETS, work, address=node.NODE_IP,
+                                    apiserver_flags=["--enable-aggregator-routing=true"])
+    _RUN["plane"] = plane
+    route = None
+    try:
+        plane.start()
+        route = node.ServiceRoute("10.0.0.1", 443, f"{node.NODE_IP}:{plane.port}").add()
+    except BaseException:
+        print(plane.logs(60), file=sys.stderr)
+        plane.stop()
+        raise
+    yield plane
+    route.remove()
+    plane.stop()
+    node.remove_bridge()
+
+
+@pytest.fixture(scope="session")
+def kubectl(plane) -> components.Kubectl:
+    return plane.kubectl
+
+
+@pytest.fixture(scope="session")
+def runtime(work, plane):
+    cards = node.Cards(work / "cards").make()
+    containerd = node.Containerd(CONTAINERD, work, cards)
+    _RUN["containerd"] = containerd
+    try:
+        containerd.start()
+        for name, command, env in ((images.WORKLOAD, ["/bin/sh"], {"NVIDIA_VISIBLE_DEVICES": "all"}),
+                                   (images.SANDBOX, images.SANDBOX_COMMAND, None)):
+            archive = images.write_archive(work / f"{name.rsplit('/', 1)[1].replace(':', '-')}.tar", name, command,
+                                           env)
+            containerd.import_image(archive)
+        before = containerd.images()
+        containerd.import_image(Path(IMAGE))
+        imported = sorted(i for i in containerd.images() - before if not i.startswith("sha256:"))
+        assert imported, f"ctr images import {IMAGE} named no image"
+        done = containerd.ctr_run("images", "tag", "--force", imported[0], SHIPPED_IMAGE)
+        assert done.returncode == 0, done.stderr
+    except BaseException:
+        print(containerd.tail(60), file=sys.stderr)
+        containerd.stop()
+        raise
+    yield containerd
+    containerd.stop()
+
+
+@pytest.fixture(scope="session")
+def nvml(work) -> tuple[Path, Path]:
+    """The fake libnvidia-ml.so.1 (four cards) and its control folder, on the host for the agent's pod."""
+    lib, control = work / "nvml" / "lib", work / "nvml" / "control"
+    lib.mkdir(parents=True)
+    control.mkdir(parents=True)
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler, "gpushard e2e: the agent's fake NVML library needs a C compiler"
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(lib / "libnvidia-ml.so.1"), "-Wl,-soname,libnvidia-ml.so.1",
+                    str(gpushard.FAKE_NVML)], check=True, timeout=60)
+    (control / "cards").write_text(str(node.CARDS))
+    return lib, control
+
+
+def node_overlay(documents: list[dict], kubelet_root: Path, nvml: tuple[Path, Path]) -> list[dict]:
+    """deploy/base as rendered, with what a GPU node provides: the agent's NVML and the kubelet's folder."""
+    lib, control = nvml
+    for document in documents:
+        if document["kind"] == "DaemonSet" and document["metadata"]["name"] == "gpushard-agent":
+            spec = document["spec"]["template"]["spec"]
+            container = spec["containers"][0]
+            container["env"] += [{"name": "LD_LIBRARY_PATH", "value": "/gpushard-e2e/lib"},
+                                 {"name": "FAKE_NVML_DIR", "value": "/gpushard-e2e/nvml"}]
+            container["volumeMounts"] += [{"name": "e2e-nvml-lib", "mountPath": "/gpushard-e2e/lib", "readOnly": True},
+                                          {"name": "e2e-nvml", "mountPath": "/gpushard-e2e/nvml", "readOnly": True}]
+            spec["volumes"] += [{"name": "e2e-nvml-lib", "hostPath": {"path": str(lib), "type": "Directory"}},
+                                {"name": "e2e-nvml", "hostPath": {"path": str(control), "type": "Directory"}}]
+            for volume in spec["volumes"]:
+                if volume["name"] == "pod-resources":
+                    volume["hostPath"]["path"] = str(kubelet_root / "pod-resources")
+    return documents
+
+
+@pytest.fixture(scope="session")
+def kubelet(plane, runtime, work, nvml):
+    kubectl = plane.kubectl
+    base = yaml.safe_load_all(kubectl.run("kustomize", str(ROOT / "deploy" / "base")).stdout)
+    kubelet = components.Kubelet(KUBELET, runtime.endpoint, plane, work, address=node.NODE_IP)
+    documents = node_overlay([d for d in base if d], kubelet.root, nvml)
+    done = kubectl.run("apply", "-f", "-", input=yaml.safe_dump_all(documents), check=False, timeout=180)
+    assert done.returncode == 0, done.stderr
+    kubectl.apply(json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                              "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
+    _RUN["kubelet"] = kubelet
+    try:
+        kubelet.start()
+        kubectl.run("label", "node", components.NODE_NAME, "gpushard.io/shared-node=true", "--overwrite")
+    except BaseException:
+        print(kubelet.tail(80), file=sys.stderr)
+        kubelet.stop()
+        raise
+    yield kubelet
+    seeing.delete_all_pods(kubectl, runtime)
+    kubelet.stop()
+    node.unmount_under(kubelet.root)
+
+
+@pytest.fixture(scope="session")
+def installed(kubectl, kubelet):
+    """The install up as pods: the certificate Job done, the webhook Deployment available, the agent advertising."""
+    system = gpushard.SYSTEM
+    components.wait_for("the certificate Job complete", lambda: (kubectl.json(
+        "get", "job", "gpushard-certs", "-n", system).get("status") or {}).get("succeeded"), timeout=240,
+        explain=kubelet.tail)
+    kubectl.run("rollout", "status", "deployment/gpushard-webhook", "-n", system, "--timeout=240s", timeout=260)
+    kubectl.run("rollout", "status", "daemonset/gpushard-agent", "-n", system, "--timeout=240s", timeout=260)
+    want = {f"gpushard.io/card-{k}": "100" for k in range(node.CARDS)}
+    components.wait_for(f"node allocatable {want}", lambda: all(
+        kubectl.json("get", "node", components.NODE_NAME)["status"].get("allocatable", {}).get(k) == v
+        for k, v in want.items()), timeout=120, explain=kubelet.tail)
+    return kubectl
+
+
+@pytest.fixture
+def namespace(kubectl, request):
+    name = f"e2e-{request.node.originalname.removeprefix('test_').replace('_', '-')[:40].strip('-')}"
+    kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                              "metadata": {"name": name, "labels": {"gpushard.io/mode": "enforce"}}}))
+    yield name
+    kubectl.run("delete", "namespace", name, "--wait=false", check=False)
