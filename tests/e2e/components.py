@@ -356,6 +356,7 @@ evictionPressureTransitionPeriod: 5s
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+podLogsDir: {logs}
 featureGates: {gates}
 """
 
@@ -397,6 +398,7 @@ class Kubelet:
         config = self.work / "kubelet.yaml"
         config.write_text(KUBELET_CONFIG.format(address=self.address, port=free_port(), cri=self.cri,
                                                 ca=self.plane.pki.ca_path, cert=cert, key=key,
+                                                logs=self.work / "pod-logs",
                                                 gates=json.dumps(self.gates)))
         self.process = Process("kubelet", [
             self.binary, f"--config={config}", f"--kubeconfig={client}", f"--root-dir={self.root}",

@@ -203,7 +203,10 @@ class Containerd:
     def _cni(self) -> None:
         self.cni_conf.mkdir(parents=True, exist_ok=True)
         conf = {"cniVersion": "1.0.0", "name": "gpushard-e2e", "plugins": [
-            {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
+            # The bridge's address is each pod's default route: pods reach the node (and the API server's Service
+            # address routed there) through it; nothing leaves the machine (no masquerade).
+            {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "isDefaultGateway": True, "ipMasq": False,
+             "hairpinMode": True,
              "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
                       "dataDir": str(self.folder / "ipam")}},
             {"type": "portmap", "capabilities": {"portMappings": True}}]}
