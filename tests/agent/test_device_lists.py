@@ -163,3 +163,43 @@ def test_cdi_alone_gives_exactly_the_card_whatever_the_image_says(node):
     c = toolkit.container(node.holding(0), image_env=CUDA_IMAGE_ENV)
     for where in (toolkit.DEFAULT_NODE, toolkit.HARDENED_NODE):
         assert toolkit.visible_cards(c, where, NODE_CARDS) == {CARDS[0].uuid}
+
+
+# What running containers showed (tests/runtime, docs/e2e.md), restated on the model: a node with NVIDIA's CDI
+# spec and no hook, and a node with the hook and a runtime without CDI.
+SHIPPED = ["envvar", "volume-mounts", "cdi-cri"]
+
+
+@pytest.mark.parametrize("node", [toolkit.DEFAULT_NODE, toolkit.HARDENED_NODE, toolkit.CDI_ONLY_NODE,
+                                  toolkit.NO_CDI_NODE], ids=["defaults", "hardened", "cdi-only", "no-cdi"])
+@pytest.mark.parametrize("own", [{}, {"NVIDIA_VISIBLE_DEVICES": "1"}], ids=["no-own-env", "webhook-env"])
+def test_the_shipped_list_gives_exactly_the_card_on_every_kind_of_node(node, own):
+    n = Node(SHIPPED)
+    try:
+        c = toolkit.container(n.holding(1), own_env=own, image_env=CUDA_IMAGE_ENV)
+        assert toolkit.visible_cards(c, node, NODE_CARDS) == {CARDS[1].uuid}
+    finally:
+        n.close()
+
+
+def test_without_cdi_in_the_list_a_cdi_only_node_gives_no_card():
+    """The program's default list on a node without NVIDIA's hook: the variable and the mount are only data."""
+    n = Node()
+    try:
+        c = toolkit.container(n.holding(1), own_env={"NVIDIA_VISIBLE_DEVICES": "1"}, image_env=CUDA_IMAGE_ENV)
+        assert toolkit.visible_cards(c, toolkit.CDI_ONLY_NODE, NODE_CARDS) == set()
+    finally:
+        n.close()
+
+
+def test_cdi_alone_on_a_runtime_without_cdi_leaves_only_the_pods_variable():
+    """The runtime drops the CDI name; what is left is the pod's NVIDIA_VISIBLE_DEVICES (the webhook's in an
+    enforce namespace), which comes after the agent's void."""
+    n = Node(["cdi-cri"])
+    try:
+        alone = toolkit.container(n.holding(1), image_env=CUDA_IMAGE_ENV)
+        assert toolkit.visible_cards(alone, toolkit.NO_CDI_NODE, NODE_CARDS) == set()
+        enforced = toolkit.container(n.holding(1), own_env={"NVIDIA_VISIBLE_DEVICES": "1"}, image_env=CUDA_IMAGE_ENV)
+        assert toolkit.visible_cards(enforced, toolkit.NO_CDI_NODE, NODE_CARDS) == {CARDS[1].uuid}
+    finally:
+        n.close()

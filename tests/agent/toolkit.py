@@ -10,7 +10,11 @@ A test peer that cannot run here (no GPU, no runtime): the rules restated from t
   is on; otherwise NVIDIA_VISIBLE_DEVICES, honoured only for privileged containers or when
   accept-nvidia-visible-devices-envvar-when-unprivileged is on (its default); "void", "none" and
   an empty value name nothing, "all" every card.
-- CDI devices named by the CRI field are injected by the runtime itself (containerd, CRI-O).
+- CDI devices named by the CRI field are injected by the runtime itself (containerd 2, CRI-O), after the
+  env: NVIDIA's spec (`nvidia-ctk cdi generate`) sets NVIDIA_VISIBLE_DEVICES=void for every container given
+  one of its devices, which replaces the container's value. A runtime without CDI (containerd 1.6; 1.7 with
+  enable_cdi off) drops the names without a word, and a node without NVIDIA's hook (a CDI-only node) leaves
+  the env and the mounts as data. Both seen in running containers (tests/runtime, docs/e2e.md).
 - The toolkit's apply-cuda-memory-limits CDI hook (cmd/nvidia-cdi-hook/apply-cuda-memory-limits):
   its first revision (commit 5ab636a2) reads NVIDIA_GPU_MEMORY_REQUESTS/_LIMITS and falls back to
   the singular names; later revisions (e.g. 064024a7) read only NVIDIA_GPU_MEMORY_REQUEST/_LIMIT.
@@ -32,10 +36,14 @@ class Node:
     accept_envvar_unprivileged: bool = True  # the toolkit's default
     accept_volume_mounts: bool = False  # the toolkit's default
     cdi_kind: str = "nvidia.com/gpu"
+    hook: bool = True  # NVIDIA's runtime hook acts on the env and the mounts
+    runtime_cdi: bool = True  # the runtime injects CDI devices
 
 
 DEFAULT_NODE = Node()
 HARDENED_NODE = Node(accept_envvar_unprivileged=False, accept_volume_mounts=True)
+CDI_ONLY_NODE = Node(hook=False)  # containerd 2 with NVIDIA's CDI spec and no hook (GPU Operator 26's CDI path)
+NO_CDI_NODE = Node(runtime_cdi=False)  # the hook on containerd 1.6, or 1.7 with enable_cdi off
 
 
 @dataclass
@@ -97,7 +105,10 @@ def visible_cards(c: Container, node: Node, cards: list[tuple[int, str]]) -> set
     """UUIDs of the cards the container sees; ``cards`` is the node's (index, uuid) list."""
     by_name = {str(i): uuid for i, uuid in cards} | {uuid: uuid for _, uuid in cards}
     seen = set()
-    for name in requested(c, node):
+    injected = c.cdi_devices if node.runtime_cdi else []
+    if any(name.startswith(node.cdi_kind + "=") for name in injected):
+        c = Container(c.env + [("NVIDIA_VISIBLE_DEVICES", "void")], c.mounts, c.cdi_devices, c.privileged)
+    for name in requested(c, node) if node.hook else []:
         if name == "all":
             seen |= {uuid for _, uuid in cards}
         elif name in by_name:
@@ -105,7 +116,7 @@ def visible_cards(c: Container, node: Node, cards: list[tuple[int, str]]) -> set
         else:
             raise ValueError(f"the toolkit fails the container: unknown device {name!r}")
     prefix = node.cdi_kind + "="
-    for name in c.cdi_devices:
+    for name in injected:
         if not name.startswith(prefix) or name[len(prefix):] not in by_name:
             raise ValueError(f"the runtime fails the container: unresolvable CDI device {name!r}")
         seen.add(by_name[name[len(prefix):]])
