@@ -180,15 +180,25 @@ class Agent:
         config = shipped_config(self.plane.kubectl, self.folder)
         env = {**os.environ, "KUBECONFIG": str(self.token_config()), "LD_LIBRARY_PATH": str(lib),
                "FAKE_NVML_DIR": str(self.control), "NODE_NAME": components.NODE_NAME}
+        log = self.work / "agent.log"
+        offset = log.stat().st_size if log.exists() else 0
         self.process = components.Process("agent", [
             GPUSHARD, "agent", f"--config={config}", f"--node-name={components.NODE_NAME}",
             f"--device-plugin-dir={components.DEVICE_PLUGIN_DIR}",
             f"--pod-resources-socket={self.kubelet.pod_resources_socket}",
             f"--kubelet-registry-dir={self.kubelet.registry_dir}", f"--kubelet-plugins-dir={self.kubelet.plugins_dir}",
             f"--cdi-dir={self.cdi_dir}", "--poll-interval=0.5",
-        ], self.work / "agent.log", env=env).start()
-        self.wait_allocatable(expect or {"gpushard.io/card-0": "100", "gpushard.io/card-1": "100",
-                                         "gpushard.io/gpu": "200"})
+        ], log, env=env).start()
+        expect = expect or {"gpushard.io/card-0": "100", "gpushard.io/card-1": "100", "gpushard.io/gpu": "200"}
+
+        # The node's allocatable can still show the last agent's shares while the kubelet holds their devices
+        # unhealthy (their plugin went away): a pod bound then is refused by the kubelet (UnexpectedAdmissionError).
+        # Registered again, the devices are listed healthy at once.
+        def registered():
+            text = log.read_bytes()[offset:].decode(errors="replace")
+            return all(f"registered {name} at" in text for name in expect)
+        components.wait_for(f"the agent registering {sorted(expect)}", registered, timeout=60, explain=self.tail)
+        self.wait_allocatable(expect)
         return self
 
     def reload(self, expect: dict | None = None) -> None:

@@ -56,12 +56,16 @@ def test_dra_claim_gives_its_card_or_none_is_taken(dra, runtime, agent, kubectl,
         components.wait_for("the slice offering no card", lambda: slice_devices(kubectl) == [], timeout=60,
                             explain=agent.tail)
 
-        def unschedulable():
+        # The first verdict may still name gpushard.io/gpu while the kubelet takes the restarted agent's plugin
+        # back; the node's update sends the pod round again.
+        def no_claim():
             pod = kubectl.json("get", "pod", "quarter", "-n", namespace)
             return next((c for c in pod["status"].get("conditions", []) if c["type"] == "PodScheduled"
-                         and c.get("reason") == "Unschedulable"), None)
-        condition = components.wait_for("the scheduler's verdict", unschedulable, timeout=60)
-        assert "cannot allocate all claims" in condition["message"], condition
+                         and c.get("reason") == "Unschedulable" and "cannot allocate all claims" in c["message"]),
+                        None)
+        components.wait_for("the scheduler's verdict: no claim can be allocated", no_claim, timeout=120,
+                            explain=lambda: json.dumps(kubectl.json("get", "pod", "quarter", "-n", namespace)[
+                                "status"].get("conditions"), indent=1))
         pod = kubectl.json("get", "pod", "quarter", "-n", namespace)
         assert not pod["spec"].get("nodeName") and not pod["status"].get("containerStatuses")
         assert f"{runtime.label.replace(' ', '://')}" in agent.log() and "has no CDI" in agent.log()
