@@ -19,6 +19,7 @@ We test:
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -312,3 +313,17 @@ def test_the_configs_view_timeouts_reach_the_view(fake, tmp_path, monkeypatch, c
         assert watches and all("timeoutSeconds=7" in path for path in watches), watches
     finally:
         view.close()
+
+
+def test_a_relist_after_410_is_logged(fake, start_view, caplog):
+    """The operator is told when the view rebuilds from a list (etcd compacted past its watch, or a restarted
+    API server's watch cache starts later): once, at INFO, naming the resource."""
+    caplog.set_level(logging.INFO, logger="webhook.cluster.informing")
+    fake.put("nodes", o.node("gpu-a", {0: 100}))
+    view = start_view()
+    o.wait_for(view.snapshot, what="the first sync")
+    o.wait_for(lambda: _requests(fake, "/api/v1/pods", watch=True) >= 1, what="the pod watch")
+    fake.expire_history()
+    fake.drop_watches()
+    o.wait_for(lambda: any("pods watch's history expired" in r.getMessage() and "listing again" in r.getMessage()
+                           for r in caplog.records), what="the relist's log line")

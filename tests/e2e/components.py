@@ -258,6 +258,7 @@ class ControlPlane:
             f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
             f"--listen-peer-urls=http://127.0.0.1:{peer_port}", "--unsafe-no-fsync", "--quota-backend-bytes=8589934592",
         ])
+        self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         wait_for("etcd", lambda: urllib.request.urlopen(f"http://127.0.0.1:{etcd_port}/health", timeout=2).status
                  == 200, timeout=30, explain=etcd.tail)
         serving = self.pki.issue("apiserver", "kube-apiserver", dns=("kubernetes", "kubernetes.default.svc",
@@ -321,6 +322,12 @@ class ControlPlane:
             "get", "serviceaccount", "default", "-n", "default", check=False, timeout=10).returncode == 0,
             timeout=60, explain=self.logs)
         return self
+
+    def process(self, name: str) -> Process:
+        return next(p for p in self.processes if p.name == name)
+
+    def ready(self) -> bool:
+        return self.kubectl.run("get", "--raw", "/readyz", check=False, timeout=10).returncode == 0
 
     def stop(self) -> None:
         for process in reversed(self.processes):

@@ -56,6 +56,8 @@ class Burst:
 
 
 def _short(exc: Exception) -> str:
+    if not isinstance(exc, kubernetes.client.ApiException) or exc.status == 0:
+        return "API server unreachable"  # the client's own connection, not an answer of the API server
     body = getattr(exc, "body", None) or str(exc)
     text = str(body)
     # The API server's message names the webhook and the cause; keep the part that says which.

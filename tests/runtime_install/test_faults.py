@@ -5,7 +5,10 @@ agent's DaemonSet pod), each during a bounded burst of fractional pod creations 
   admitted unchanged; the pod comes back and both replicas serve again;
 - `kubectl rollout restart` of the webhook Deployment: no create fails;
 - the agent's container killed with a pod running on its card: the running container keeps running (same
-  container, no restart) and its card; the DaemonSet's pod comes back and the node advertises its shares again.
+  container, no restart) and its card; the DaemonSet's pod comes back and the node advertises its shares again;
+- kube-apiserver restarted (SIGTERM, then SIGKILL): the creates after it all pass, nothing admitted unchanged;
+- etcd compacted past the webhook's watches: the webhook lists again, says so in its log, and no create fails;
+- the re-placement leader killed: the other replica takes the Lease.
 Through all of them no card holds more than its shares. The figures are printed (docs/operations.md,
 "What happens when ..."), never asserted on time.
 """
@@ -13,9 +16,15 @@ Through all of them no card holds more than its shares. The figures are printed 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import time
 
+import pytest
+
 from tests.e2e import components, gpushard
+from tests.e2e.conftest import ASSETS
 from tests.runtime import images, seeing
 from tests.runtime_install import bursts
 
@@ -123,3 +132,91 @@ def test_the_agent_killed_with_a_pod_on_its_card(installed, runtime, namespace):
     assert seeing.seen_now(kubectl, namespace, "steady") == view
     assert json.loads(json.dumps(card)) == seeing.card_of(kubectl, namespace, "steady")
     cards_within_shares(kubectl)
+
+
+def webhook_logs(kubectl) -> str:
+    return kubectl.run("logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=webhook", "--tail=-1", "--prefix",
+                       check=False, timeout=60).stdout
+
+
+def restart_apiserver(plane, signal_name: str) -> float:
+    """The API server stopped (SIGTERM, or SIGKILL) and started again; seconds until it is ready."""
+    apiserver = plane.process("kube-apiserver")
+    began = time.monotonic()
+    if signal_name == "SIGKILL":
+        os.killpg(apiserver.proc.pid, signal.SIGKILL)
+        apiserver.proc.wait(10)
+    else:
+        apiserver.stop()
+    apiserver.start()
+    components.wait_for("kube-apiserver ready again", plane.ready, timeout=120, explain=apiserver.tail)
+    return time.monotonic() - began
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGKILL"])
+def test_the_api_server_restarted_under_load(installed, plane, namespace, signal_name):
+    kubectl = installed
+    down = {}
+
+    def restart():
+        down["ready"] = restart_apiserver(plane, signal_name)
+        down["at"] = time.monotonic()
+    burst = bursts.run(plane.kubectl.config, namespace, images.WORKLOAD, count=600, rate=30, limit_s=90,
+                       during=restart, at=0.1)
+    ok_after = [o for o in burst.outcomes if not o.error and o.started + burst.began > down["at"] - down["ready"]]
+    first_ok = min((o.started + o.seconds for o in ok_after), default=float("nan"))
+    report(f"kube-apiserver restarted ({signal_name})", burst,
+           f"; ready again {down['ready']:.1f} s after the signal; first create admitted after it at "
+           f"{first_ok:.1f} s of the burst")
+    # Every create that reached the API server while it served was rewritten, none admitted unchanged.
+    every_pod_rewritten(kubectl, namespace)
+    components.wait_for("both webhook pods ready", lambda: ready_webhooks(kubectl) == 2, timeout=120)
+    # The creates after the restart all pass: the webhook's view came back by itself.
+    late = [o for o in burst.outcomes if o.started > burst.outcomes[-1].started - 5]
+    assert late and not [o for o in late if o.error], burst.summary()
+    cards_within_shares(kubectl)
+
+
+def test_etcd_compacted_past_the_webhooks_watches(installed, plane, namespace):
+    """etcd compacted to its head while the webhook watches, then the API server restarted (its watch cache then
+    starts after the compaction): the webhook's watches resume from versions that no longer exist, get 410, list
+    again and say so; no admission fails meanwhile."""
+    kubectl = installed
+    etcdctl = ASSETS / "etcdctl"
+    if not etcdctl.exists():
+        pytest.skip(f"no etcdctl in KUBEBUILDER_ASSETS={ASSETS}")
+    status = json.loads(subprocess.run([str(etcdctl), f"--endpoints={plane.etcd_url}", "endpoint", "status",
+                                        "-w", "json"], capture_output=True, text=True, timeout=30, check=True).stdout)
+    revision = status[0]["Status"]["header"]["revision"]
+    subprocess.run([str(etcdctl), f"--endpoints={plane.etcd_url}", "compact", str(revision)], capture_output=True,
+                   text=True, timeout=60, check=True)
+    restart_apiserver(plane, "SIGTERM")
+    components.wait_for("the webhook's relist after 410", lambda: "history expired" in webhook_logs(kubectl),
+                        timeout=120)
+    burst = bursts.run(plane.kubectl.config, namespace, images.WORKLOAD, count=150, rate=30)
+    relisted = sorted({line.split("gpushard: the ")[1].split(" watch")[0] for line in webhook_logs(kubectl)
+                       .splitlines() if "history expired" in line})
+    report("etcd compacted to its head, then the API server restarted", burst,
+           f"; the webhook listed again: {', '.join(relisted)}")
+    assert burst.failed == [], burst.summary()
+    every_pod_rewritten(kubectl, namespace)
+
+
+def test_the_replacement_leader_killed(installed, runtime):
+    kubectl = installed
+
+    def holder():
+        lease = kubectl.json("get", "lease", "gpushard-replacer", "-n", SYSTEM)
+        return lease["spec"].get("holderIdentity")
+    leader = components.wait_for("a re-placement leader", holder, timeout=120)
+    pod = kubectl.json("get", "pod", leader, "-n", SYSTEM)
+    container = pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
+    duration = kubectl.json("get", "lease", "gpushard-replacer", "-n", SYSTEM)["spec"]["leaseDurationSeconds"]
+    killed = time.monotonic()
+    runtime.ctr_run("tasks", "kill", "-s", "SIGKILL", container)
+    taken = components.wait_for("the other replica holding the Lease", lambda: (lambda h: h if h and h != leader
+                                                                               else None)(holder()), timeout=120)
+    took = time.monotonic() - killed
+    print(f"\ngpushard fault: the re-placement leader killed: {taken} took the Lease {took:.1f} s later "
+          f"(leaseDurationSeconds {duration})")
+    assert taken != leader

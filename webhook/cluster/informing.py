@@ -315,14 +315,18 @@ class Informer:
                 delay = self._backoff[0]
                 if time.monotonic() - started < 1:  # a watch that ends at once: do not spin
                     self._stop.wait(self._backoff[0])
-            except _Gone:
-                version = None  # history expired: list again right away
+            except _Gone as gone:
+                # History expired (etcd compacted past the watch, or a restarted API server's watch cache starts
+                # later): list again right away, and say so, since the view is rebuilt from the list.
+                log.info("gpushard: the %s watch's history expired (%s); listing again", resource, gone)
+                version = None
             except Exception as exc:  # noqa: BLE001 - any failure: back off and start over
                 if self._stop.is_set():
                     break
                 self.watch_errors[resource] += 1
                 status = getattr(exc, "status", None)
                 if status == 410:
+                    log.info("gpushard: the %s watch's history expired (HTTP 410); listing again", resource)
                     version = None
                     continue
                 if status == 404 and resource in OPTIONAL:
