@@ -7,6 +7,8 @@ and sends traffic only to the run's own API server.
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,7 +61,12 @@ def _short(exc: Exception) -> str:
     if not isinstance(exc, kubernetes.client.ApiException) or exc.status == 0:
         return "API server unreachable"  # the client's own connection, not an answer of the API server
     body = getattr(exc, "body", None) or str(exc)
-    text = str(body)
+    try:
+        text = json.loads(body).get("message", body)
+    except (TypeError, ValueError):
+        text = str(body)
+    # One line per cause, not per pod.
+    text = re.sub(r'pods "burst-\d+"', 'pods "burst-*"', str(text))
     # The API server's message names the webhook and the cause; keep the part that says which.
     for marker in ("connection refused", "no endpoints available", "context deadline exceeded", "EOF",
                    "connection reset", "i/o timeout", "no route to host"):

@@ -13,6 +13,7 @@ and the RuntimeClass ``nvidia``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -231,7 +232,8 @@ def installed(kubectl, kubelet):
 
 @pytest.fixture
 def namespace(kubectl, request):
-    name = f"e2e-{request.node.originalname.removeprefix('test_').replace('_', '-')[:40].strip('-')}"
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]  # one per parameter too
+    name = f"e2e-{request.node.originalname.removeprefix('test_').replace('_', '-')[:40].strip('-')}-{digest}"
     kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace",
                               "metadata": {"name": name, "labels": {"gpushard.io/mode": "enforce"}}}))
     yield name

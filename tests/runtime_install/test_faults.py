@@ -8,7 +8,7 @@ agent's DaemonSet pod), each during a bounded burst of fractional pod creations 
   container, no restart) and its card; the DaemonSet's pod comes back and the node advertises its shares again;
 - kube-apiserver restarted (SIGTERM, then SIGKILL): the creates after it all pass, nothing admitted unchanged;
 - etcd compacted past the webhook's watches: the webhook lists again, says so in its log, and no create fails;
-- the re-placement leader killed: the other replica takes the Lease.
+- the re-placement leader's pod deleted at once: another replica takes the Lease.
 Through all of them no card holds more than its shares. The figures are printed (docs/operations.md,
 "What happens when ..."), never asserted on time.
 """
@@ -161,13 +161,11 @@ def test_the_api_server_restarted_under_load(installed, plane, namespace, signal
     def restart():
         down["ready"] = restart_apiserver(plane, signal_name)
         down["at"] = time.monotonic()
-    burst = bursts.run(plane.kubectl.config, namespace, images.WORKLOAD, count=600, rate=30, limit_s=90,
-                       during=restart, at=0.1)
-    ok_after = [o for o in burst.outcomes if not o.error and o.started + burst.began > down["at"] - down["ready"]]
-    first_ok = min((o.started + o.seconds for o in ok_after), default=float("nan"))
+    burst = bursts.run(plane.kubectl.config, namespace, images.WORKLOAD, count=1500, rate=30, limit_s=100,
+                       during=restart, at=0.05)
     report(f"kube-apiserver restarted ({signal_name})", burst,
-           f"; ready again {down['ready']:.1f} s after the signal; first create admitted after it at "
-           f"{first_ok:.1f} s of the burst")
+           f"; signalled at {down['at'] - down['ready'] - burst.began:.1f} s, ready again {down['ready']:.1f} s "
+           "later")
     # Every create that reached the API server while it served was rewritten, none admitted unchanged.
     every_pod_rewritten(kubectl, namespace)
     components.wait_for("both webhook pods ready", lambda: ready_webhooks(kubectl) == 2, timeout=120)
@@ -202,18 +200,18 @@ def test_etcd_compacted_past_the_webhooks_watches(installed, plane, namespace):
     every_pod_rewritten(kubectl, namespace)
 
 
-def test_the_replacement_leader_killed(installed, runtime):
+def test_the_replacement_leader_killed(installed):
     kubectl = installed
 
     def holder():
         lease = kubectl.json("get", "lease", "gpushard-replacer", "-n", SYSTEM)
         return lease["spec"].get("holderIdentity")
     leader = components.wait_for("a re-placement leader", holder, timeout=120)
-    pod = kubectl.json("get", "pod", leader, "-n", SYSTEM)
-    container = pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
     duration = kubectl.json("get", "lease", "gpushard-replacer", "-n", SYSTEM)["spec"]["leaseDurationSeconds"]
+    # The leader's pod gone at once, as with its node: a killed container would restart in the same pod, under
+    # the same name, and could take its own Lease back.
     killed = time.monotonic()
-    runtime.ctr_run("tasks", "kill", "-s", "SIGKILL", container)
+    kubectl.run("delete", "pod", leader, "-n", SYSTEM, "--grace-period=0", "--force")
     taken = components.wait_for("the other replica holding the Lease", lambda: (lambda h: h if h and h != leader
                                                                                else None)(holder()), timeout=120)
     took = time.monotonic() - killed
