@@ -138,7 +138,8 @@ def test_the_view_and_agent_timeouts():
     ({"agent": {"requestTimeout": 0}}, "agent.requestTimeout: must be a number of seconds above 0, got 0"),
     ({"agent": {"metricsRequestTimeout": "fast"}},
      "agent.metricsRequestTimeout: must be a number of seconds above 0, got 'fast'"),
-    ({"agent": {"timeout": 5}}, "agent.timeout: unknown key (expected one of metricsRequestTimeout, requestTimeout)"),
+    ({"agent": {"timeout": 5}}, "agent.timeout: unknown key (expected one of metricsRequestTimeout, requestTimeout, "
+                                "runtimeCDI)"),
 ])
 def test_bad_timeouts_name_the_key_and_the_value(tmp_path, data, named):
     with pytest.raises(settings.SettingsError) as caught:

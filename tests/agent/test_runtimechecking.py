@@ -32,7 +32,9 @@ INFO = ("architecture", "bootID", "kernelVersion", "kubeProxyVersion", "kubeletV
 
 
 @pytest.fixture
-def world(api, plugin_dir, kubelet):
+def world(api, plugin_dir, kubelet, caplog):
+    # The first verdict is logged as the agent starts, in this fixture: capture it from here.
+    caplog.set_level(logging.INFO)
     api.put("nodes", node("containerd://1.6.20~ds1"))
     root = fakekubelet.short_tempdir("gsr-")
     folders = drabackend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"), os.path.join(root, "cdi"))
@@ -61,7 +63,6 @@ def prepare(agent, api, uid):
 
 def test_containerd_16_takes_no_claim_and_says_why(api, world, caplog):
     agent, checker, folders = world
-    caplog.set_level(logging.INFO)
     eventually(lambda: checker.read_once, "the runtime read")
     eventually(lambda: slice_devices(api) == [], "a slice with no card")
     entry = prepare(agent, api, "uid-1")
@@ -70,7 +71,8 @@ def test_containerd_16_takes_no_claim_and_says_why(api, world, caplog):
     assert not os.path.exists(os.path.join(folders.cdi, "gpushard.io-claim_uid-1.json"))
     details = agent.inventory_details()["cards"]
     assert all("has no CDI" in details[c.index]["draRefused"] for c in CARDS)
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and "has no CDI" in r.getMessage()]
+    logged = caplog.get_records("setup") + caplog.records
+    errors = [r for r in logged if r.levelno == logging.ERROR and "has no CDI" in r.getMessage()]
     assert len(errors) == 1, errors
 
 
