@@ -72,6 +72,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import costs  # noqa: E402
 import kubernetes  # noqa: E402
 import stranding  # noqa: E402
 import yaml  # noqa: E402
@@ -82,7 +83,15 @@ from webhook.core import draobjects, names  # noqa: E402
 CARDS = 8
 SHARES = 100
 MEMORY_MIB = 81559
-BACKENDS = ("deviceplugin", "dra", "dra-nohint")
+# The setup gpushard replaces: every card advertised as REPLICAS time-slicing replicas of nvidia.com/gpu, no
+# webhook; and under DRA the same claims a user could write without gpushard (no webhook).
+BASELINE, BYHAND = "timeslicing", "dra-byhand"
+WEBHOOKED = ("deviceplugin", "dra", "dra-nohint")
+BACKENDS = (BASELINE, *WEBHOOKED, BYHAND)
+# --side-by-side: (setup, webhook replicas) in the order they run.
+SIDE_BY_SIDE = ((BASELINE, 0), ("deviceplugin", 1), ("deviceplugin", 3), ("dra", 1), ("dra-nohint", 1), (BYHAND, 0))
+NVIDIA_GPU = "nvidia.com/gpu"
+REPLICAS = SHARES
 POD_LABEL = "bench.gpushard.io/pod"
 NAMESPACE = "burst"
 WEBHOOK_USER = "system:serviceaccount:gpushard-system:gpushard-webhook"
@@ -134,7 +143,17 @@ def node_name(i: int) -> str:
     return f"gpu-{i:04d}"
 
 
-def node_body(name: str, cordoned: tuple[int, ...] = ()) -> dict:
+def node_body(name: str, cordoned: tuple[int, ...] = (), backend: str = "deviceplugin") -> dict:
+    if backend == BASELINE:
+        # As NVIDIA's GPU feature discovery labels a node whose cards are time-sliced.
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name, "nvidia.com/gpu.count": str(CARDS),
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED", "nvidia.com/gpu.replicas": str(REPLICAS),
+            "nvidia.com/gpu.sharing-strategy": "time-slicing"}}}
+    if backend == BYHAND:
+        # A DRA driver's node: its cards are in its ResourceSlice, nothing of gpushard's on the Node.
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
+            "kubernetes.io/hostname": name}}}
     inventory = [{"index": k, "uuid": f"GPU-{name}-{k}", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": MEMORY_MIB}
                  for k in range(CARDS)]
     cordons = {names.card_cordon_annotation(k): json.dumps({"reason": "bench", "by": "bench", "at": ""})
@@ -146,12 +165,18 @@ def node_body(name: str, cordoned: tuple[int, ...] = ()) -> dict:
         "annotations": {"gpushard.io/inventory": json.dumps(inventory), **cordons}}}
 
 
-def node_status(dra: bool = False, cordoned: tuple[int, ...] = ()) -> dict:
-    """The node's status as the kubelet reports it with the agent's device plugins: under dra only the
-    node-wide gpushard.io/gpu (the cards are in the slice); a cordoned card's IDs withdrawn."""
+def node_status(backend: str = "deviceplugin", cordoned: tuple[int, ...] = ()) -> dict:
+    """The node's status as the kubelet reports it with the device plugins of the setup: time-slicing's
+    ``nvidia.com/gpu`` (cards x replicas); under gpushard's dra only the node-wide gpushard.io/gpu (the
+    cards are in the slice), under the device plugin also each card's shares (a cordoned card's IDs
+    withdrawn); for claims written by hand, nothing (the slice only)."""
+    resources = {"cpu": "128", "memory": "1Ti", "pods": "500"}
     healthy = CARDS - len(cordoned)
-    resources = {"cpu": "128", "memory": "1Ti", "pods": "500", "gpushard.io/gpu": str(healthy * SHARES)}
-    if not dra:
+    if backend == BASELINE:
+        resources[NVIDIA_GPU] = str(CARDS * REPLICAS)
+    elif backend in WEBHOOKED:
+        resources["gpushard.io/gpu"] = str(healthy * SHARES)
+    if backend == "deviceplugin":
         resources.update({f"gpushard.io/card-{k}": str(0 if k in cordoned else SHARES) for k in range(CARDS)})
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return {"status": {"capacity": resources, "allocatable": resources, "conditions": [
@@ -165,7 +190,7 @@ def cordoned_nodes(nodes: int, part: float) -> set[int]:
     return {round(j * nodes / count) for j in range(count)} if count else set()
 
 
-def make_nodes(api: kubernetes.client.CoreV1Api, count: int, workers: int = 16, dra: bool = False,
+def make_nodes(api: kubernetes.client.CoreV1Api, count: int, workers: int = 16, backend: str = "deviceplugin",
                cordoned: set[int] = frozenset()) -> float:
     started = time.monotonic()
     custom = kubernetes.client.CustomObjectsApi(api.api_client)
@@ -174,11 +199,11 @@ def make_nodes(api: kubernetes.client.CoreV1Api, count: int, workers: int = 16, 
     def one(i: int) -> None:
         name = node_name(i)
         off = (0,) if i in cordoned else ()
-        api.create_node(node_body(name, off))
-        api.patch_node_status(name, node_status(dra, off))
+        api.create_node(node_body(name, off, backend))
+        api.patch_node_status(name, node_status(backend, off))
         # Admission gives a new Node the not-ready taint; the node lifecycle controller would lift it.
         api.patch_node(name, {"spec": {"taints": []}})
-        if dra:
+        if backend not in (BASELINE, "deviceplugin"):
             facts = [draobjects.CardFacts(k, f"GPU-{name}-{k}", "NVIDIA H100 80GB HBM3", MEMORY_MIB)
                      for k in range(CARDS) if k not in off]
             custom.create_cluster_custom_object(group, version, "resourceslices",
@@ -199,12 +224,32 @@ def trace(rng: random.Random, nodes: int, load: float, limit: int, cards: int | 
     return sizes
 
 
-def pod_body(i: int, shares: int) -> dict:
-    fraction = f"{shares / SHARES:g}" if shares < SHARES else "1"
+def pod_body(i: int, shares: int, backend: str = "deviceplugin") -> dict:
+    """Burst pod ``i``: a fraction of a card for gpushard's webhook; ``shares`` replicas of
+    ``nvidia.com/gpu`` under time-slicing; a claim from the namespace's template of that size when the
+    claims are written by hand."""
+    container = {"name": "main", "image": "registry.example/cuda:12", "command": ["sleep", "inf"]}
+    spec: dict = {"terminationGracePeriodSeconds": 0, "containers": [container]}
+    if backend == BASELINE:
+        container["resources"] = {"limits": {NVIDIA_GPU: str(shares)}}
+    elif backend == BYHAND:
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": draobjects.template_name(shares)}]
+    else:
+        fraction = f"{shares / SHARES:g}" if shares < SHARES else "1"
+        container["resources"] = {"limits": {"nvidia.com/gpu": fraction}}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p-{i:05d}", "labels": {POD_LABEL: str(i)}},
-            "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
-                "name": "main", "image": "registry.example/cuda:12", "command": ["sleep", "inf"],
-                "resources": {"limits": {"nvidia.com/gpu": fraction}}}]}}
+            "spec": spec}
+
+
+def byhand_templates(custom: kubernetes.client.CustomObjectsApi, sizes: list[int]) -> None:
+    """The ResourceClaimTemplates a user writes once per size: one device of the class, that many shares of
+    its consumable capacity (the simplest such claim; gpushard's webhook writes the same shape)."""
+    group, version = names.DRA_API_VERSION.split("/")
+    for shares in sorted(set(sizes)):
+        template = draobjects.claim_template(NAMESPACE, shares)
+        template["metadata"].pop("labels", None)
+        custom.create_namespaced_custom_object(group, version, NAMESPACE, "resourceclaimtemplates", template)
 
 
 def replica_set_body(i: int, shares: int) -> dict:
@@ -254,24 +299,35 @@ def adopt(config: Path, sizes: list[int], clients: int, api: kubernetes.client.C
     return owned
 
 
-def create_burst(config: Path, sizes: list[int], clients: int) -> tuple[float, int, list[float]]:
-    """Create every pod from ``clients`` threads, each with its own connection; (seconds, refused, each
-    create's round trip in seconds as its client saw it: admission, the write and the answer)."""
+def create_burst(config: Path, sizes: list[int], clients: int, backend: str = "deviceplugin",
+                 rate: float = 0.0) -> tuple[float, int, list[float]]:
+    """Create every pod from ``clients`` threads, each with its own connection, as fast as they can or,
+    with ``rate``, at that many pods a second in all (pod ``n`` of the burst not before ``n / rate`` s);
+    (seconds, refused, each create's round trip in seconds as its client saw it: admission, the write and
+    the answer)."""
     lock = threading.Lock()
     refused = [0]
     took: list[float] = []
+    issued = [0]
+    started = time.monotonic()
 
     def one(api_client, i: int, shares: int) -> None:
-        started = time.perf_counter()
+        if rate:
+            with lock:
+                due = started + issued[0] / rate
+                issued[0] += 1
+            pause = due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        begun = time.perf_counter()
         try:
-            kubernetes.client.CoreV1Api(api_client).create_namespaced_pod(NAMESPACE, pod_body(i, shares))
+            kubernetes.client.CoreV1Api(api_client).create_namespaced_pod(NAMESPACE, pod_body(i, shares, backend))
         except kubernetes.client.ApiException:
             with lock:
                 refused[0] += 1
             return
         with lock:
-            took.append(time.perf_counter() - started)
-    started = time.monotonic()
+            took.append(time.perf_counter() - begun)
     in_parallel(config, sizes, clients, one)
     return time.monotonic() - started, refused[0], took
 
@@ -296,11 +352,20 @@ def replacement_round(config: Path, settings: Path, api: kubernetes.client.CoreV
     return evicted
 
 
-def pods_state(api: kubernetes.client.CoreV1Api) -> list[tuple[int, str | None, int]]:
-    """(shares, node, card) of every pod in the burst namespace: the card is the webhook's pin, or under
-    dra the card of the pod's allocated claim (-1 while it has none)."""
+# The lists this bench makes while it waits, by (verb, resource) as the API server counts them: taken out of
+# the requests a setup cost.
+OWN_REQUESTS: collections.Counter = collections.Counter()
+
+
+def pods_state(api: kubernetes.client.CoreV1Api, sizes: list[int] | None = None) -> list[tuple]:
+    """(shares, node, card, bound at, name) of every pod in the burst namespace: the shares are the webhook's
+    annotation, or the burst's size for the pod (its label) where no webhook wrote one; the card is the
+    webhook's pin, or under dra the card of the pod's allocated claim (-1 while it has none, and under
+    time-slicing, where the kubelet picks the replicas); bound at: when the scheduler bound it (the
+    PodScheduled condition, to the second)."""
     claims = {}
     try:
+        OWN_REQUESTS[("LIST", "resourceclaims")] += 1
         listed = kubernetes.client.CustomObjectsApi(api.api_client).list_namespaced_custom_object(
             "resource.k8s.io", "v1", NAMESPACE, "resourceclaims", _request_timeout=60)["items"]
     except kubernetes.client.ApiException:
@@ -311,16 +376,25 @@ def pods_state(api: kubernetes.client.CoreV1Api) -> list[tuple[int, str | None, 
         if results and owners:
             claims[owners[0]] = draobjects.card_index(results[0].get("device"))
     out = []
+    OWN_REQUESTS[("LIST", "pods")] += 1
     for pod in api.list_namespaced_pod(NAMESPACE, _request_timeout=60).items:
         annotations = pod.metadata.annotations or {}
         card = claims.get(pod.metadata.uid, int(annotations.get("gpushard.io/card", -1)))
-        out.append((int(annotations.get("gpushard.io/shares", 0)), pod.spec.node_name, card))
+        shares = int(annotations.get("gpushard.io/shares", 0))
+        label = (pod.metadata.labels or {}).get(POD_LABEL)
+        if not shares and sizes is not None and label is not None:
+            shares = sizes[int(label)]
+        scheduled = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"
+                          and c.status == "True"), None)
+        at = scheduled.last_transition_time.timestamp() if scheduled and scheduled.last_transition_time else 0.0
+        out.append((shares, pod.spec.node_name, card, at, pod.metadata.name))
     return out
 
 
 def pending_reasons(api: kubernetes.client.CoreV1Api, most: int = 3) -> list[tuple[str, int]]:
     """The scheduler's most common messages on the pods still Pending (numbers of nodes blanked)."""
     seen: collections.Counter = collections.Counter()
+    OWN_REQUESTS[("LIST", "pods")] += 1
     for pod in api.list_namespaced_pod(NAMESPACE, _request_timeout=60).items:
         if pod.spec.node_name:
             continue
@@ -330,12 +404,12 @@ def pending_reasons(api: kubernetes.client.CoreV1Api, most: int = 3) -> list[tup
     return seen.most_common(most)
 
 
-def wait_bound(api, total: int, settle: float) -> tuple[float, list]:
+def wait_bound(api, total: int, settle: float, sizes: list[int] | None = None) -> tuple[float, list]:
     """Poll until every pod is bound, or binding stopped for ``settle`` seconds; (time of the last bind, pods)."""
     last_count, last_change = -1, time.monotonic()
     while True:
-        state = pods_state(api)
-        bound = sum(1 for _s, node, _c in state if node)
+        state = pods_state(api, sizes)
+        bound = sum(1 for p in state if p[1])
         if bound != last_count:
             last_count, last_change = bound, time.monotonic()
         if (len(state) == total and bound == total) or time.monotonic() - last_change > settle:
@@ -345,14 +419,14 @@ def wait_bound(api, total: int, settle: float) -> tuple[float, list]:
 
 def stranded(state: list, nodes: int, cordoned: set[int] = frozenset()) -> int:
     used = {}
-    for shares, node, card in state:
+    for shares, node, card, *_ in state:
         if node:
             used[(node, card)] = used.get((node, card), 0) + shares
     free = [SHARES - used.get((node_name(n), k), 0) for n in range(nodes) for k in range(CARDS)
             if not (k == 0 and n in cordoned)]
     # Pending pods that some card could still take, counted greedily (each takes its room).
     count = 0
-    for shares in sorted((s for s, node, _c in state if not node), reverse=True):
+    for shares in sorted((p[0] for p in state if not p[1]), reverse=True):
         best = max(range(len(free)), key=free.__getitem__)
         if free[best] >= shares:
             free[best] -= shares
@@ -363,7 +437,7 @@ def stranded(state: list, nodes: int, cordoned: set[int] = frozenset()) -> int:
 def on_cordoned(state: list, cordoned: set[int]) -> int:
     """Pods bound to a cordoned card (none should be: it had no room for new pods)."""
     off = {node_name(n) for n in cordoned}
-    return sum(1 for _s, node, card in state if node in off and card == 0)
+    return sum(1 for _s, node, card, *_ in state if node in off and card == 0)
 
 
 HISTOGRAM = re.compile(r'^(\w+)_bucket\{(.*)\} (\S+)$')
@@ -423,80 +497,133 @@ def first_fit_decreasing(nodes: int, sizes: list[int], cordoned: set[int] = froz
                                            for n in range(nodes)], sizes)
 
 
+def stranded_on_nodes(state: list, nodes: int) -> int:
+    """Under time-slicing the scheduler sees only each node's replicas: pending pods some node still has room
+    for, counted greedily."""
+    used: dict[str, int] = {}
+    for shares, node, *_ in state:
+        if node:
+            used[node] = used.get(node, 0) + shares
+    free = [CARDS * REPLICAS - used.get(node_name(n), 0) for n in range(nodes)]
+    count = 0
+    for shares in sorted((p[0] for p in state if not p[1]), reverse=True):
+        best = max(range(len(free)), key=free.__getitem__)
+        if free[best] >= shares:
+            free[best] -= shares
+            count += 1
+    return count
+
+
+def bind_rate(state: list) -> float:
+    """The scheduler's throughput: pods bound per second from its first bind to its last (PodScheduled times,
+    to the second)."""
+    times = sorted(p[3] for p in state if p[1] and p[3])
+    if len(times) < 2 or times[-1] <= times[0]:
+        return 0.0
+    return round((len(times) - 1) / (times[-1] - times[0]), 1)
+
+
+def component_pids(plane: components.ControlPlane, webhooks: list[components.Process]) -> dict[str, tuple[int, bool]]:
+    pids = {p.name: (p.proc.pid, False) for p in plane.processes if p.alive()}
+    for w in webhooks:
+        pids[w.name] = (w.proc.pid, True)
+    return pids
+
+
+def read_counters(plane: components.ControlPlane, webhooks: list[components.Process]) -> costs.Counters:
+    return costs.Counters.read(plane.kubectl.run("get", "--raw", "/metrics", timeout=60).stdout,
+                               costs.fetch(f"{plane.etcd_url}/metrics"), component_pids(plane, webhooks))
+
+
 def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: float, seed: int,
         score_all: bool = True, backend: str = "deviceplugin", cordon: float = 0.0, partition: bool = True,
-        sim_lag: int = 0, workloads: bool = False) -> dict:
+        sim_lag: int = 0, workloads: bool = False, rate: float = 0.0) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpushard-scale-"))
     (work / "audit-policy.yaml").write_text(AUDIT_POLICY)
     plane = components.ControlPlane(assets, work, node_lifecycle=False, score_all_nodes=score_all, apiserver_flags=[
         f"--audit-policy-file={work / 'audit-policy.yaml'}", f"--audit-log-path={work / 'audit.log'}",
         "--audit-log-format=json", "--audit-log-maxsize=0"])
     webhooks: list[components.Process] = []
+    gpushard_on = backend in WEBHOOKED
+    replicas = replicas if gpushard_on else 0
     try:
         plane.start()
         kubectl = plane.kubectl
-        dra = backend != "deviceplugin"
-        kustomization = ROOT / "deploy" / ("overlays/dra" if dra else "base")
-        kubectl.run("apply", "-k", str(kustomization), check=False, timeout=180)
         admin = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(
             str(plane.work / "admin.kubeconfig")))
-        off = cordoned_nodes(nodes, cordon)
-        node_seconds = make_nodes(admin, nodes, dra=dra, cordoned=off)
+        custom = kubernetes.client.CustomObjectsApi(admin.api_client)
+        if gpushard_on:
+            kustomization = ROOT / "deploy" / ("base" if backend == "deviceplugin" else "overlays/dra")
+            kubectl.run("apply", "-k", str(kustomization), check=False, timeout=180)
+        elif backend == BYHAND:
+            kubectl.apply(json.dumps(draobjects.device_class()))
+        off = cordoned_nodes(nodes, cordon) if gpushard_on else set()
+        node_seconds = make_nodes(admin, nodes, backend=backend, cordoned=off)
+        labels = {"gpushard.io/mode": "enforce"} if gpushard_on else {}
         kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-            "name": NAMESPACE, "labels": {"gpushard.io/mode": "enforce"}}}))
-
-        config = gpushard.shipped_config(kubectl, work)
-        if backend == "dra-nohint":
-            settings = yaml.safe_load(config.read_text())
-            settings.setdefault("policy", {})["nodeAffinity"] = "none"
-            config.write_text(yaml.safe_dump(settings))
-        token = kubectl.token("gpushard-webhook", gpushard.SYSTEM)
-        env = {**os.environ, "KUBECONFIG": str(plane.token_config("webhook", token))}
-        cert, key = plane.pki.issue("webhook", "gpushard-webhook", ips=("127.0.0.1",), server=True)
-        ports = []
-        started = time.monotonic()
-        for r in range(replicas):
-            port = components.free_port()
-            ports.append(port)
-            webhooks.append(components.Process(f"webhook-{r}", [
-                gpushard.GPUSHARD, "serve", f"--cert={cert}", f"--key={key}", f"--bind=127.0.0.1:{port}",
-                f"--config={config}", *([f"--replica={r}/{replicas}"] if partition else [])],
-                work / f"webhook-{r}.log", env=env).start())
-        context = components.tls_context(plane.pki.ca_path)
-        for port in ports:
-            components.wait_for("a webhook's view", lambda p=port: urllib.request.urlopen(
-                f"https://127.0.0.1:{p}/readyz", context=context, timeout=5).status == 200, timeout=300)
-        synced = time.monotonic() - started
-        balancer = Balancer(ports)
-        gpushard.point_configuration(plane, f"https://127.0.0.1:{balancer.port}")
-        time.sleep(2)
+            "name": NAMESPACE, "labels": labels}}))
 
         rng = random.Random(seed)
         sizes = trace(rng, nodes, load, pods, cards=nodes * CARDS - len(off))
+        if backend == BYHAND:
+            byhand_templates(custom, sizes)
+        synced, config, context, ports = 0.0, None, None, []
+        if gpushard_on:
+            config = gpushard.shipped_config(kubectl, work)
+            if backend == "dra-nohint":
+                settings = yaml.safe_load(config.read_text())
+                settings.setdefault("policy", {})["nodeAffinity"] = "none"
+                config.write_text(yaml.safe_dump(settings))
+            token = kubectl.token("gpushard-webhook", gpushard.SYSTEM)
+            env = {**os.environ, "KUBECONFIG": str(plane.token_config("webhook", token))}
+            cert, key = plane.pki.issue("webhook", "gpushard-webhook", ips=("127.0.0.1",), server=True)
+            started = time.monotonic()
+            for r in range(replicas):
+                port = components.free_port()
+                ports.append(port)
+                webhooks.append(components.Process(f"webhook-{r}", [
+                    gpushard.GPUSHARD, "serve", f"--cert={cert}", f"--key={key}", f"--bind=127.0.0.1:{port}",
+                    f"--config={config}", *([f"--replica={r}/{replicas}"] if partition else [])],
+                    work / f"webhook-{r}.log", env=env).start())
+            context = components.tls_context(plane.pki.ca_path)
+            for port in ports:
+                components.wait_for("a webhook's view", lambda p=port: urllib.request.urlopen(
+                    f"https://127.0.0.1:{p}/readyz", context=context, timeout=5).status == 200, timeout=300)
+            synced = time.monotonic() - started
+            balancer = Balancer(ports)
+            gpushard.point_configuration(plane, f"https://127.0.0.1:{balancer.port}")
+        # Every controller and informer settled (the templates' and configuration's events seen) before the
+        # counters are read.
+        time.sleep(5)
+
         metrics_before = kubectl.run("get", "--raw", "/metrics").stdout
-        ours_before = [urllib.request.urlopen(f"https://127.0.0.1:{p}/metrics", context=context).read().decode()
-                       for p in ports]
+        ours_before = [costs.fetch(f"https://127.0.0.1:{p}/metrics", context) for p in ports]
         audit_before = (work / "audit.log").read_text().count("\n") if (work / "audit.log").exists() else 0
+        OWN_REQUESTS.clear()
+        counters_before = read_counters(plane, webhooks)
         t0 = time.monotonic()
-        create_seconds, refused, took = create_burst(plane.work / "admin.kubeconfig", sizes, clients)
-        last_bind, state = wait_bound(admin, len(sizes) - refused, settle=20)
+        create_seconds, refused, took = create_burst(plane.work / "admin.kubeconfig", sizes, clients, backend, rate)
+        last_bind, state = wait_bound(admin, len(sizes) - refused, settle=20, sizes=sizes)
+        own = dict(OWN_REQUESTS)
+        counters_after = read_counters(plane, webhooks)
+        cost = costs.delta(counters_before, counters_after, len(sizes) - refused, own)
         replaced = {}
-        if workloads:
+        if workloads and gpushard_on:
             first = stranded(state, nodes, off)
             adopted = adopt(plane.work / "admin.kubeconfig", sizes, clients, admin)
             evicted = replacement_round(plane.work / "admin.kubeconfig", config, admin)
-            _again, after = wait_bound(admin, len(sizes) - refused, settle=20)
+            _again, after = wait_bound(admin, len(sizes) - refused, settle=20, sizes=sizes)
             # Every pod the round evicted was made again by its ReplicaSet, under the ReplicaSet's name.
+            OWN_REQUESTS[("LIST", "pods")] += 1
             evicted += sum(1 for p in admin.list_namespaced_pod(NAMESPACE, _request_timeout=60).items
                            if p.metadata.name.startswith("rs-"))
             replaced = {"stranded_after_round": stranded(after, nodes, off), "evicted": evicted, "adopted": adopted,
                         "stranded_first": first, "packing_after_round": round(
-                            sum(sh for sh, node, _c in after if node) / max(1, first_fit_decreasing(nodes, sizes, off)),
+                            sum(p[0] for p in after if p[1]) / max(1, first_fit_decreasing(nodes, sizes, off)),
                             4)}
         metrics_after = kubectl.run("get", "--raw", "/metrics").stdout
-        ours_after = [urllib.request.urlopen(f"https://127.0.0.1:{p}/metrics", context=context).read().decode()
-                      for p in ports]
-        audit_total = (work / "audit.log").read_text().count("\n")
+        ours_after = [costs.fetch(f"https://127.0.0.1:{p}/metrics", context) for p in ports]
+        audit_total = (work / "audit.log").read_text().count("\n") if (work / "audit.log").exists() else 0
         audit_lines = audit_total - audit_before
 
         match = {"name": "enforce.gpushard.io", "operation": "CREATE", "type": "admit"}
@@ -506,24 +633,42 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
         for text, into in [(t, own_b) for t in ours_before] + [(t, own_a) for t in ours_after]:
             for le, v in buckets(text, "gpushard_admission_seconds", {}).items():
                 into[le] = into.get(le, 0) + v
-        bound_shares = sum(s for s, node, _c in state if node)
-        pending = sum(1 for _s, node, _c in state if not node)
+        bound_shares = sum(p[0] for p in state if p[1])
+        pending = sum(1 for p in state if not p[1])
+        spread = {}
+        if backend == BASELINE:
+            bound = [(p[1], p[3], p[4], p[0]) for p in state if p[1]]
+            for policy in (costs.DISTRIBUTED, costs.PACKED):
+                seen = costs.timeslice(bound, CARDS, REPLICAS, policy)
+                spread[policy] = {"spanning": seen.spanning, "overcommitted_cards": seen.overcommitted_cards,
+                                  "widest": seen.widest}
+        cpu = {name: round(seconds, 1) for name, seconds in cost.cpu.items()}
         return {
             "backend": backend, "partition": partition and replicas > 1, "cordoned_cards": len(off),
             "on_cordoned": on_cordoned(state, off),
             "nodes": nodes, "cards": nodes * CARDS, "pods": len(sizes), "load": load, "replicas": replicas,
             "scheduler": "scores every node" if score_all else "kube-scheduler's default sample",
-            "clients": clients, "node_setup_s": round(node_seconds, 1), "refused": refused,
+            "clients": clients, "rate": rate or "as fast as the clients go", "node_setup_s": round(node_seconds, 1),
+            "refused": refused,
             "create_s": round(create_seconds, 1), "create_rate": round(len(sizes) / create_seconds, 1),
-            "scheduled_s": round(last_bind - t0, 1), "pending": pending, "stranded": stranded(state, nodes, off),
-            "api_p50": quantile_bound(api_b, api_a, 0.5), "api_p99": quantile_bound(api_b, api_a, 0.99),
-            "own_p50": quantile_bound(own_b, own_a, 0.5), "own_p99": quantile_bound(own_b, own_a, 0.99),
+            "scheduled_s": round(last_bind - t0, 1), "bound_per_s": bind_rate(state), "pending": pending,
+            "stranded": stranded_on_nodes(state, nodes) if backend == BASELINE else stranded(state, nodes, off),
+            "api_p50": quantile_bound(api_b, api_a, 0.5) if gpushard_on else "-",
+            "api_p99": quantile_bound(api_b, api_a, 0.99) if gpushard_on else "-",
+            "own_p50": quantile_bound(own_b, own_a, 0.5) if gpushard_on else "-",
+            "own_p99": quantile_bound(own_b, own_a, 0.99) if gpushard_on else "-",
             "create_p50_ms": percentile_ms(took, 0.5), "create_p99_ms": percentile_ms(took, 0.99),
+            "requests_per_pod": cost.per_pod(cost.requests_total),
+            "etcd_writes_per_pod": cost.per_pod(cost.etcd_writes),
+            "top_requests": cost.top(), "own_requests": sum(own.values()),
+            "cpu_s": cpu,
+            "cpu_ms_per_pod": {name: round(1000 * v / max(1, cost.pods), 1) for name, v in cost.cpu.items()},
             "rss_mib": [round(rss_mib(w.proc.pid), 1) for w in webhooks], "view_synced_s": round(synced, 1),
             "webhook_requests": audit_total, "requests_during_burst": audit_lines,
             "requests_per_admission": round(audit_total / max(1, len(sizes)), 4),
             "load_reached": round(sum(sizes) / ((nodes * CARDS - len(off)) * SHARES), 3),
             "packing": round(bound_shares / max(1, first_fit_decreasing(nodes, sizes, off)), 4),
+            "timeslicing": spread,
             "pending_reasons": pending_reasons(admin), "workloads": workloads, **replaced,
             **(simulated(nodes, sizes, replicas, partition, sim_lag, seed)
                if sim_lag and backend == "deviceplugin" and not off else {}),
@@ -532,6 +677,40 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
         for w in webhooks:
             w.stop()
         plane.stop()
+
+
+def side_by_side(rows: list[dict], args) -> None:
+    """Each setup against time-slicing's, where the run had it: the issue's three goals (binds a second, a
+    create's p99, API requests a pod) and what else each pod cost."""
+    base = next((r for r in rows if r["backend"] == BASELINE), None)
+    if base is None:
+        return
+    rate = f"{args.rate:g} pods/s" if args.rate else "as fast as the clients go"
+    print(f"\nside by side, {args.nodes} nodes x {CARDS} cards, {base['pods']} pods to {base['load_reached']:.0%} "
+          f"of the cards, {args.clients} clients, created {rate}, seed {args.seed}")
+    head = ["setup", "replicas", "bound/s", "x base", "first create to last bind s", "create p50 ms", "p99 ms",
+            "p99 - base ms", "API req/pod", "x base", "etcd writes/pod", "x base", "stranded", "packing",
+            "CPU ms/pod (apiserver, etcd, scheduler, webhooks)"]
+    print(" | ".join(head))
+    for r in rows:
+        webhook_cpu = sum(v for k, v in r["cpu_ms_per_pod"].items() if k.startswith("webhook-"))
+        cpu = r["cpu_ms_per_pod"]
+        print(" | ".join(str(x) for x in [
+            r["backend"], r["replicas"] or "-", r["bound_per_s"], costs.ratio(r["bound_per_s"], base["bound_per_s"]),
+            r["scheduled_s"], r["create_p50_ms"], r["create_p99_ms"],
+            round(r["create_p99_ms"] - base["create_p99_ms"], 1), r["requests_per_pod"],
+            costs.ratio(r["requests_per_pod"], base["requests_per_pod"]), r["etcd_writes_per_pod"],
+            costs.ratio(r["etcd_writes_per_pod"], base["etcd_writes_per_pod"]), r["stranded"], r["packing"],
+            f"{cpu.get('kube-apiserver', 0)}, {cpu.get('etcd', 0)}, {cpu.get('kube-scheduler', 0)}, "
+            f"{round(webhook_cpu, 1)}"]))
+    for policy, seen in base["timeslicing"].items():
+        print(f"time-slicing ({policy} allocation): {seen['spanning']} of {base['pods'] - base['pending']} bound pods "
+              f"see more than one card (at most {seen['widest']}), {seen['overcommitted_cards']} cards of "
+              f"{base['cards']} past one card's worth of asks; gpushard: 0 and 0 by construction (one card per pod, "
+              f"shares counted per card)")
+    print("what each pod cost the API server, by request (per pod):")
+    for r in rows:
+        print(f"  {r['backend']} x{r['replicas']}: " + ", ".join(f"{k} {v}" for k, v in r["top_requests"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -543,7 +722,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.95, help="the burst's shares as a part of the cluster's")
     parser.add_argument("--seed", type=int, default=20261201)
     parser.add_argument("--backends", default="deviceplugin",
-                        help=f"backends to run the same trace under, comma-separated: {', '.join(BACKENDS)}")
+                        help=f"setups to run the same trace under, comma-separated: {', '.join(BACKENDS)} "
+                             f"({BASELINE}: NVIDIA's time-slicing replicas, no gpushard; {BYHAND}: "
+                             "consumable-capacity claims written by hand, no gpushard)")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="the same trace under each setup in turn, against time-slicing's: "
+                             + ", ".join(f"{b}" + (f" x{r}" if r else "") for b, r in SIDE_BY_SIDE)
+                             + " (overrides --backends and --replicas)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="create the pods at this many a second in all (0: as fast as the clients go)")
     parser.add_argument("--partition", default="on", choices=("on", "off", "both"),
                         help="webhook replicas each try their share of the cards first (serve --replica I/N, as in a "
                              "cluster they do by their rank among the Service's pods), not, or both in turn")
@@ -568,19 +755,28 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"gpushard: --backends: {unknown[0]!r} is none of {', '.join(BACKENDS)}", file=sys.stderr)
         return 2
+    if args.rate < 0:
+        print(f"gpushard: --rate: {args.rate} must be 0 (as fast as the clients go) or more", file=sys.stderr)
+        return 2
     if not 0 <= args.cordon < 1:
         print(f"gpushard: --cordon: {args.cordon} must be from 0 up to (not including) 1", file=sys.stderr)
         return 2
     rows = []
     partitions = {"on": (True,), "off": (False,), "both": (False, True)}[args.partition]
-    for backend in backends:
-        for replicas in [int(r) for r in args.replicas.split(",")]:
-            for partition in partitions if replicas > 1 else partitions[:1]:
-                row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
-                          score_all=not args.default_scheduler, backend=backend, cordon=args.cordon,
-                          partition=partition, sim_lag=args.sim_lag, workloads=args.workloads)
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    if args.side_by_side:
+        plan = [(b, r, True) for b, r in SIDE_BY_SIDE]
+    else:
+        plan = [(b, int(r), part) for b in backends for r in args.replicas.split(",")
+                for part in (partitions if int(r) > 1 else partitions[:1])]
+        # Setups without gpushard run once, whatever the replica counts.
+        plan = [step for i, step in enumerate(plan) if step[0] in WEBHOOKED
+                or step[0] not in [s[0] for s in plan[:i]]]
+    for backend, replicas, partition in plan:
+        row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
+                  score_all=not args.default_scheduler, backend=backend, cordon=args.cordon,
+                  partition=partition, sim_lag=args.sim_lag, workloads=args.workloads, rate=args.rate)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     keys = ["backend", "replicas", "partition", "cordoned_cards", "on_cordoned", "pods", "load_reached", "create_rate",
             "scheduled_s", "pending", "stranded", "api_p50", "create_p50_ms", "create_p99_ms",
             "api_p99", "own_p50", "own_p99", "rss_mib", "view_synced_s", "requests_per_admission", "packing"]
@@ -601,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         print("after one re-placement round: " + "; ".join(
             f"{r['replicas']} replicas, partition {r['partition']}: stranded {r['stranded_first']} -> "
             f"{r['stranded_after_round']} ({r['evicted']} evicted), packing {r['packing_after_round']}" for r in rows))
+    side_by_side(rows, args)
     print(f"stranded share of the burst: {[round(r['stranded'] / r['pods'], 4) for r in rows]}; "
           f"mean create rate {statistics.mean(r['create_rate'] for r in rows):.1f} pods/s")
     return 0

@@ -1,0 +1,194 @@
+"""What a run cost the control plane, and what the time-slicing setup did to the cards: the pure parts of
+bench/e2e_scale.py's side-by-side mode, kept apart so that tests can check them without a cluster.
+
+- ``Counters``: the API server's requests (``apiserver_request_total``, by verb and resource), etcd's
+  writes (its revision: one per write transaction) and the CPU seconds of each component's processes,
+  read before and after a burst; ``delta`` is what the burst cost.
+- ``timeslice``: the cards NVIDIA's device plugin gives each pod of a node under time-slicing. The node
+  offers every card as ``replicas`` devices of ``nvidia.com/gpu``; the kubelet asks the plugin for its
+  preferred allocation (GetPreferredAllocation), and the plugin's ``distributed`` policy (its default,
+  ``--shared-devices-allocation-policy``) takes one replica at a time from the card with the fewest
+  allocated replicas, ties to the card this allocation has taken fewest from (NVIDIA/k8s-device-plugin,
+  internal/rm/allocate.go, ``greedyAlloc``); ``packed`` takes from the card with the most. A pod of 25
+  replicas on an empty node so sees 8 cards, each of which it may use whole: nothing keeps a card's
+  total at one card. ``Spread`` counts the pods that see more than one card and the cards whose pods
+  may use more than one card's worth (the sum of the asks of the pods that see it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import urllib.request
+from dataclasses import dataclass, field
+
+SERIES = re.compile(r'^(\w+)\{(.*)\} (\S+)$')
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+DISTRIBUTED, PACKED = "distributed", "packed"
+
+
+def series(text: str, metric: str) -> list[tuple[dict[str, str], float]]:
+    """Every labelled sample of ``metric`` in a Prometheus text exposition."""
+    out = []
+    for line in text.splitlines():
+        m = SERIES.match(line)
+        if m and m.group(1) == metric:
+            out.append((dict(LABEL.findall(m.group(2))), float(m.group(3))))
+    return out
+
+
+def gauge(text: str, metric: str) -> float | None:
+    """An unlabelled sample of ``metric``."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == metric:
+            return float(parts[1])
+    return None
+
+
+def requests_by_kind(text: str) -> dict[tuple[str, str], float]:
+    """The API server's requests so far, by (verb, resource[/subresource])."""
+    out: dict[tuple[str, str], float] = {}
+    for labels, value in series(text, "apiserver_request_total"):
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource = f"{resource}/{labels['subresource']}"
+        key = (labels.get("verb", "?"), resource)
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User and system CPU seconds of a live process (and, with ``children``, of its live children: a
+    gunicorn master's workers); 0 when it is gone."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = [pid]
+    if children:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                pids += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    total = 0.0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                # The command may hold spaces and parentheses: the fields start after the last ')'.
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def fetch(url: str, context=None, timeout: float = 30) -> str:
+    return urllib.request.urlopen(url, context=context, timeout=timeout).read().decode()
+
+
+@dataclass
+class Counters:
+    """One reading of what the control plane has done so far."""
+
+    requests: dict[tuple[str, str], float]
+    etcd_revision: float
+    cpu: dict[str, float]
+
+    @classmethod
+    def read(cls, apiserver_metrics: str, etcd_metrics: str, pids: dict[str, tuple[int, bool]]) -> Counters:
+        revision = gauge(etcd_metrics, "etcd_debugging_mvcc_current_revision")
+        if revision is None:
+            raise ValueError("etcd's metrics have no etcd_debugging_mvcc_current_revision")
+        return cls(requests_by_kind(apiserver_metrics), revision,
+                   {name: cpu_seconds(pid, children) for name, (pid, children) in pids.items()})
+
+
+@dataclass
+class Delta:
+    """What happened between two readings, per pod of the burst."""
+
+    pods: int
+    requests: dict[tuple[str, str], float]
+    etcd_writes: float
+    cpu: dict[str, float]
+    # Requests the bench made itself while it waited (its own lists): not the setup's cost.
+    own_requests: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    @property
+    def requests_total(self) -> float:
+        return sum(self.requests.values()) - sum(self.own_requests.values())
+
+    def per_pod(self, value: float) -> float:
+        return round(value / max(1, self.pods), 3)
+
+    def top(self, most: int = 6) -> list[tuple[str, float]]:
+        """The kinds of request that cost most, per pod (the bench's own taken out)."""
+        net = {k: v - self.own_requests.get(k, 0.0) for k, v in self.requests.items()}
+        ranked = sorted(((v, k) for k, v in net.items() if v > 0), reverse=True)[:most]
+        return [(f"{verb} {resource}", self.per_pod(v)) for v, (verb, resource) in ranked]
+
+
+def delta(before: Counters, after: Counters, pods: int, own: dict[tuple[str, str], float] | None = None) -> Delta:
+    requests = {k: v - before.requests.get(k, 0.0) for k, v in after.requests.items()}
+    return Delta(pods, {k: v for k, v in requests.items() if v > 0}, after.etcd_revision - before.etcd_revision,
+                 {name: max(0.0, after.cpu.get(name, 0.0) - before.cpu.get(name, 0.0)) for name in after.cpu},
+                 dict(own or {}))
+
+
+@dataclass
+class Spread:
+    """What time-slicing gave the pods of the run: pods seeing more than one card, cards past one card's
+    worth, and the most cards one pod saw."""
+
+    pods: int = 0
+    spanning: int = 0
+    overcommitted_cards: int = 0
+    cards: int = 0
+    widest: int = 0
+
+
+def allocate(allocated: list[int], replicas: int, size: int, policy: str = DISTRIBUTED) -> list[int]:
+    """Replicas taken from each card for one pod of ``size`` replicas, as the plugin's greedy allocation
+    takes them one at a time; ``allocated`` (replicas already taken per card) is updated."""
+    if size > len(allocated) * replicas - sum(allocated):
+        raise ValueError(f"{size} replicas asked, {len(allocated) * replicas - sum(allocated)} free")
+    taken = [0] * len(allocated)
+    for _ in range(size):
+        free = [k for k in range(len(allocated)) if allocated[k] < replicas]
+        if policy == DISTRIBUTED:
+            k = min(free, key=lambda c: (allocated[c], taken[c], c))
+        elif policy == PACKED:
+            k = min(free, key=lambda c: (-allocated[c], taken[c], c))
+        else:
+            raise ValueError(f"unknown allocation policy {policy!r}")
+        allocated[k] += 1
+        taken[k] += 1
+    return taken
+
+
+def timeslice(bound: list[tuple[str, float, str, int]], cards: int, replicas: int,
+              policy: str = DISTRIBUTED) -> Spread:
+    """``bound``: (node, bind time, pod name, replicas asked) of every bound pod; the kubelet allocates in
+    the order pods reach their node (bind time, then name)."""
+    used: dict[str, list[int]] = {}
+    seen: dict[tuple[str, int], int] = {}
+    out = Spread(cards=0)
+    for node, _at, _name, size in sorted(bound, key=lambda b: (b[1], b[2])):
+        allocated = used.setdefault(node, [0] * cards)
+        taken = allocate(allocated, replicas, size, policy)
+        visible = [k for k in range(cards) if taken[k]]
+        out.pods += 1
+        out.spanning += len(visible) > 1
+        out.widest = max(out.widest, len(visible))
+        for k in visible:
+            # A pod that sees a card may use all of its ask there: time-slicing caps nothing.
+            seen[(node, k)] = seen.get((node, k), 0) + size
+    out.cards = len(used) * cards
+    out.overcommitted_cards = sum(1 for total in seen.values() if total > replicas)
+    return out
+
+
+def ratio(value: float, baseline: float) -> str:
+    if not baseline or math.isnan(baseline):
+        return "n/a"
+    return f"{value / baseline:.2f}"
