@@ -4,6 +4,8 @@ bench/e2e_scale.py's side-by-side mode, kept apart so that tests can check them 
 - ``Counters``: the API server's requests (``apiserver_request_total``, by verb and resource), etcd's
   writes (its revision: one per write transaction) and the CPU seconds of each component's processes,
   read before and after a burst; ``delta`` is what the burst cost.
+- ``Counters.timings``: where a create's time went as the API server measures it (the sums of its histograms:
+  the create request, each admission step, the webhooks, the ValidatingAdmissionPolicies), per pod.
 - ``timeslice``: the cards NVIDIA's device plugin gives each pod of a node under time-slicing. The node
   offers every card as ``replicas`` devices of ``nvidia.com/gpu``; the kubelet asks the plugin for its
   preferred allocation (GetPreferredAllocation), and the plugin's ``distributed`` policy (its default,
@@ -59,6 +61,33 @@ def requests_by_kind(text: str) -> dict[tuple[str, str], float]:
     return out
 
 
+# Where a create's time goes, as the API server's own histograms sum it: (metric, labels that must match).
+# The request is the pods' POST; the admission steps count every CREATE (bindings and events too), the
+# webhooks and policies only what they match (gpushard's: pods in opted-in namespaces).
+TIMINGS = {
+    "create": ("apiserver_request_duration_seconds", {"verb": "POST", "resource": "pods", "subresource": ""}),
+    "mutating admission": ("apiserver_admission_step_admission_duration_seconds",
+                           {"type": "admit", "operation": "CREATE"}),
+    "validating admission": ("apiserver_admission_step_admission_duration_seconds",
+                             {"type": "validate", "operation": "CREATE"}),
+    "webhooks": ("apiserver_admission_webhook_admission_duration_seconds", {"operation": "CREATE"}),
+    "policies": ("apiserver_validating_admission_policy_check_duration_seconds", {}),
+}
+
+
+def histogram_sum(text: str, metric: str, match: dict[str, str]) -> tuple[float, float]:
+    """(sum, count) of ``metric``'s series whose labels match ``match`` (a label absent counts as empty)."""
+    total, count = 0.0, 0.0
+    for suffix in ("_sum", "_count"):
+        for labels, value in series(text, metric + suffix):
+            if all(labels.get(k, "") == v for k, v in match.items()):
+                if suffix == "_sum":
+                    total += value
+                else:
+                    count += value
+    return total, count
+
+
 def cpu_seconds(pid: int, children: bool = False) -> float:
     """User and system CPU seconds of a live process (and, with ``children``, of its live children: a
     gunicorn master's workers); 0 when it is gone."""
@@ -93,6 +122,7 @@ class Counters:
     requests: dict[tuple[str, str], float]
     etcd_revision: float
     cpu: dict[str, float]
+    timings: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @classmethod
     def read(cls, apiserver_metrics: str, etcd_metrics: str, pids: dict[str, tuple[int, bool]]) -> Counters:
@@ -100,7 +130,8 @@ class Counters:
         if revision is None:
             raise ValueError("etcd's metrics have no etcd_debugging_mvcc_current_revision")
         return cls(requests_by_kind(apiserver_metrics), revision,
-                   {name: cpu_seconds(pid, children) for name, (pid, children) in pids.items()})
+                   {name: cpu_seconds(pid, children) for name, (pid, children) in pids.items()},
+                   {name: histogram_sum(apiserver_metrics, metric, match) for name, (metric, match) in TIMINGS.items()})
 
 
 @dataclass
@@ -113,6 +144,17 @@ class Delta:
     cpu: dict[str, float]
     # Requests the bench made itself while it waited (its own lists): not the setup's cost.
     own_requests: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (seconds, observations) of each of TIMINGS over the burst.
+    timings: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def ms_per_pod(self) -> dict[str, float]:
+        """Each of TIMINGS' seconds over the burst, in milliseconds per pod of it."""
+        return {name: round(1000 * seconds / max(1, self.pods), 2) for name, (seconds, _n) in self.timings.items()}
+
+    def calls_per_pod(self) -> dict[str, float]:
+        """How many times each of TIMINGS was observed over the burst, per pod of it (a webhook called twice
+        for one pod, reinvoked, shows as 2)."""
+        return {name: self.per_pod(count) for name, (_s, count) in self.timings.items()}
 
     @property
     def requests_total(self) -> float:
@@ -132,7 +174,10 @@ def delta(before: Counters, after: Counters, pods: int, own: dict[tuple[str, str
     requests = {k: v - before.requests.get(k, 0.0) for k, v in after.requests.items()}
     return Delta(pods, {k: v for k, v in requests.items() if v > 0}, after.etcd_revision - before.etcd_revision,
                  {name: max(0.0, after.cpu.get(name, 0.0) - before.cpu.get(name, 0.0)) for name in after.cpu},
-                 dict(own or {}))
+                 dict(own or {}),
+                 {name: (total - before.timings.get(name, (0.0, 0.0))[0],
+                         count - before.timings.get(name, (0.0, 0.0))[1])
+                  for name, (total, count) in after.timings.items()})
 
 
 @dataclass

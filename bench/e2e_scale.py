@@ -55,6 +55,7 @@ import asyncio
 import collections
 import json
 import math
+import multiprocessing
 import os
 import random
 import re
@@ -78,7 +79,7 @@ import stranding  # noqa: E402
 import yaml  # noqa: E402
 
 from tests.e2e import components, gpushard  # noqa: E402
-from webhook.core import draobjects, names  # noqa: E402
+from webhook.core import draobjects, names, scheduling  # noqa: E402
 
 CARDS = 8
 SHARES = 100
@@ -106,23 +107,32 @@ rules:
 
 
 class Balancer:
-    """Round-robin TCP: each connection the API server opens goes to the next webhook, as a Service's would."""
+    """Round-robin TCP: each connection the API server opens goes to the next webhook, as a Service's would. It
+    runs in a process of its own, so that copying the webhooks' bytes never waits on the GIL of the bench's
+    client threads (which would add its wait to every admission)."""
 
     def __init__(self, ports: list[int]):
         self.ports, self.port = ports, components.free_port()
-        self.loop = asyncio.new_event_loop()
-        self.turn = 0
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(10)
+        ready = multiprocessing.get_context("fork").Event()
+        self.process = multiprocessing.get_context("fork").Process(
+            target=_balance, args=(ports, self.port, ready), daemon=True)
+        self.process.start()
+        if not ready.wait(10):
+            raise RuntimeError("the bench's balancer did not start")
 
-    async def _serve(self):
-        self.server = await asyncio.start_server(self._connection, "127.0.0.1", self.port)
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.join(5)
 
-    async def _connection(self, reader, writer):
-        port = self.ports[self.turn % len(self.ports)]
-        self.turn += 1
+
+def _balance(ports: list[int], port: int, ready) -> None:
+    turn = [0]
+
+    async def connection(reader, writer):
+        upstream = ports[turn[0] % len(ports)]
+        turn[0] += 1
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
         except OSError:
             writer.close()
             return
@@ -137,6 +147,13 @@ class Balancer:
             finally:
                 dst.close()
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def main():
+        server = await asyncio.start_server(connection, "127.0.0.1", port)
+        ready.set()
+        async with server:
+            await server.serve_forever()
+    asyncio.run(main())
 
 
 def node_name(i: int) -> str:
@@ -434,6 +451,44 @@ def stranded(state: list, nodes: int, cordoned: set[int] = frozenset()) -> int:
     return count
 
 
+def why_stranded(api: kubernetes.client.CoreV1Api, nodes: int) -> dict:
+    """Under the device plugin backend, why pods wait on a full card while another has room. Each pending pod
+    that some card could take now falls in one class: ``no_room_at_admission`` (the webhook's view had no card
+    with room: it wrote no preferred node and drew an index to wait on), ``taken_by_moved`` (a pod the
+    scheduler bound elsewhere than its preferred node holds shares of the card chosen for it) or
+    ``taken_by_choosers`` (every pod on that card was chosen for it: choosers whose views lagged each other
+    over-filled it). ``moved``: bound pods the scheduler put on another node than gpushard chose."""
+    OWN_REQUESTS[("LIST", "pods")] += 1
+    listed = api.list_namespaced_pod(NAMESPACE, _request_timeout=60).items
+    pods = []
+    for pod in listed:
+        annotations = pod.metadata.annotations or {}
+        preferred = scheduling.preferred_node(api.api_client.sanitize_for_serialization(pod.spec))
+        pods.append((int(annotations.get("gpushard.io/shares", 0)), int(annotations.get("gpushard.io/card", -1)),
+                     preferred, pod.spec.node_name))
+    used: dict[tuple[str, int], int] = collections.Counter()
+    moved_onto: set[tuple[str, int]] = set()
+    for shares, card, preferred, node in pods:
+        if node:
+            used[(node, card)] += shares
+            if preferred and preferred != node:
+                moved_onto.add((node, card))
+    room = SHARES if len(used) < nodes * CARDS else max(SHARES - u for u in used.values())
+    out = {"moved": sum(1 for _s, _c, preferred, node in pods if node and preferred and preferred != node),
+           "bound_without_preferred": sum(1 for _s, _c, preferred, node in pods if node and not preferred),
+           "no_room_at_admission": 0, "taken_by_moved": 0, "taken_by_choosers": 0}
+    for shares, card, preferred, node in pods:
+        if node or shares > room:
+            continue
+        if not preferred:
+            out["no_room_at_admission"] += 1
+        elif (preferred, card) in moved_onto:
+            out["taken_by_moved"] += 1
+        else:
+            out["taken_by_choosers"] += 1
+    return out
+
+
 def on_cordoned(state: list, cordoned: set[int]) -> int:
     """Pods bound to a cordoned card (none should be: it had no room for new pods)."""
     off = {node_name(n) for n in cordoned}
@@ -537,13 +592,14 @@ def read_counters(plane: components.ControlPlane, webhooks: list[components.Proc
 
 def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: float, seed: int,
         score_all: bool = True, backend: str = "deviceplugin", cordon: float = 0.0, partition: bool = True,
-        sim_lag: int = 0, workloads: bool = False, rate: float = 0.0) -> dict:
+        sim_lag: int = 0, workloads: bool = False, rate: float = 0.0, policies: bool = True) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpushard-scale-"))
     (work / "audit-policy.yaml").write_text(AUDIT_POLICY)
     plane = components.ControlPlane(assets, work, node_lifecycle=False, score_all_nodes=score_all, apiserver_flags=[
         f"--audit-policy-file={work / 'audit-policy.yaml'}", f"--audit-log-path={work / 'audit.log'}",
         "--audit-log-format=json", "--audit-log-maxsize=0"])
     webhooks: list[components.Process] = []
+    balancer: Balancer | None = None
     gpushard_on = backend in WEBHOOKED
     replicas = replicas if gpushard_on else 0
     try:
@@ -590,8 +646,15 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
                 components.wait_for("a webhook's view", lambda p=port: urllib.request.urlopen(
                     f"https://127.0.0.1:{p}/readyz", context=context, timeout=5).status == 200, timeout=300)
             synced = time.monotonic() - started
-            balancer = Balancer(ports)
-            gpushard.point_configuration(plane, f"https://127.0.0.1:{balancer.port}")
+            if replicas > 1:
+                balancer = Balancer(ports)
+                gpushard.point_configuration(plane, f"https://127.0.0.1:{balancer.port}")
+            else:
+                # One webhook: the API server calls it itself, as it would its Service's one endpoint.
+                gpushard.point_configuration(plane, f"https://127.0.0.1:{ports[0]}")
+            if not policies:
+                # Diagnosis: gpushard without its ValidatingAdmissionPolicies, to tell their cost apart.
+                kubectl.run("delete", "validatingadmissionpolicybinding", "-l", "app.kubernetes.io/part-of=gpushard")
         # Every controller and informer settled (the templates' and configuration's events seen) before the
         # counters are read.
         time.sleep(5)
@@ -648,6 +711,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
             "on_cordoned": on_cordoned(state, off),
             "nodes": nodes, "cards": nodes * CARDS, "pods": len(sizes), "load": load, "replicas": replicas,
             "scheduler": "scores every node" if score_all else "kube-scheduler's default sample",
+            "policies": policies if gpushard_on else "-",
             "clients": clients, "rate": rate or "as fast as the clients go", "node_setup_s": round(node_seconds, 1),
             "refused": refused,
             "create_s": round(create_seconds, 1), "create_rate": round(len(sizes) / create_seconds, 1),
@@ -661,6 +725,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
             "requests_per_pod": cost.per_pod(cost.requests_total),
             "etcd_writes_per_pod": cost.per_pod(cost.etcd_writes),
             "top_requests": cost.top(), "own_requests": sum(own.values()),
+            "server_ms_per_pod": cost.ms_per_pod(), "server_calls_per_pod": cost.calls_per_pod(),
             "cpu_s": cpu,
             "cpu_ms_per_pod": {name: round(1000 * v / max(1, cost.pods), 1) for name, v in cost.cpu.items()},
             "rss_mib": [round(rss_mib(w.proc.pid), 1) for w in webhooks], "view_synced_s": round(synced, 1),
@@ -670,10 +735,13 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
             "packing": round(bound_shares / max(1, first_fit_decreasing(nodes, sizes, off)), 4),
             "timeslicing": spread,
             "pending_reasons": pending_reasons(admin), "workloads": workloads, **replaced,
+            **({"why_stranded": why_stranded(admin, nodes)} if backend == "deviceplugin" else {}),
             **(simulated(nodes, sizes, replicas, partition, sim_lag, seed)
                if sim_lag and backend == "deviceplugin" and not off else {}),
         }
     finally:
+        if balancer is not None:
+            balancer.stop()
         for w in webhooks:
             w.stop()
         plane.stop()
@@ -708,6 +776,10 @@ def side_by_side(rows: list[dict], args) -> None:
               f"see more than one card (at most {seen['widest']}), {seen['overcommitted_cards']} cards of "
               f"{base['cards']} past one card's worth of asks; gpushard: 0 and 0 by construction (one card per pod, "
               f"shares counted per card)")
+    print("where a create's time went, as the API server sums it (ms per pod: " + ", ".join(costs.TIMINGS) + ")")
+    for r in rows:
+        print(f"  {r['backend']} x{r['replicas']}: " + ", ".join(
+            f"{r['server_ms_per_pod'].get(name, 0)}" for name in costs.TIMINGS))
     print("what each pod cost the API server, by request (per pod):")
     for r in rows:
         print(f"  {r['backend']} x{r['replicas']}: " + ", ".join(f"{k} {v}" for k, v in r["top_requests"]))
@@ -740,6 +812,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sim-lag", type=int, default=12,
                         help="also run the trace through bench/stranding.py's model, views this many changes "
                              "behind (device plugin, no cordon; 0: not)")
+    parser.add_argument("--without-policies", action="store_true",
+                        help="diagnosis: gpushard's setups without its ValidatingAdmissionPolicies (their bindings "
+                             "deleted), to tell what they cost from what the webhook costs")
     parser.add_argument("--cordon", type=float, default=0.0,
                         help="the part of the nodes whose card 0 is cordoned (0.1: one node in ten)")
     parser.add_argument("--default-scheduler", action="store_true",
@@ -774,7 +849,8 @@ def main(argv: list[str] | None = None) -> int:
     for backend, replicas, partition in plan:
         row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
                   score_all=not args.default_scheduler, backend=backend, cordon=args.cordon,
-                  partition=partition, sim_lag=args.sim_lag, workloads=args.workloads, rate=args.rate)
+                  partition=partition, sim_lag=args.sim_lag, workloads=args.workloads, rate=args.rate,
+                  policies=not args.without_policies)
         rows.append(row)
         print(json.dumps(row), flush=True)
     keys = ["backend", "replicas", "partition", "cordoned_cards", "on_cordoned", "pods", "load_reached", "create_rate",

@@ -99,3 +99,27 @@ def test_cpu_seconds_of_a_live_process_grow_and_of_a_gone_one_are_zero():
 def test_ratio():
     assert costs.ratio(52.3, 52.8) == "0.99"
     assert costs.ratio(1.0, 0) == "n/a"
+
+
+def _histogram(metric: str, labels: str, total: float, count: float) -> str:
+    return f"{metric}_sum{{{labels}}} {total}\n{metric}_count{{{labels}}} {count}\n"
+
+
+def test_timings_sum_only_the_series_that_match_and_are_per_pod_over_the_burst():
+    steps = "apiserver_admission_step_admission_duration_seconds"
+    text = (_histogram(steps, 'operation="CREATE",rejected="false",type="admit"', 0.5, 10)
+            + _histogram(steps, 'operation="CREATE",rejected="true",type="admit"', 0.25, 2)
+            + _histogram(steps, 'operation="UPDATE",rejected="false",type="admit"', 9.0, 9)
+            + _histogram("apiserver_request_duration_seconds",
+                         'component="apiserver",resource="pods",subresource="",verb="POST"', 1.0, 10)
+            + _histogram("apiserver_request_duration_seconds",
+                         'component="apiserver",resource="pods",subresource="binding",verb="POST"', 7.0, 10))
+    assert costs.histogram_sum(text, steps, {"type": "admit", "operation": "CREATE"}) == (0.75, 12)
+    before = costs.Counters.read(text, ETCD, {})
+    assert before.timings["create"] == (1.0, 10)  # the binding subresource is not a create of a pod
+    after = costs.Counters.read(text.replace("} 0.5\n", "} 2.5\n").replace("} 1.0\n", "} 3.0\n"), ETCD, {})
+    d = costs.delta(before, after, 40)
+    assert d.ms_per_pod()["mutating admission"] == 50.0
+    assert d.ms_per_pod()["create"] == 50.0
+    assert d.ms_per_pod()["policies"] == 0.0
+    assert d.calls_per_pod()["mutating admission"] == 0.0 and d.calls_per_pod()["create"] == 0.0
