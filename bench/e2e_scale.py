@@ -5,8 +5,8 @@ kube-scheduler, kubectl); no kubelet: each node is written as the agent and kube
 cards of ``gpushard.io/card-<k>: 100`` allocatable, the inventory annotation, Ready, the not-ready taint
 removed, with the node lifecycle controller off so nothing marks them unreachable). deploy/base is installed
 as shipped (its admission policies run on every pod), and 1-3 `gpushard serve` processes with the webhook's
-own ServiceAccount token sit behind a round-robin TCP balancer of this bench, which the shipped
-MutatingWebhookConfiguration calls. Then a burst: pods of the packing benchmark's size mix
+own ServiceAccount token, which the shipped MutatingWebhookConfiguration calls (several behind a round-robin
+TCP balancer of this bench). Then a burst: pods of the packing benchmark's size mix
 (bench/stranding.py ``MIX``) up to ``--load`` of the cluster's shares, bare pods in one enforce namespace,
 created by ``--clients`` threads at once. The scheduler binds them (nothing runs them).
 
@@ -31,20 +31,36 @@ a kubelet would, since none runs here), the ReplicaSets make them again and the 
 the stranded pods are counted again once binding stops. Without it the stranded count is what a round
 could rescue.
 
-``--backends`` runs the same trace under each backend, side by side: ``deviceplugin`` (the webhook pins
-the card), ``dra`` (deploy/overlays/dra: each node's ResourceSlice written as the agent writes it, the
-scheduler's allocator picks the card, the webhook hints the node of its binpack choice) and
-``dra-nohint`` (the same with ``policy.nodeAffinity: none``: the scheduler alone). ``--cordon F``
-cordons card 0 on that part of the nodes, as `gpushard cordon` and the agent leave them (the annotation;
-allocatable 0 for the device plugin, the device gone from the slice under dra), and reports any pod bound
-to a cordoned card. Under dra the card of a bound pod is its claim's allocation result.
+``--backends`` runs the same trace under each setup, side by side: ``timeslicing`` (the setup gpushard
+replaces: no gpushard at all, each node labelled and advertising ``nvidia.com/gpu`` as NVIDIA's device plugin
+and GPU feature discovery do with 100 time-slicing replicas per card, pods asking ``nvidia.com/gpu: <replicas>``),
+``deviceplugin`` (the webhook pins the card), ``dra`` (deploy/overlays/dra: each node's ResourceSlice written
+as the agent writes it, the scheduler's allocator picks the card, the webhook hints the node of its binpack
+choice), ``dra-nohint`` (the same with ``policy.nodeAffinity: none``: the scheduler alone) and ``dra-byhand``
+(no gpushard: the DeviceClass and a slice per node, and the simplest consumable-capacity claims a user
+writes by hand, one ResourceClaimTemplate per size). ``--side-by-side`` runs them all in one go (the device
+plugin backend with 1 and 3 webhooks) and prints each against time-slicing's: pods bound a second (from the
+pods' PodScheduled times), first create to last bind, each create's round trip p50/p99 as its client timed it,
+API requests and etcd writes per pod (``apiserver_request_total`` by verb and resource, less the bench's own
+lists; etcd's revision), CPU per pod of each component (from /proc), where a create's time went as the API
+server sums it (the create, the mutating and validating admission steps, the webhooks), and for time-slicing
+the pods that see more than one card and the cards past one card's worth of asks, under the plugin's
+``distributed`` and ``packed`` allocation (bench/costs.py). ``--rate`` paces the creates (a rate the control
+plane sustains); ``--without-policies`` deletes gpushard's ValidatingAdmissionPolicyBindings, to tell their
+cost from the webhook's. One webhook is called directly; several sit behind the round-robin balancer, which
+runs in its own process. Under the device plugin backend each run also says why any pod strands
+(``why_stranded``).
+
+``--cordon F`` cordons card 0 on that part of the nodes, as `gpushard cordon` and the agent leave them (the
+annotation; allocatable 0 for the device plugin, the device gone from the slice under dra), and reports any
+pod bound to a cordoned card. Under dra the card of a bound pod is its claim's allocation result.
 
 ``--partition`` (on by default, as in a cluster): each webhook replica tries its share of the cards first
 (``serve --replica I/N``); ``off``: every replica chooses over all cards alike.
 
 Run: KUBEBUILDER_ASSETS=... python bench/e2e_scale.py [--nodes 100] [--pods 1000] [--replicas 1,2,3]
-     [--clients 16] [--load 0.95] [--seed N] [--backends deviceplugin,dra,dra-nohint] [--cordon 0.1]
-     [--partition on|off|both]
+     [--clients 16] [--load 0.95] [--seed N] [--backends timeslicing,deviceplugin,dra,dra-nohint,dra-byhand]
+     [--side-by-side] [--rate 40] [--without-policies] [--cordon 0.1] [--partition on|off|both]
      (as root is not needed: no kubelet runs)
 """
 

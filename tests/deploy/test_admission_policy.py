@@ -308,4 +308,7 @@ def test_every_manifest_object_is_judged_without_an_expression_error():
                        "userInfo": {"username": "alice"}}
                 outcome = admission_policy.evaluate(shipped, bindings[shipped["metadata"]["name"]], req, obj, None,
                                                     namespace)
-                assert outcome.matched and not outcome.errored, (where, shipped["metadata"]["name"], outcome.message)
+                # The opt-in guard leaves enforce namespaces alone (its namespaceSelector): not evaluated there.
+                expected = not (shipped["metadata"]["name"] == "gpushard-opt-in" and labels)
+                assert outcome.matched == expected and not outcome.errored, (
+                    where, shipped["metadata"]["name"], outcome.message)
