@@ -594,6 +594,13 @@ def bind_rate(state: list) -> float:
     return round((len(times) - 1) / (times[-1] - times[0]), 1)
 
 
+def bind_span(state: list, since: float) -> list[float]:
+    """Seconds from ``since`` (the first create, wall clock) to the first, median and last bind (PodScheduled
+    times, to the second)."""
+    times = sorted(p[3] for p in state if p[1] and p[3])
+    return [round(t - since, 1) for t in (times[0], times[len(times) // 2], times[-1])] if times else []
+
+
 def component_pids(plane: components.ControlPlane, webhooks: list[components.Process]) -> dict[str, tuple[int, bool]]:
     pids = {p.name: (p.proc.pid, False) for p in plane.processes if p.alive()}
     for w in webhooks:
@@ -680,9 +687,11 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
         audit_before = (work / "audit.log").read_text().count("\n") if (work / "audit.log").exists() else 0
         OWN_REQUESTS.clear()
         counters_before = read_counters(plane, webhooks)
-        t0 = time.monotonic()
+        t0, t0_wall = time.monotonic(), time.time()
         create_seconds, refused, took = create_burst(plane.work / "admin.kubeconfig", sizes, clients, backend, rate)
         last_bind, state = wait_bound(admin, len(sizes) - refused, settle=20, sizes=sizes)
+        # The bind rate comes from the API server's wall-clock times: a clock stepped meanwhile skews it.
+        clock_moved = round((time.time() - time.monotonic()) - (t0_wall - t0), 2)
         own = dict(OWN_REQUESTS)
         counters_after = read_counters(plane, webhooks)
         cost = costs.delta(counters_before, counters_after, len(sizes) - refused, own)
@@ -732,6 +741,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
             "refused": refused,
             "create_s": round(create_seconds, 1), "create_rate": round(len(sizes) / create_seconds, 1),
             "scheduled_s": round(last_bind - t0, 1), "bound_per_s": bind_rate(state), "pending": pending,
+            "binds_s": bind_span(state, t0_wall), "clock_moved_s": clock_moved,
             "stranded": stranded_on_nodes(state, nodes) if backend == BASELINE else stranded(state, nodes, off),
             "api_p50": quantile_bound(api_b, api_a, 0.5) if gpushard_on else "-",
             "api_p99": quantile_bound(api_b, api_a, 0.99) if gpushard_on else "-",

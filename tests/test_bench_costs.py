@@ -123,3 +123,12 @@ def test_timings_sum_only_the_series_that_match_and_are_per_pod_over_the_burst()
     assert d.ms_per_pod()["create"] == 50.0
     assert d.ms_per_pod()["policies"] == 0.0
     assert d.calls_per_pod()["mutating admission"] == 0.0 and d.calls_per_pod()["create"] == 0.0
+
+
+def test_node_patches_are_setup_noise_not_a_setups_cost():
+    patch = 'apiserver_request_total{code="200",resource="nodes",subresource="",verb="PATCH"}'
+    before = costs.Counters.read(APISERVER + f"{patch} 5\n", ETCD, {})
+    after_text = APISERVER.replace("} 10\n", "} 30\n") + f"{patch} 905\n"
+    d = costs.delta(before, costs.Counters.read(after_text, ETCD, {}), 20)
+    assert d.requests_total == 20
+    assert d.top() == [("POST pods", 1.0)]
