@@ -179,9 +179,12 @@ SETUP_NOISE = (("PATCH", "nodes"),)
 def delta(before: Counters, after: Counters, pods: int, own: dict[tuple[str, str], float] | None = None) -> Delta:
     requests = {k: v - before.requests.get(k, 0.0) for k, v in after.requests.items()}
     own = dict(own or {})
+    noise = 0.0
     for kind in SETUP_NOISE:
+        noise += requests.get(kind, 0.0)
         own[kind] = own.get(kind, 0.0) + requests.get(kind, 0.0)
-    return Delta(pods, {k: v for k, v in requests.items() if v > 0}, after.etcd_revision - before.etcd_revision,
+    # Each of those patches is one etcd write too.
+    return Delta(pods, {k: v for k, v in requests.items() if v > 0}, after.etcd_revision - before.etcd_revision - noise,
                  {name: max(0.0, after.cpu.get(name, 0.0) - before.cpu.get(name, 0.0)) for name in after.cpu},
                  own,
                  {name: (total - before.timings.get(name, (0.0, 0.0))[0],
