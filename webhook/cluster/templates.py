@@ -6,9 +6,12 @@ from it once the pod exists, and while the template is missing it records a
 ``FailedResourceClaimCreation`` event on the pod and tries again with backoff: the pod stays
 Pending, then starts normally once the template appears. So the webhook makes the template as it
 admits the first such pod of a namespace, before answering, and remembers which exist for a
-minute (a template deleted since is made again by the next pod after that); when the
-API server does not take it in time, the pod is still admitted with a warning, and a background
-pass keeps trying.
+minute; after that the next such pod has a background pass make sure of it again (a template
+deleted since, with its namespace made again, comes back within a few seconds), and that pod is
+answered at once: only the first pod of a namespace and share count waits for an API call, where a
+check on the admission path every minute and size made about one admission in twenty wait for one
+in a burst (docs/costs.md). When the API server does not take a new template in time, the pod is
+still admitted with a warning, and the background pass keeps trying.
 """
 
 from __future__ import annotations
@@ -66,8 +69,16 @@ class Templates:
         key = (namespace, shares, size_mib)
         with self._lock:
             seen = self._known.get(key)
-            if seen is not None and self.clock() - seen < self.recheck:
+            if seen is not None:
+                if self.clock() - seen >= self.recheck and key not in self._pending:
+                    # Made before: checked again in the background, not on this pod's admission.
+                    self._pending.add(key)
+                    self._wake.set()
                 return None
+        return self._make_sure(key)
+
+    def _make_sure(self, key: tuple[str, int, int]) -> str | None:
+        namespace, shares, size_mib = key
         try:
             self._make(namespace, shares, size_mib)
         except Exception as exc:
@@ -89,8 +100,8 @@ class Templates:
     def retry_pending(self) -> None:
         with self._lock:
             pending = sorted(self._pending)
-        for namespace, shares, size_mib in pending:
-            self.ensure(namespace, shares, size_mib)
+        for key in pending:
+            self._make_sure(key)
 
     def start(self) -> Templates:
         def loop():
