@@ -127,18 +127,25 @@ class Balancer:
     runs in a process of its own, so that copying the webhooks' bytes never waits on the GIL of the bench's
     client threads (which would add its wait to every admission)."""
 
-    def __init__(self, ports: list[int]):
+    def __init__(self, ports: list[int], in_bench: bool = False):
         self.ports, self.port = ports, components.free_port()
-        ready = multiprocessing.get_context("fork").Event()
-        self.process = multiprocessing.get_context("fork").Process(
-            target=_balance, args=(ports, self.port, ready), daemon=True)
-        self.process.start()
+        if in_bench:
+            # Diagnosis only: in a thread of the bench, as it once ran, waiting on the clients' GIL.
+            ready = threading.Event()
+            self.process = None
+            threading.Thread(target=_balance, args=(ports, self.port, ready), daemon=True).start()
+        else:
+            ready = multiprocessing.get_context("fork").Event()
+            self.process = multiprocessing.get_context("fork").Process(
+                target=_balance, args=(ports, self.port, ready), daemon=True)
+            self.process.start()
         if not ready.wait(10):
             raise RuntimeError("the bench's balancer did not start")
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.join(5)
+        if self.process is not None:
+            self.process.terminate()
+            self.process.join(5)
 
 
 def _balance(ports: list[int], port: int, ready) -> None:
@@ -615,7 +622,8 @@ def read_counters(plane: components.ControlPlane, webhooks: list[components.Proc
 
 def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: float, seed: int,
         score_all: bool = True, backend: str = "deviceplugin", cordon: float = 0.0, partition: bool = True,
-        sim_lag: int = 0, workloads: bool = False, rate: float = 0.0, policies: bool = True) -> dict:
+        sim_lag: int = 0, workloads: bool = False, rate: float = 0.0, policies: bool = True,
+        balancer_in_bench: bool = False) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpushard-scale-"))
     (work / "audit-policy.yaml").write_text(AUDIT_POLICY)
     plane = components.ControlPlane(assets, work, node_lifecycle=False, score_all_nodes=score_all, apiserver_flags=[
@@ -670,7 +678,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
                     f"https://127.0.0.1:{p}/readyz", context=context, timeout=5).status == 200, timeout=300)
             synced = time.monotonic() - started
             if replicas > 1:
-                balancer = Balancer(ports)
+                balancer = Balancer(ports, in_bench=balancer_in_bench)
                 gpushard.point_configuration(plane, f"https://127.0.0.1:{balancer.port}")
             else:
                 # One webhook: the API server calls it itself, as it would its Service's one endpoint.
@@ -737,6 +745,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
             "nodes": nodes, "cards": nodes * CARDS, "pods": len(sizes), "load": load, "replicas": replicas,
             "scheduler": "scores every node" if score_all else "kube-scheduler's default sample",
             "policies": policies if gpushard_on else "-",
+            "balancer": ("in the bench" if balancer_in_bench else "own process") if replicas > 1 else "-",
             "clients": clients, "rate": rate or "as fast as the clients go", "node_setup_s": round(node_seconds, 1),
             "refused": refused,
             "create_s": round(create_seconds, 1), "create_rate": round(len(sizes) / create_seconds, 1),
@@ -838,6 +847,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sim-lag", type=int, default=12,
                         help="also run the trace through bench/stranding.py's model, views this many changes "
                              "behind (device plugin, no cordon; 0: not)")
+    parser.add_argument("--balancer-in-bench", action="store_true",
+                        help="diagnosis: the webhooks' balancer in a thread of the bench, beside its clients (as it "
+                             "once ran), not in a process of its own")
     parser.add_argument("--without-policies", action="store_true",
                         help="diagnosis: gpushard's setups without its ValidatingAdmissionPolicies (their bindings "
                              "deleted), to tell what they cost from what the webhook costs")
@@ -876,7 +888,7 @@ def main(argv: list[str] | None = None) -> int:
         row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
                   score_all=not args.default_scheduler, backend=backend, cordon=args.cordon,
                   partition=partition, sim_lag=args.sim_lag, workloads=args.workloads, rate=args.rate,
-                  policies=not args.without_policies)
+                  policies=not args.without_policies, balancer_in_bench=args.balancer_in_bench)
         rows.append(row)
         print(json.dumps(row), flush=True)
     keys = ["backend", "replicas", "partition", "cordoned_cards", "on_cordoned", "pods", "load_reached", "create_rate",
