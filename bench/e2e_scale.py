@@ -464,14 +464,7 @@ def stranded(state: list, nodes: int, cordoned: set[int] = frozenset()) -> int:
             used[(node, card)] = used.get((node, card), 0) + shares
     free = [SHARES - used.get((node_name(n), k), 0) for n in range(nodes) for k in range(CARDS)
             if not (k == 0 and n in cordoned)]
-    # Pending pods that some card could still take, counted greedily (each takes its room).
-    count = 0
-    for shares in sorted((p[0] for p in state if not p[1]), reverse=True):
-        best = max(range(len(free)), key=free.__getitem__)
-        if free[best] >= shares:
-            free[best] -= shares
-            count += 1
-    return count
+    return fitting_pending(state, free)
 
 
 def why_stranded(api: kubernetes.client.CoreV1Api, nodes: int) -> dict:
@@ -575,14 +568,9 @@ def first_fit_decreasing(nodes: int, sizes: list[int], cordoned: set[int] = froz
                                            for n in range(nodes)], sizes)
 
 
-def stranded_on_nodes(state: list, nodes: int) -> int:
-    """Under time-slicing the scheduler sees only each node's replicas: pending pods some node still has room
-    for, counted greedily."""
-    used: dict[str, int] = {}
-    for shares, node, *_ in state:
-        if node:
-            used[node] = used.get(node, 0) + shares
-    free = [CARDS * REPLICAS - used.get(node_name(n), 0) for n in range(nodes)]
+def fitting_pending(state: list, free: list[int]) -> int:
+    """Pending pods that some place with ``free`` room could still take, counted greedily (each takes its
+    room)."""
     count = 0
     for shares in sorted((p[0] for p in state if not p[1]), reverse=True):
         best = max(range(len(free)), key=free.__getitem__)
@@ -590,6 +578,16 @@ def stranded_on_nodes(state: list, nodes: int) -> int:
             free[best] -= shares
             count += 1
     return count
+
+
+def stranded_on_nodes(state: list, nodes: int) -> int:
+    """Under time-slicing the scheduler sees only each node's replicas: pending pods some node still has room
+    for, counted greedily."""
+    used: dict[str, int] = {}
+    for shares, node, *_ in state:
+        if node:
+            used[node] = used.get(node, 0) + shares
+    return fitting_pending(state, [CARDS * REPLICAS - used.get(node_name(n), 0) for n in range(nodes)])
 
 
 def bind_rate(state: list) -> float:
