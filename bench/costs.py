@@ -192,6 +192,36 @@ def delta(before: Counters, after: Counters, pods: int, own: dict[tuple[str, str
                   for name, (total, count) in after.timings.items()})
 
 
+def why_stranded(pods: list[tuple[int, int, str | None, str | None]], cards: int, shares_per_card: int) -> dict:
+    """``pods``: (shares, card, the node gpushard chose or None, the node it is bound to or None) of every pod
+    over ``cards`` cards. Each pending pod that some card could take now falls in one class:
+    ``no_room_at_admission`` (gpushard chose no node: its view had no card with room), ``taken_by_moved``
+    (a pod the scheduler bound elsewhere than gpushard chose holds shares of the card chosen for it) or
+    ``taken_by_choosers`` (every pod on that card was chosen for it: choosers whose views lagged each other
+    over-filled it). ``moved``: bound pods the scheduler put on another node than gpushard chose."""
+    used: dict[tuple[str, int], int] = {}
+    moved_onto: set[tuple[str, int]] = set()
+    for size, card, chosen, node in pods:
+        if node:
+            used[(node, card)] = used.get((node, card), 0) + size
+            if chosen and chosen != node:
+                moved_onto.add((node, card))
+    room = shares_per_card if len(used) < cards else max(shares_per_card - u for u in used.values())
+    out = {"moved": sum(1 for _s, _c, chosen, node in pods if node and chosen and chosen != node),
+           "bound_without_preferred": sum(1 for _s, _c, chosen, node in pods if node and not chosen),
+           "no_room_at_admission": 0, "taken_by_moved": 0, "taken_by_choosers": 0}
+    for size, card, chosen, node in pods:
+        if node or size > room:
+            continue
+        if not chosen:
+            out["no_room_at_admission"] += 1
+        elif (chosen, card) in moved_onto:
+            out["taken_by_moved"] += 1
+        else:
+            out["taken_by_choosers"] += 1
+    return out
+
+
 @dataclass
 class Spread:
     """What time-slicing gave the pods of the run: pods seeing more than one card, cards past one card's

@@ -482,27 +482,7 @@ def why_stranded(api: kubernetes.client.CoreV1Api, nodes: int) -> dict:
         preferred = scheduling.preferred_node(api.api_client.sanitize_for_serialization(pod.spec))
         pods.append((int(annotations.get("gpushard.io/shares", 0)), int(annotations.get("gpushard.io/card", -1)),
                      preferred, pod.spec.node_name))
-    used: dict[tuple[str, int], int] = collections.Counter()
-    moved_onto: set[tuple[str, int]] = set()
-    for shares, card, preferred, node in pods:
-        if node:
-            used[(node, card)] += shares
-            if preferred and preferred != node:
-                moved_onto.add((node, card))
-    room = SHARES if len(used) < nodes * CARDS else max(SHARES - u for u in used.values())
-    out = {"moved": sum(1 for _s, _c, preferred, node in pods if node and preferred and preferred != node),
-           "bound_without_preferred": sum(1 for _s, _c, preferred, node in pods if node and not preferred),
-           "no_room_at_admission": 0, "taken_by_moved": 0, "taken_by_choosers": 0}
-    for shares, card, preferred, node in pods:
-        if node or shares > room:
-            continue
-        if not preferred:
-            out["no_room_at_admission"] += 1
-        elif (preferred, card) in moved_onto:
-            out["taken_by_moved"] += 1
-        else:
-            out["taken_by_choosers"] += 1
-    return out
+    return costs.why_stranded(pods, nodes * CARDS, SHARES)
 
 
 def on_cordoned(state: list, cordoned: set[int]) -> int:

@@ -133,3 +133,19 @@ def test_node_patches_are_setup_noise_not_a_setups_cost():
     assert d.requests_total == 20
     assert d.top() == [("POST pods", 1.0)]
     assert d.etcd_writes == 20  # 920 revisions, 900 of them the node patches
+
+
+def test_why_stranded_names_what_took_each_waiting_pods_card():
+    # Two nodes of two cards, 100 shares each; card 1 of n2 is empty, so every pending pod fits somewhere.
+    # "b" chose n1, but the scheduler bound it on n2's card 0, which gpushard had promised "c": c waits there
+    # (card 0 has 10 and 60 free, it asks 70). "d" waits on n1's card 0, filled by two pods that chose it.
+    # "e" was admitted with no room in the view (no node chosen); "f" was bound where no node was chosen.
+    pods = [("a", 60, 0, "n1", "n1"), ("b", 40, 0, "n1", "n2"), ("c", 70, 0, "n2", None),
+            ("a2", 30, 0, "n1", "n1"), ("d", 65, 0, "n1", None), ("e", 20, 1, None, None), ("f", 10, 1, None, "n1")]
+    counted = costs.why_stranded([p[1:] for p in pods], cards=4, shares_per_card=100)
+    assert counted == {"moved": 1, "bound_without_preferred": 1, "no_room_at_admission": 1, "taken_by_moved": 1,
+                       "taken_by_choosers": 1}
+    # Once every card has pods, a pod larger than any card's room is not one a card could take: not counted.
+    full = [(100, 1, "n2", "n2"), (95, 1, "n1", "n1"), (70, 0, "n2", None)]  # the most room: 60
+    assert costs.why_stranded(full + [(60, 0, "n1", "n1"), (40, 0, "n2", "n2")], cards=4,
+                              shares_per_card=100)["taken_by_choosers"] == 0
