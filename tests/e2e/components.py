@@ -365,15 +365,18 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 podLogsDir: {logs}
 featureGates: {gates}
-"""
+{dns}"""
 
 
 class Kubelet:
     """A real kubelet on this machine, registered as ``NODE_NAME``, over an already running CRI runtime."""
 
     def __init__(self, binary: str, cri: str, plane: ControlPlane, work: Path, gates: dict | None = None,
-                 address: str = "127.0.0.1", root: Path | None = None):
+                 address: str = "127.0.0.1", root: Path | None = None, cluster_dns: str | None = None):
         self.binary, self.cri, self.plane = binary, cri, plane
+        # The address pods with dnsPolicy ClusterFirst are told to ask (clusterDNS, domain cluster.local); None
+        # leaves them without a nameserver, as the tiers that need no names run.
+        self.cluster_dns = cluster_dns
         # The node's address, where it serves and where the API server reaches it (logs, exec): a loopback
         # address is refused as the node's IP (the kubelet then reports none), which only matters to those.
         self.address = address
@@ -406,7 +409,9 @@ class Kubelet:
         config.write_text(KUBELET_CONFIG.format(address=self.address, port=free_port(), cri=self.cri,
                                                 ca=self.plane.pki.ca_path, cert=cert, key=key,
                                                 logs=self.work / "pod-logs",
-                                                gates=json.dumps(self.gates)))
+                                                gates=json.dumps(self.gates),
+                                                dns=(f"clusterDNS: [{self.cluster_dns}]\nclusterDomain: cluster.local\n"
+                                                     if self.cluster_dns else "")))
         self.process = Process("kubelet", [
             self.binary, f"--config={config}", f"--kubeconfig={client}", f"--root-dir={self.root}",
             f"--hostname-override={NODE_NAME}", f"--node-ip={self.address}",

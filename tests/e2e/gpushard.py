@@ -29,6 +29,43 @@ ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = "gpushard-system"
 GPUSHARD = str(Path(sys.executable).with_name("gpushard"))
 FAKE_NVML = ROOT / "tests" / "agent" / "fakenvml.c"
+CHART = ROOT / "charts" / "gpushard"
+
+
+def helm(plane: components.ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The pinned helm (tests/chart/helm.py) on ``plane``, in gpushard's namespace."""
+    from tests.chart import helm as chart_helm
+    done = subprocess.run([chart_helm.binary(), f"--kubeconfig={plane.kubectl.config}", "-n", SYSTEM, *args],
+                          capture_output=True, text=True, timeout=300)
+    if check and done.returncode:
+        raise AssertionError(f"helm {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def release_objects(plane: components.ControlPlane) -> list[dict]:
+    manifest = helm(plane, "get", "manifest", "gpushard").stdout
+    return [d for d in yaml.safe_load_all(manifest) if d]
+
+
+def mark_for_helm(kubectl: components.Kubectl, rendered: Path) -> None:
+    """The objects of a Kustomize install (``rendered``: `kubectl kustomize` of what was applied) marked as release
+    gpushard's, as docs/install.md ("Taking a Kustomize install over with Helm") says."""
+    kubectl.run("label", "-f", str(rendered), "app.kubernetes.io/managed-by=Helm", "--overwrite", timeout=180)
+    kubectl.run("annotate", "-f", str(rendered), "meta.helm.sh/release-name=gpushard",
+                f"meta.helm.sh/release-namespace={SYSTEM}", "--overwrite", timeout=180)
+
+
+def leftovers(kubectl: components.Kubectl) -> set[tuple[str, str]]:
+    """gpushard's objects still stored: those labelled part-of gpushard, in its namespace and cluster-wide."""
+    kinds = ("configmaps,secrets,serviceaccounts,services,deployments,daemonsets,jobs,cronjobs,roles,rolebindings,"
+             "poddisruptionbudgets,resourcequotas")
+    cluster_kinds = ("clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingadmissionpolicies,"
+                     "validatingadmissionpolicybindings,deviceclasses,priorityclasses")
+    found = set()
+    for args in ((kinds, "-n", SYSTEM), (cluster_kinds,)):
+        listed = kubectl.json("get", *args, "-l", "app.kubernetes.io/part-of=gpushard")["items"]
+        found |= {(o["kind"], o["metadata"]["name"]) for o in listed}
+    return found
 
 
 def shipped_config(kubectl: components.Kubectl, folder: Path) -> Path:

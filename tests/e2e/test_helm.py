@@ -16,7 +16,6 @@ tests is untouched), with the pinned helm:
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,9 +24,10 @@ import yaml
 from tests.chart import helm as chart_helm
 from tests.e2e import components, gpushard, objects
 from tests.e2e.conftest import ASSETS
+from tests.e2e.gpushard import helm, leftovers, release_objects
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "gpushard"
+CHART = gpushard.CHART
 SYSTEM = gpushard.SYSTEM
 POD_SECURITY = {f"pod-security.kubernetes.io/{k}": "privileged" for k in ("enforce", "warn", "audit")}
 
@@ -46,19 +46,6 @@ def cluster(work):
         raise
     yield plane
     plane.stop()
-
-
-def helm(plane: components.ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([chart_helm.binary(), f"--kubeconfig={plane.kubectl.config}", "-n", SYSTEM, *args],
-                          capture_output=True, text=True, timeout=300)
-    if check and done.returncode:
-        raise AssertionError(f"helm {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
-    return done
-
-
-def release_objects(plane: components.ControlPlane) -> list[dict]:
-    manifest = helm(plane, "get", "manifest", "gpushard").stdout
-    return [d for d in yaml.safe_load_all(manifest) if d]
 
 
 def upgrade(plane: components.ControlPlane, webhook: gpushard.Webhook, *sets: str) -> None:
@@ -156,19 +143,6 @@ def test_helm_upgrade_switches_isolation_replicas_and_backend(cluster, release):
     assert helm(cluster, "history", "gpushard").stdout.count("deployed") == 1  # the last; the others superseded
 
 
-def leftovers(kubectl: components.Kubectl) -> set[tuple[str, str]]:
-    """gpushard's objects still stored: those labelled part-of gpushard, in its namespace and cluster-wide."""
-    kinds = ("configmaps,secrets,serviceaccounts,services,deployments,daemonsets,jobs,cronjobs,roles,rolebindings,"
-             "poddisruptionbudgets,resourcequotas")
-    cluster_kinds = ("clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingadmissionpolicies,"
-                     "validatingadmissionpolicybindings,deviceclasses,priorityclasses")
-    found = set()
-    for args in ((kinds, "-n", SYSTEM), (cluster_kinds,)):
-        listed = kubectl.json("get", *args, "-l", "app.kubernetes.io/part-of=gpushard")["items"]
-        found |= {(o["kind"], o["metadata"]["name"]) for o in listed}
-    return found
-
-
 def test_helm_uninstall_leaves_only_what_the_docs_list(cluster, release):
     _done, webhook = release
     kubectl = cluster.kubectl
@@ -190,9 +164,7 @@ def test_a_kustomize_install_taken_over_by_helm(cluster, release, work):
     kubectl.run("apply", "-k", base, timeout=180)
     rendered = work / "helm" / "gpushard-objects.yaml"
     rendered.write_text(kubectl.run("kustomize", base).stdout)
-    kubectl.run("label", "-f", str(rendered), "app.kubernetes.io/managed-by=Helm", "--overwrite", timeout=180)
-    kubectl.run("annotate", "-f", str(rendered), "meta.helm.sh/release-name=gpushard",
-                f"meta.helm.sh/release-namespace={SYSTEM}", "--overwrite", timeout=180)
+    gpushard.mark_for_helm(kubectl, rendered)
     before = kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM)["spec"]["template"]
     # config.yaml's text differs (the chart writes every key; the settings are the same, tests/chart/test_drift.py):
     # without --force-conflicts Helm's server-side apply stops on it, as kubectl's field manager owns it

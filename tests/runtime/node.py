@@ -271,6 +271,20 @@ class Containerd:
         self._unmount()
         remove_bridge()
 
+    def power_cut(self) -> None:
+        """What a reboot leaves of this runtime: every container's process, the shims and containerd itself gone at
+        once, their mounts and state (a tmpfs on a node) with them; its root (images, the records of containers and
+        sandboxes) and the CNI plugin's address records kept, as on disk. ``start()`` boots it again."""
+        if self.process and self.process.alive():
+            for task in self.ctr_run("tasks", "list", "-q", timeout=30).stdout.split():
+                self.ctr_run("tasks", "kill", "-s", "SIGKILL", "--all", task, timeout=30)
+            os.killpg(self.process.proc.pid, signal.SIGKILL)
+            self.process.proc.wait(10)
+        self._kill_shims()
+        self._unmount()
+        for volatile in ("state", "runc-root"):
+            shutil.rmtree(self.folder / volatile, ignore_errors=True)
+
     def _kill_shims(self) -> None:
         # A shim outlives containerd by design; ours name our socket on their command line.
         marker = str(self.socket).encode()
@@ -312,26 +326,37 @@ def remove_bridge() -> None:
 
 class ServiceRoute:
     """What kube-proxy does for one Service address, as a DNAT rule: pods told to reach the API server at the
-    kubernetes Service's address (10.0.0.1:443) reach it where it serves on the node."""
+    kubernetes Service's address (10.0.0.1:443) reach it where it serves on the node. With ``masquerade`` the
+    routed connections leave with the node's address too, for a target on the pods' own bridge: it would
+    otherwise answer the pod straight over the bridge, from an address the pod never dialled."""
 
-    def __init__(self, service: str, port: int, target: str):
+    def __init__(self, service: str, port: int, target: str, masquerade: bool = False):
         self.rule = ["-d", f"{service}/32", "-p", "tcp", "--dport", str(port), "-j", "DNAT",
                      "--to-destination", target, "-m", "comment", "--comment", "gpushard-e2e"]
+        host, _, target_port = target.rpartition(":")
+        self.masquerade = ["-d", f"{host}/32", "-p", "tcp", "--dport", target_port, "-m", "conntrack",
+                           "--ctstate", "DNAT", "--ctorigdst", service, "-j", "MASQUERADE", "-m", "comment",
+                           "--comment", "gpushard-e2e"] if masquerade else None
 
-    def _iptables(self, action: str, chain: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["iptables", "-t", "nat", action, chain, *self.rule], capture_output=True, text=True,
+    def _iptables(self, action: str, chain: str, rule: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(["iptables", "-t", "nat", action, chain, *rule], capture_output=True, text=True,
                               timeout=30)
 
+    def _rules(self) -> list[tuple[str, list[str]]]:
+        # From pods on the bridge, and from the host's own network.
+        rules = [("PREROUTING", self.rule), ("OUTPUT", self.rule)]
+        return rules + ([("POSTROUTING", self.masquerade)] if self.masquerade else [])
+
     def add(self) -> ServiceRoute:
-        for chain in ("PREROUTING", "OUTPUT"):  # from pods on the bridge, and from the host's own network
-            done = self._iptables("-A", chain)
+        for chain, rule in self._rules():
+            done = self._iptables("-A", chain, rule)
             if done.returncode:
                 raise AssertionError(f"gpushard e2e: iptables -t nat -A {chain}: {done.stderr}")
         return self
 
     def remove(self) -> None:
-        for chain in ("PREROUTING", "OUTPUT"):
-            self._iptables("-D", chain)
+        for chain, rule in self._rules():
+            self._iptables("-D", chain, rule)
 
 
 def unmount_under(folder: Path) -> None:

@@ -6,13 +6,17 @@ OCI archive: ``make image-archive``), imported under the name deploy/base gives 
 server calls the webhook through its Service: ``--enable-aggregator-routing=true`` makes it dial the Service's
 endpoints itself, so no kube-proxy is needed. For gpushard's pods to reach the API server, it serves on the
 node's bridge address and the kubernetes Service's address (10.0.0.1:443) is routed there by one DNAT rule,
-which is what kube-proxy does for it. The test overlay changes only what a GPU node provides: the fake
-``libnvidia-ml.so.1`` and its control folder, the kubelet's pod-resources folder where this kubelet keeps it,
-and the RuntimeClass ``nvidia``.
+which is what kube-proxy does for it. Pods that reach a Service by name (the chart's ``helm test`` pod) ask the
+tier's cluster DNS on the node's address (tests/runtime/clusterdns.py), and a test routes that Service's address
+as kube-proxy would (``service_route``). The kubelet keeps its folders in the run's folder; its pod-resources
+folder is bind-mounted at /var/lib/kubelet/pod-resources, where the agent's DaemonSet mounts it from. The test
+overlay changes only what a GPU node provides: the fake ``libnvidia-ml.so.1`` and its control folder, and the
+RuntimeClass ``nvidia``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,18 +26,20 @@ import sys
 import tempfile
 from pathlib import Path
 
+import kubernetes
 import pytest
 import yaml
 
 from tests.e2e import components, gpushard
 from tests.e2e.conftest import ASSETS, WHY_NOT
-from tests.runtime import images, node, seeing
+from tests.runtime import clusterdns, images, node, seeing
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBELET = os.environ.get("GPUSHARD_E2E_KUBELET", "")
 CONTAINERD = os.environ.get("GPUSHARD_E2E_CONTAINERD", "")
 IMAGE = os.environ.get("GPUSHARD_E2E_IMAGE", "")
 SHIPPED_IMAGE = "ghcr.io/gpushard/gpushard:0.1.0"  # what deploy/base's kustomization names
+POD_RESOURCES = Path("/var/lib/kubelet/pod-resources")  # where deploy/base and the chart mount it from
 _RUN: dict = {}
 
 
@@ -171,8 +177,8 @@ def nvml(work) -> tuple[Path, Path]:
     return lib, control
 
 
-def node_overlay(documents: list[dict], kubelet_root: Path, nvml: tuple[Path, Path]) -> list[dict]:
-    """deploy/base as rendered, with what a GPU node provides: the agent's NVML and the kubelet's folder."""
+def node_overlay(documents: list[dict], nvml: tuple[Path, Path]) -> list[dict]:
+    """deploy/base as rendered, with what a GPU node provides: the agent's NVML."""
     lib, control = nvml
     for document in documents:
         if document["kind"] == "DaemonSet" and document["metadata"]["name"] == "gpushard-agent":
@@ -184,34 +190,85 @@ def node_overlay(documents: list[dict], kubelet_root: Path, nvml: tuple[Path, Pa
                                           {"name": "e2e-nvml", "mountPath": "/gpushard-e2e/nvml", "readOnly": True}]
             spec["volumes"] += [{"name": "e2e-nvml-lib", "hostPath": {"path": str(lib), "type": "Directory"}},
                                 {"name": "e2e-nvml", "hostPath": {"path": str(control), "type": "Directory"}}]
-            for volume in spec["volumes"]:
-                if volume["name"] == "pod-resources":
-                    volume["hostPath"]["path"] = str(kubelet_root / "pod-resources")
     return documents
 
 
 @pytest.fixture(scope="session")
-def kubelet(plane, runtime, work, nvml):
+def dns(plane):
+    """The tier's cluster DNS on the node's address: Service names to ClusterIPs, read from the API server."""
+    api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(config_file=str(plane.kubectl.config)))
+
+    def cluster_ip(service: str, namespace: str) -> str | None:
+        try:
+            address = api.read_namespaced_service(service, namespace, _request_timeout=5).spec.cluster_ip
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return address if address and address != "None" else None
+    responder = clusterdns.Responder(node.NODE_IP, cluster_ip).start()
+    yield responder
+    responder.stop()
+
+
+def service_route(kubectl: components.Kubectl, name: str, namespace: str) -> node.ServiceRoute:
+    """A Service's ClusterIP and first port routed to one Ready endpoint of it, as kube-proxy would (``remove()``
+    it after use: the endpoint's address changes when its pod does)."""
+    service = kubectl.json("get", "service", name, "-n", namespace)
+    port = service["spec"]["ports"][0]
+    slices = kubectl.json("get", "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={name}")
+    ready = [(endpoint["addresses"][0], slice_port["port"]) for s in slices["items"] for endpoint in s.get("endpoints")
+             or [] if (endpoint.get("conditions") or {}).get("ready") for slice_port in s.get("ports") or []
+             if slice_port.get("name") == port.get("name")]
+    assert ready, f"service {namespace}/{name} has no Ready endpoint: {slices['items']}"
+    address, target = sorted(ready)[0]
+    return node.ServiceRoute(service["spec"]["clusterIP"], port["port"], f"{address}:{target}",
+                             masquerade=True).add()
+
+
+@contextlib.contextmanager
+def pod_resources_at_the_usual_path(kubelet_root: Path):
+    """The kubelet's pod-resources folder, kept in the run's folder, bind-mounted where the agent's DaemonSet (of
+    deploy/ and of the chart alike) mounts it from; undone afterwards."""
+    folder = kubelet_root / "pod-resources"
+    folder.mkdir(parents=True, exist_ok=True)
+    made = not POD_RESOURCES.exists()
+    POD_RESOURCES.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(folder), str(POD_RESOURCES)], check=True, capture_output=True, timeout=30)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(POD_RESOURCES)], capture_output=True, timeout=30)
+        if made:
+            with contextlib.suppress(OSError):
+                POD_RESOURCES.rmdir()
+
+
+@pytest.fixture(scope="session")
+def kubelet(plane, runtime, work, nvml, dns):
     kubectl = plane.kubectl
     base = yaml.safe_load_all(kubectl.run("kustomize", str(ROOT / "deploy" / "base")).stdout)
-    kubelet = components.Kubelet(KUBELET, runtime.endpoint, plane, work, address=node.NODE_IP)
-    documents = node_overlay([d for d in base if d], kubelet.root, nvml)
+    kubelet = components.Kubelet(KUBELET, runtime.endpoint, plane, work, address=node.NODE_IP,
+                                 cluster_dns=dns.address)
+    documents = node_overlay([d for d in base if d], nvml)
     done = kubectl.run("apply", "-f", "-", input=yaml.safe_dump_all(documents), check=False, timeout=180)
     assert done.returncode == 0, done.stderr
     kubectl.apply(json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
                               "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
     _RUN["kubelet"] = kubelet
-    try:
-        kubelet.start()
-        kubectl.run("label", "node", components.NODE_NAME, "gpushard.io/shared-node=true", "--overwrite")
-    except BaseException:
-        print(kubelet.tail(80), file=sys.stderr)
+    with pod_resources_at_the_usual_path(kubelet.root):
+        try:
+            kubelet.start()
+            kubectl.run("label", "node", components.NODE_NAME, "gpushard.io/shared-node=true", "--overwrite")
+        except BaseException:
+            print(kubelet.tail(80), file=sys.stderr)
+            kubelet.stop()
+            node.unmount_under(kubelet.root)
+            raise
+        yield kubelet
+        seeing.delete_all_pods(kubectl, runtime)
         kubelet.stop()
-        raise
-    yield kubelet
-    seeing.delete_all_pods(kubectl, runtime)
-    kubelet.stop()
-    node.unmount_under(kubelet.root)
+        node.unmount_under(kubelet.root)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """We test faults of gpushard's own pods under load, on the shipped install (webhook pods behind their Service, the
-agent's DaemonSet pod), each during a bounded burst of fractional pod creations from three clients:
+agent's DaemonSet pod), each during a bounded burst of fractional pod creations from three to six clients:
 - one of the two webhook pods killed (SIGKILL of its container): the creates it refuses are counted with the
   API server's message and their window; every create either was rewritten by gpushard or refused, none
   admitted unchanged; the pod comes back and both replicas serve again;
@@ -8,7 +8,11 @@ agent's DaemonSet pod), each during a bounded burst of fractional pod creations 
   container, no restart) and its card; the DaemonSet's pod comes back and the node advertises its shares again;
 - kube-apiserver restarted (SIGTERM, then SIGKILL): the creates after it all pass, nothing admitted unchanged;
 - etcd compacted under the webhook's watches and the API server restarted: no create fails after it;
-- the re-placement leader's pod deleted at once: another replica takes the Lease.
+- the re-placement leader's pod deleted at once while it evicts pods stranded on cordoned cards: another replica
+  takes the Lease, every stranded pod is evicted once, and the replacements run on other cards;
+- a node reboot (the kubelet, containerd and every container killed at once, then started again) with GPU pods
+  running: each comes back on the card it had, or the kubelet refuses it (UnexpectedAdmissionError) and its
+  Deployment replaces it; the install comes back by itself.
 Through all of them no card holds more than its shares. The figures are printed (docs/operations.md,
 "What happens when ..."), never asserted on time.
 """
@@ -23,10 +27,11 @@ import time
 
 import pytest
 
-from tests.e2e import components, gpushard
+from tests.e2e import components, gpushard, objects
 from tests.e2e.conftest import ASSETS
-from tests.runtime import images, seeing
+from tests.runtime import images, node, seeing
 from tests.runtime_install import bursts
+from webhook.core import names
 
 SYSTEM = gpushard.SYSTEM
 
@@ -78,7 +83,7 @@ def test_a_webhook_pod_killed_under_load(installed, runtime, plane, namespace):
     def kill():
         killed["at"] = time.monotonic()
         runtime.ctr_run("tasks", "kill", "-s", "SIGKILL", container)
-    burst = bursts.run(plane.kubectl.config, namespace, images.WORKLOAD, count=300, rate=30, during=kill)
+    burst = bursts.run(plane.kubectl.config, namespace, images.WORKLOAD, count=600, clients=6, rate=40, during=kill)
     back = components.wait_for("both webhook pods ready again", lambda: ready_webhooks(kubectl) == 2, timeout=120)
     report("a webhook pod killed", burst, f"; killed at {killed['at'] - burst.began:.1f} s")
     assert back and every_pod_rewritten(kubectl, namespace) == len(burst.outcomes) - len(burst.failed)
@@ -96,7 +101,7 @@ def test_a_rollout_restart_under_load_fails_no_create(installed, plane, namespac
 
     def restart():
         kubectl.run("rollout", "restart", "deployment/gpushard-webhook", "-n", SYSTEM)
-    burst = bursts.run(plane.kubectl.config, namespace, images.WORKLOAD, count=900, rate=30, limit_s=90,
+    burst = bursts.run(plane.kubectl.config, namespace, images.WORKLOAD, count=1200, clients=6, rate=40, limit_s=90,
                        during=restart, at=0.1)
     kubectl.run("rollout", "status", "deployment/gpushard-webhook", "-n", SYSTEM, "--timeout=180s", timeout=200)
     assert kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM)["metadata"]["generation"] > before
@@ -201,21 +206,171 @@ def test_etcd_compacted_under_the_webhooks_watches(installed, plane, namespace):
     every_pod_rewritten(kubectl, namespace)
 
 
-def test_the_replacement_leader_killed(installed):
-    kubectl = installed
+def leader(kubectl) -> str | None:
+    return kubectl.json("get", "lease", "gpushard-replacer", "-n", SYSTEM)["spec"].get("holderIdentity")
 
-    def holder():
-        lease = kubectl.json("get", "lease", "gpushard-replacer", "-n", SYSTEM)
-        return lease["spec"].get("holderIdentity")
-    leader = components.wait_for("a re-placement leader", holder, timeout=120)
+
+def replaced_events(kubectl, namespace: str) -> dict[str, int]:
+    """Re-placement Events per pod name: one per eviction (the replacer records one on each pod it evicts)."""
+    counted: dict[str, int] = {}
+    for event in kubectl.json("get", "events", "-n", namespace)["items"]:
+        if event.get("reason") == names.REPLACED_REASON:
+            name = event["involvedObject"]["name"]
+            counted[name] = counted.get(name, 0) + event.get("count", 1)
+    return counted
+
+
+def gpushard_cli(plane, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([gpushard.GPUSHARD, *args, f"--kubeconfig={plane.kubectl.config}"], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_the_replacement_leader_killed_while_it_evicts(installed, plane, runtime, namespace):
+    """Four pods of a Deployment pinned to cards that are then cordoned, held off the node by a label it lacks; the
+    label is put on and the leader's pod deleted at once, so the evictions fall across the change of leader. The
+    other replica takes the Lease, every stranded pod is evicted exactly once (one Event each), and their
+    replacements run on cards that are not cordoned."""
+    kubectl = installed
+    components.wait_for("no shares held from earlier tests", lambda: not cards_within_shares(kubectl), timeout=120)
+    old = components.wait_for("a re-placement leader", lambda: leader(kubectl), timeout=120)
     duration = kubectl.json("get", "lease", "gpushard-replacer", "-n", SYSTEM)["spec"]["leaseDurationSeconds"]
-    # The leader's pod gone at once, as with its node: a killed container would restart in the same pod, under
-    # the same name, and could take its own Lease back.
-    killed = time.monotonic()
-    kubectl.run("delete", "pod", leader, "-n", SYSTEM, "--grace-period=0", "--force")
-    taken = components.wait_for("the other replica holding the Lease", lambda: (lambda h: h if h and h != leader
-                                                                               else None)(holder()), timeout=120)
-    took = time.monotonic() - killed
-    print(f"\ngpushard fault: the re-placement leader killed: {taken} took the Lease {took:.1f} s later "
-          f"(leaseDurationSeconds {duration})")
-    assert taken != leader
+    deployment = json.loads(objects.deployment("moved", "0.25", replicas=4))
+    template = deployment["spec"]["template"]["spec"]
+    template["containers"] = [seeing.container(gpu="0.25")]
+    template["nodeSelector"] = {"gpushard-e2e/replace": "yes"}
+    kubectl.apply(json.dumps(deployment), "-n", namespace)
+
+    def pinned():
+        pods = kubectl.json("get", "pods", "-n", namespace, "-l", "app=moved")["items"]
+        return pods if len(pods) == 4 else None
+    first = components.wait_for("four pods pinned", pinned, timeout=60)
+    cards = sorted({int(p["metadata"]["annotations"]["gpushard.io/card"]) for p in first})
+    assert len(cards) <= 2, cards  # 100 shares on cards nobody uses: binpack fills one, or two
+    for card in cards:
+        gpushard_cli(plane, "cordon", components.NODE_NAME, str(card), "--reason", "e2e re-placement")
+    try:
+        killed = time.monotonic()
+        kubectl.run("label", "node", components.NODE_NAME, "gpushard-e2e/replace=yes", "--overwrite")
+        kubectl.run("delete", "pod", old, "-n", SYSTEM, "--grace-period=0", "--force")
+        taken = components.wait_for("the other replica holding the Lease", lambda: (
+            lambda h: h if h and h != old else None)(leader(kubectl)), timeout=120)
+        took = time.monotonic() - killed
+
+        def replaced():
+            pods = [p for p in kubectl.json("get", "pods", "-n", namespace, "-l", "app=moved")["items"]
+                    if not p["metadata"].get("deletionTimestamp")]
+            running = [p for p in pods if p["status"].get("phase") == "Running"]
+            return pods if len(running) == 4 == len(pods) else None
+        now = components.wait_for("four replacements running", replaced, timeout=240, explain=runtime.tail)
+        events = replaced_events(kubectl, namespace)
+        print(f"\ngpushard fault: the re-placement leader killed while it evicts: {taken} took the Lease "
+              f"{took:.1f} s later (leaseDurationSeconds {duration}); {sum(events.values())} evictions of "
+              f"{len(events)} pods, the most of one pod {max(events.values(), default=0)}")
+        assert taken != old
+        stranded = {p["metadata"]["name"] for p in first}
+        assert set(events) == stranded and set(events.values()) == {1}, events
+        assert all(int(p["metadata"]["annotations"]["gpushard.io/card"]) not in cards for p in now)
+    finally:
+        for card in cards:
+            gpushard_cli(plane, "uncordon", components.NODE_NAME, str(card))
+        kubectl.run("label", "node", components.NODE_NAME, "gpushard-e2e/replace-")
+        kubectl.run("delete", "deployment", "moved", "-n", namespace, "--wait=false")
+    cards_within_shares(kubectl)
+
+
+def reboot(kubelet, runtime) -> None:
+    """The node powered off and on: the kubelet, containerd, every container and shim killed at once, their mounts
+    and the runtime's state gone; the kubelet's folder (its checkpoints) and containerd's root kept, as on a disk.
+    Then containerd and the kubelet start again, as the node's init system starts them."""
+    os.killpg(kubelet.process.proc.pid, signal.SIGKILL)
+    kubelet.process.proc.wait(10)
+    runtime.power_cut()
+    node.unmount_under(kubelet.root)
+    runtime.start()
+    kubelet.process.start()
+
+
+def test_a_node_reboot_with_gpu_pods_running(installed, plane, runtime, kubelet, namespace):
+    """GPU pods running (two bare pods and a Deployment's two) when the node reboots. Each pod either comes back on
+    the card it had, seeing that card only, or is refused by the kubelet with UnexpectedAdmissionError (its card's
+    plugin not registered yet: the agent is a pod on the same node), and then a Deployment's pod is replaced by a new
+    one that runs. No pod runs on another card under its old name, no card holds more than its shares, and the
+    install (webhooks, agent, replacers) comes back by itself."""
+    kubectl = installed
+    for name, gpu in (("alone-a", "0.5"), ("alone-b", "0.25")):
+        kubectl.apply(seeing.pod(name, seeing.container(gpu=gpu)), "-n", namespace)
+    deployment = json.loads(objects.deployment("kept", "0.25", replicas=2))
+    deployment["spec"]["template"]["spec"]["containers"] = [seeing.container(gpu="0.25")]
+    kubectl.apply(json.dumps(deployment), "-n", namespace)
+
+    def all_running():
+        pods = kubectl.json("get", "pods", "-n", namespace)["items"]
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") not in (
+            "Failed", "Succeeded")]
+        return live if len(live) == 4 and all(p["status"].get("phase") == "Running" for p in live) else None
+    before = {p["metadata"]["name"]: (p["metadata"]["uid"], int(p["metadata"]["annotations"]["gpushard.io/card"]))
+              for p in components.wait_for("four GPU pods running", all_running, timeout=180, explain=runtime.tail)}
+    agent, agent_container = container_of(kubectl, "agent")
+    booted = time.monotonic()
+    reboot(kubelet, runtime)
+
+    def agent_again():
+        pod = kubectl.json("get", "pod", agent, "-n", SYSTEM)
+        statuses = pod["status"].get("containerStatuses") or [{}]
+        return statuses[0].get("state", {}).get("running") and statuses[0].get("containerID", "").split("://")[
+            -1] != agent_container
+    components.wait_for("the agent's pod running a new container", agent_again, timeout=240, explain=kubelet.tail)
+    ready_at = time.monotonic() - booted
+    want = {f"gpushard.io/card-{k}": "100" for k in range(4)}
+    components.wait_for("the node advertising its shares again", lambda: all(
+        kubectl.json("get", "node", components.NODE_NAME)["status"].get("allocatable", {}).get(k) == v
+        for k, v in want.items()), timeout=240, explain=kubelet.tail)
+    advertised_at = time.monotonic() - booted
+
+    def settled():
+        pods = {p["metadata"]["name"]: p for p in kubectl.json("get", "pods", "-n", namespace)["items"]}
+        kept = [p for p in pods.values() if p["metadata"].get("labels", {}).get("app") == "kept"
+                and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+        alone = [pods[n] for n in ("alone-a", "alone-b") if n in pods]
+        final = all(p["status"].get("phase") in ("Running", "Failed") for p in alone)
+        return pods if len(kept) == 2 and final and all(
+            p["status"].get("phase") == "Failed" or seeing_ready(p) for p in alone) else None
+    after = components.wait_for("every pod back, or refused and replaced", settled, timeout=300,
+                                explain=kubelet.tail)
+    settled_at = time.monotonic() - booted
+    came_back, refused = [], {}
+    for name, (uid, card) in before.items():
+        pod = after.get(name)
+        if pod is None:
+            refused[name] = "gone"
+            continue
+        assert pod["metadata"]["uid"] == uid
+        if pod["status"].get("phase") == "Failed":
+            refused[name] = pod["status"].get("reason", "")
+            continue
+        # Under its old name a pod is on its old card, and sees it only.
+        assert int(pod["metadata"]["annotations"]["gpushard.io/card"]) == card
+        seeing.expect_card(seeing.seen_now(kubectl, namespace, name), card, ("envvar", "volume-mounts", "cdi-cri"),
+                           runtime)
+        came_back.append(name)
+    for name, reason in refused.items():
+        assert reason in ("UnexpectedAdmissionError", "gone"), (name, reason)
+    new = [n for n, p in after.items() if n not in before and p["status"].get("phase") == "Running"]
+    for name in new:
+        seeing.expect_card(seeing.seen_now(kubectl, namespace, name), seeing.card_of(kubectl, namespace, name),
+                           ("envvar", "volume-mounts", "cdi-cri"), runtime)
+    kubectl.run("rollout", "status", "deployment/gpushard-webhook", "-n", SYSTEM, "--timeout=240s", timeout=260)
+    components.wait_for("both webhook pods ready", lambda: ready_webhooks(kubectl) == 2, timeout=120)
+    print(f"\ngpushard fault: a node reboot with 4 GPU pods running: the agent running again {ready_at:.1f} s "
+          "after power-on, "
+          f"shares advertised {advertised_at:.1f} s, settled {settled_at:.1f} s; back on their cards: "
+          f"{sorted(came_back) or 'none'}; refused by the kubelet: {refused or 'none'}; replacements running: "
+          f"{sorted(new) or 'none'}")
+    cards_within_shares(kubectl)
+
+
+def seeing_ready(pod: dict) -> bool:
+    statuses = pod["status"].get("containerStatuses") or []
+    return bool(statuses) and all(s.get("state", {}).get("running") for s in statuses)
