@@ -251,6 +251,11 @@ def test_the_replacement_leader_killed_while_it_evicts(installed, plane, runtime
     for card in cards:
         gpushard_cli(plane, "cordon", components.NODE_NAME, str(card), "--reason", "e2e re-placement")
     try:
+        # Until the node advertises the cordon (the agent, then the kubelet's status), the scheduler may still bind
+        # a pod there, and the kubelet then refuses it (UnexpectedAdmissionError): the label waits for it.
+        components.wait_for("the node advertising no share of the cordoned cards", lambda: all(
+            kubectl.json("get", "node", components.NODE_NAME)["status"].get("allocatable", {}).get(
+                f"gpushard.io/card-{k}") == "0" for k in cards), timeout=120)
         killed = time.monotonic()
         kubectl.run("label", "node", components.NODE_NAME, "gpushard-e2e/replace=yes", "--overwrite")
         kubectl.run("delete", "pod", old, "-n", SYSTEM, "--grace-period=0", "--force")
@@ -263,7 +268,14 @@ def test_the_replacement_leader_killed_while_it_evicts(installed, plane, runtime
                     if not p["metadata"].get("deletionTimestamp")]
             running = [p for p in pods if p["status"].get("phase") == "Running"]
             return pods if len(running) == 4 == len(pods) else None
-        now = components.wait_for("four replacements running", replaced, timeout=240, explain=runtime.tail)
+        def why() -> str:
+            pods = kubectl.json("get", "pods", "-n", namespace, "-l", "app=moved")["items"]
+            return "\n".join([f"{p['metadata']['name']} card {p['metadata']['annotations'].get('gpushard.io/card')} "
+                              f"{p['status'].get('phase')} {p['status'].get('reason')} {p['status'].get('message')}" for p in pods]
+                             + [str(replaced_events(kubectl, namespace)), kubectl.run(
+                                 "logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=replacer", "--tail=30",
+                                 "--prefix", check=False).stdout])
+        now = components.wait_for("four replacements running", replaced, timeout=240, explain=why)
         events = replaced_events(kubectl, namespace)
         print(f"\ngpushard fault: the re-placement leader killed while it evicts: {taken} took the Lease "
               f"{took:.1f} s later (leaseDurationSeconds {duration}); {sum(events.values())} evictions of "
