@@ -164,12 +164,11 @@ def test_a_kustomize_install_taken_over_by_helm(cluster, release, work):
     kubectl.run("apply", "-k", base, timeout=180)
     rendered = work / "helm" / "gpushard-objects.yaml"
     rendered.write_text(kubectl.run("kustomize", base).stdout)
-    gpushard.mark_for_helm(kubectl, rendered)
     before = kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM)["spec"]["template"]
-    # config.yaml's text differs (the chart writes every key; the settings are the same, tests/chart/test_drift.py):
-    # without --force-conflicts Helm's server-side apply stops on it, as kubectl's field manager owns it
+    gpushard.mark_for_helm(kubectl, rendered)
+    # Helm's field manager owns what kubectl applied: no conflict, config.yaml's other text included
     # (docs/install.md, "Taking a Kustomize install over with Helm").
-    done = helm(cluster, "install", "gpushard", str(CHART), "--force-conflicts")
+    done = helm(cluster, "install", "gpushard", str(CHART))
     assert "STATUS: deployed" in done.stdout
     after = kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM)["spec"]["template"]
     assert after == before, "taking over changed the webhook's pod template (its pods would restart)"
@@ -177,5 +176,11 @@ def test_a_kustomize_install_taken_over_by_helm(cluster, release, work):
     applied = {(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(rendered.read_text())
                if o and o["kind"] != "Namespace"}
     assert owned == applied
+    # Nothing is left co-owned by kubectl's client-side apply: an upgrade changes a value it had set.
+    helm(cluster, "upgrade", "gpushard", str(CHART), "--reuse-values", "--set", "webhook.replicas=3")
+    assert kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM)["spec"]["replicas"] == 3
+    managers = {f["manager"] for f in kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM,
+                                                   "--show-managed-fields")["metadata"]["managedFields"]}
+    assert "kubectl-client-side-apply" not in managers, managers
     helm(cluster, "uninstall", "gpushard", "--wait", "--timeout", "120s")
     assert leftovers(kubectl) == {("ConfigMap", "gpushard-device-policy")}

@@ -270,8 +270,9 @@ def test_the_replacement_leader_killed_while_it_evicts(installed, plane, runtime
             return pods if len(running) == 4 == len(pods) else None
         def why() -> str:
             pods = kubectl.json("get", "pods", "-n", namespace, "-l", "app=moved")["items"]
-            return "\n".join([f"{p['metadata']['name']} card {p['metadata']['annotations'].get('gpushard.io/card')} "
-                              f"{p['status'].get('phase')} {p['status'].get('reason')} {p['status'].get('message')}" for p in pods]
+            status = [(p["metadata"]["name"], p["metadata"]["annotations"].get("gpushard.io/card"),
+                       p["status"].get("phase"), p["status"].get("reason"), p["status"].get("message")) for p in pods]
+            return "\n".join([" ".join(map(str, line)) for line in status]
                              + [str(replaced_events(kubectl, namespace)), kubectl.run(
                                  "logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=replacer", "--tail=30",
                                  "--prefix", check=False).stdout])

@@ -1,7 +1,8 @@
 """We test the chart on the install as shipped, its pods running on a real kubelet and containerd. This module runs
 last in the tier: it takes the running install over and ends by uninstalling the release.
-- the running Kustomize install taken over by Helm as docs/install.md says (`helm install --force-conflicts`):
-  every object adopted, and neither the webhook's nor the agent's pods restarted by it;
+- the running Kustomize install taken over by Helm as docs/install.md says (the objects marked, their fields
+  handed to Helm's field manager, then `helm install`): every object adopted, and neither the webhook's nor the
+  agent's pods restarted by it;
 - `helm test`: the chart's test pod runs on the node, finds the webhook's Service by its DNS name (the tier's
   cluster DNS), reaches it through the Service's address (routed as kube-proxy does), posts a dry-run review over
   TLS verified with the webhook's CA, and passes; its log says what the webhook answered;
@@ -9,8 +10,8 @@ last in the tier: it takes the running install over and ends by uninstalling the
   rewritten, runs and sees its card and no other; 1.5 cards are denied with gpushard's message; `gpushard status`
   and `audit` with the auditor role, `gpushard top` through a real port-forward into the agent's pod with the top
   role, `gpushard replace --once --dry-run` with the replacer's ServiceAccount;
-- `helm upgrade` to three webhook replicas: refused while kubectl's field manager co-owns the replicas (what the
-  takeover leaves), done with `--force-conflicts`; the third pod turns Ready, and `helm test` passes again;
+- `helm upgrade` to three webhook replicas, a value kubectl had applied: the third pod turns Ready, and `helm test`
+  passes again;
 - `helm uninstall` leaves only what docs/install.md lists, and a pod in a namespace still labelled enforce is then
   admitted, not refused.
 """
@@ -53,9 +54,7 @@ def release(installed, plane, work):
     rendered.write_text(kubectl.run("kustomize", str(ROOT / "deploy" / "base")).stdout)
     before = templates(kubectl), pods_of(kubectl, "webhook"), pods_of(kubectl, "agent")
     gpushard.mark_for_helm(kubectl, rendered)
-    # config.yaml's text is the chart's own (same settings): kubectl's field manager owns it, so Helm's
-    # server-side apply needs --force-conflicts (docs/install.md, "Taking a Kustomize install over with Helm").
-    done = gpushard.helm(plane, "install", "gpushard", str(gpushard.CHART), "--force-conflicts")
+    done = gpushard.helm(plane, "install", "gpushard", str(gpushard.CHART))
     return done, rendered, before
 
 
@@ -140,14 +139,8 @@ def test_the_command_line_on_the_helm_install(release, installed, plane, namespa
 
 
 def test_helm_upgrade_to_three_webhook_replicas(release, installed, plane):
-    """kubectl's client-side apply still co-owns every field it set with the value Helm gave too: an upgrade that
-    changes one conflicts until it is forced (docs/install.md, "Taking a Kustomize install over with Helm")."""
     kubectl = installed
-    upgrade = ("upgrade", "gpushard", str(gpushard.CHART), "--reuse-values", "--set", "webhook.replicas=3")
-    refused = gpushard.helm(plane, *upgrade, check=False)
-    assert refused.returncode != 0 and 'conflict with "kubectl-client-side-apply"' in refused.stderr \
-        and ".spec.replicas" in refused.stderr, refused.stderr
-    gpushard.helm(plane, *upgrade, "--force-conflicts")
+    gpushard.helm(plane, "upgrade", "gpushard", str(gpushard.CHART), "--reuse-values", "--set", "webhook.replicas=3")
     kubectl.run("rollout", "status", "deployment/gpushard-webhook", "-n", SYSTEM, "--timeout=180s", timeout=200)
     assert kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM)["status"].get("readyReplicas") == 3
     helm_test(plane, kubectl)
