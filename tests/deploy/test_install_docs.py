@@ -98,16 +98,23 @@ def _commands(text: str) -> list[list[str]]:
     return out
 
 
-def _namespaces_made(words: list[str]) -> set[str]:
+def _namespaces_made(words: list[str], rendered: dict[str, Path]) -> set[str]:
+    """Namespaces a command makes; ``rendered``: files an earlier `kubectl kustomize DIR > FILE` wrote, by name."""
     from tests.deploy import rendering
 
+    if words[1] == "kustomize" and ">" in words:
+        rendered[words[words.index(">") + 1]] = ROOT / words[2]
+        return set()
     if words[1:3] == ["create", "namespace"]:
         return {words[3]}
     if "apply" in words and "-k" in words:
         target = ROOT / words[words.index("-k") + 1]
         return {o["metadata"]["name"] for o in rendering.render(target) if o["kind"] == "Namespace"}
     if "apply" in words and "-f" in words:
-        path = ROOT / words[words.index("-f") + 1]
+        name = words[words.index("-f") + 1]
+        if name in rendered:
+            return {o["metadata"]["name"] for o in rendering.render(rendered[name]) if o["kind"] == "Namespace"}
+        path = ROOT / name
         return {d["metadata"]["name"] for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "Namespace"}
     return set()
 
@@ -115,6 +122,7 @@ def _namespaces_made(words: list[str]) -> set[str]:
 @pytest.mark.parametrize("name", sorted(DOCS))
 def test_namespaces_exist_before_they_are_labelled_or_used(name):
     known = {"default", "kube-system"}
+    rendered: dict[str, Path] = {}
     for words in _commands(DOCS[name]):
         if words[1:3] == ["label", "namespace"] and not words[3].startswith("-"):
             assert words[3] in known, f"{name}: `{' '.join(words)}` labels a namespace nothing has made yet"
@@ -122,7 +130,7 @@ def test_namespaces_exist_before_they_are_labelled_or_used(name):
             if flag in words and words[1:3] != ["create", "namespace"]:
                 used = words[words.index(flag) + 1]
                 assert used in known, f"{name}: `{' '.join(words)}` uses a namespace nothing has made yet"
-        known |= _namespaces_made(words)
+        known |= _namespaces_made(words, rendered)
 
 
 def test_rollout_status_always_has_a_timeout():
