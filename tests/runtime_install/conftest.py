@@ -9,9 +9,10 @@ node's bridge address and the kubernetes Service's address (10.0.0.1:443) is rou
 which is what kube-proxy does for it. Pods that reach a Service by name (the chart's ``helm test`` pod) ask the
 tier's cluster DNS on the node's address (tests/runtime/clusterdns.py), and a test routes that Service's address
 as kube-proxy would (``service_route``). The kubelet keeps its folders in the run's folder; its pod-resources
-folder is bind-mounted at /var/lib/kubelet/pod-resources, where the agent's DaemonSet mounts it from. The test
-overlay changes only what a GPU node provides: the fake ``libnvidia-ml.so.1`` and its control folder, and the
-RuntimeClass ``nvidia``.
+folder is bind-mounted at /var/lib/kubelet/pod-resources, where the agent's DaemonSet mounts it from. deploy/base
+is applied as docs/install.md says; the test overlay then adds only what a GPU node provides, under a field
+manager of its own: the fake ``libnvidia-ml.so.1`` and its control folder for the agent, and the RuntimeClass
+``nvidia``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-import yaml
 
 from tests.e2e import components, gpushard
 from tests.e2e.conftest import ASSETS, WHY_NOT
@@ -177,20 +177,22 @@ def nvml(work) -> tuple[Path, Path]:
     return lib, control
 
 
-def node_overlay(documents: list[dict], nvml: tuple[Path, Path]) -> list[dict]:
-    """deploy/base as rendered, with what a GPU node provides: the agent's NVML."""
+def node_overlay(nvml: tuple[Path, Path]) -> dict:
+    """What a GPU node provides to the agent's pod (its NVML), as a server-side apply of only those fields of the
+    DaemonSet. Its own field manager keeps them out of the install's: a Helm takeover hands kubectl's fields to
+    Helm and leaves these alone, as it would leave what NVIDIA's toolkit injects on a real node."""
     lib, control = nvml
-    for document in documents:
-        if document["kind"] == "DaemonSet" and document["metadata"]["name"] == "gpushard-agent":
-            spec = document["spec"]["template"]["spec"]
-            container = spec["containers"][0]
-            container["env"] += [{"name": "LD_LIBRARY_PATH", "value": "/gpushard-e2e/lib"},
-                                 {"name": "FAKE_NVML_DIR", "value": "/gpushard-e2e/nvml"}]
-            container["volumeMounts"] += [{"name": "e2e-nvml-lib", "mountPath": "/gpushard-e2e/lib", "readOnly": True},
-                                          {"name": "e2e-nvml", "mountPath": "/gpushard-e2e/nvml", "readOnly": True}]
-            spec["volumes"] += [{"name": "e2e-nvml-lib", "hostPath": {"path": str(lib), "type": "Directory"}},
-                                {"name": "e2e-nvml", "hostPath": {"path": str(control), "type": "Directory"}}]
-    return documents
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "gpushard-agent", "namespace": gpushard.SYSTEM},
+            "spec": {"template": {"spec": {
+                "containers": [{
+                    "name": "agent",
+                    "env": [{"name": "LD_LIBRARY_PATH", "value": "/gpushard-e2e/lib"},
+                            {"name": "FAKE_NVML_DIR", "value": "/gpushard-e2e/nvml"}],
+                    "volumeMounts": [{"name": "e2e-nvml-lib", "mountPath": "/gpushard-e2e/lib", "readOnly": True},
+                                     {"name": "e2e-nvml", "mountPath": "/gpushard-e2e/nvml", "readOnly": True}]}],
+                "volumes": [{"name": "e2e-nvml-lib", "hostPath": {"path": str(lib), "type": "Directory"}},
+                            {"name": "e2e-nvml", "hostPath": {"path": str(control), "type": "Directory"}}]}}}}
 
 
 @pytest.fixture(scope="session")
@@ -247,11 +249,14 @@ def pod_resources_at_the_usual_path(kubelet_root: Path):
 @pytest.fixture(scope="session")
 def kubelet(plane, runtime, work, nvml, dns):
     kubectl = plane.kubectl
-    base = yaml.safe_load_all(kubectl.run("kustomize", str(ROOT / "deploy" / "base")).stdout)
     kubelet = components.Kubelet(KUBELET, runtime.endpoint, plane, work, address=node.NODE_IP,
                                  cluster_dns=dns.address)
-    documents = node_overlay([d for d in base if d], nvml)
-    done = kubectl.run("apply", "-f", "-", input=yaml.safe_dump_all(documents), check=False, timeout=180)
+    # deploy/base as docs/install.md applies it, then what the node provides (before the node, and so any agent
+    # pod, exists).
+    done = kubectl.run("apply", "-k", str(ROOT / "deploy" / "base"), check=False, timeout=180)
+    assert done.returncode == 0, done.stderr
+    done = kubectl.run("apply", "--server-side", "--field-manager=gpushard-e2e-node", "-f", "-",
+                       input=json.dumps(node_overlay(nvml)), check=False, timeout=60)
     assert done.returncode == 0, done.stderr
     kubectl.apply(json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
                               "metadata": {"name": "nvidia"}, "handler": "nvidia"}))

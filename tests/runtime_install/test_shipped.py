@@ -57,8 +57,10 @@ def test_security_contexts_hold_in_the_running_containers(installed):
     assert refused == "30", refused
 
 
-def test_the_api_server_calls_the_webhook_through_its_service(installed, runtime, namespace):
-    kubectl = installed
+def admits_rewrites_runs_and_denies(kubectl, runtime, namespace: str) -> None:
+    """A 0.25 pod rewritten to one card's shares, bound, allocated by the agent's pod, seeing its card and no
+    other; a pod asking 1.5 cards denied with gpushard's message. The same checks run on the Helm install
+    (test_takeover.py)."""
     kubectl.apply(seeing.pod("quarter", seeing.container(gpu="0.25")), "-n", namespace)
     pod = kubectl.json("get", "pod", "quarter", "-n", namespace)
     card = int(pod["metadata"]["annotations"]["gpushard.io/card"])
@@ -71,3 +73,7 @@ def test_the_api_server_calls_the_webhook_through_its_service(installed, runtime
                          input=objects.pod("too-big", objects.container(gpu="1.5")))
     assert denied.returncode != 0 and "gpushard: container \"main\" asks nvidia.com/gpu 1500m" in denied.stderr, \
         denied.stderr
+
+
+def test_the_api_server_calls_the_webhook_through_its_service(installed, runtime, namespace):
+    admits_rewrites_runs_and_denies(installed, runtime, namespace)

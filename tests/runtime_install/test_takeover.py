@@ -30,6 +30,7 @@ from tests.chart import helm as chart_helm
 from tests.e2e import components, gpushard, objects
 from tests.runtime import seeing
 from tests.runtime_install.conftest import service_route
+from tests.runtime_install.test_shipped import admits_rewrites_runs_and_denies
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = gpushard.SYSTEM
@@ -94,19 +95,7 @@ def test_helm_test_reaches_the_webhook_by_its_service_name(release, installed, p
 
 
 def test_admission_and_the_node_on_the_helm_install(release, installed, runtime, namespace):
-    kubectl = installed
-    kubectl.apply(seeing.pod("quarter", seeing.container(gpu="0.25")), "-n", namespace)
-    pod = kubectl.json("get", "pod", "quarter", "-n", namespace)
-    card = int(pod["metadata"]["annotations"]["gpushard.io/card"])
-    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"gpushard.io/gpu": "25",
-                                                                   f"gpushard.io/card-{card}": "25"}
-    seeing.running(kubectl, namespace, "quarter", explain=runtime.tail)
-    seeing.expect_card(seeing.seen(kubectl, namespace, "quarter"), card, ("envvar", "volume-mounts", "cdi-cri"),
-                       runtime)
-    denied = kubectl.run("apply", "-n", namespace, "-f", "-", check=False,
-                         input=objects.pod("too-big", objects.container(gpu="1.5")))
-    assert denied.returncode != 0 and "gpushard: container \"main\" asks nvidia.com/gpu 1500m" in denied.stderr, \
-        denied.stderr
+    admits_rewrites_runs_and_denies(installed, runtime, namespace)
 
 
 def test_the_command_line_on_the_helm_install(release, installed, plane, namespace):
