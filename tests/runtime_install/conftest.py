@@ -219,9 +219,12 @@ def service_route(kubectl: components.Kubectl, name: str, namespace: str) -> nod
     service = kubectl.json("get", "service", name, "-n", namespace)
     port = service["spec"]["ports"][0]
     slices = kubectl.json("get", "endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={name}")
-    ready = [(endpoint["addresses"][0], slice_port["port"]) for s in slices["items"] for endpoint in s.get("endpoints")
-             or [] if (endpoint.get("conditions") or {}).get("ready") for slice_port in s.get("ports") or []
-             if slice_port.get("name") == port.get("name")]
+    ready = []
+    for endpoint_slice in slices["items"]:
+        targets = [p["port"] for p in endpoint_slice.get("ports") or [] if p.get("name") == port.get("name")]
+        for endpoint in endpoint_slice.get("endpoints") or []:
+            if (endpoint.get("conditions") or {}).get("ready"):
+                ready += [(endpoint["addresses"][0], target) for target in targets]
     assert ready, f"service {namespace}/{name} has no Ready endpoint: {slices['items']}"
     address, target = sorted(ready)[0]
     return node.ServiceRoute(service["spec"]["clusterIP"], port["port"], f"{address}:{target}",
