@@ -131,6 +131,8 @@ class FakeKube:
         self.before_eviction: list = []
         self._generation = 0  # bumped to drop open watches
         self.compactions = 0  # bumped by expire_history: continue tokens issued before it get 410 Gone
+        # Watches served as kube-apiserver serves them (chunked, the connection kept) rather than closed at the end.
+        self.chunked_watches = False
         self.before: dict[int, dict] = {}  # resourceVersion of a MODIFIED event -> the object before it
         self.on_page = None  # called (resource, page number) after each page of a paginated list is sent
         # Called (method, path with query) as each request arrives, before it is answered, the lock
@@ -403,46 +405,63 @@ class FakeKube:
                 return True
 
             def _watch(self, resource: str, namespace: str, query: dict) -> None:
-                since = int(query.get("resourceVersion") or 0)
-                deadline = time.monotonic() + float(query.get("timeoutSeconds") or 30)
+                chunked = fake.chunked_watches
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Connection", "close")
+                if chunked:
+                    # As kube-apiserver serves a watch: chunked, the connection kept for the next request.
+                    self.send_header("Transfer-Encoding", "chunked")
+                else:
+                    self.send_header("Connection", "close")
                 self.end_headers()
-                self.close_connection = True
+                self.close_connection = not chunked
+
+                def send(data: bytes) -> None:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+                try:
+                    self._watch_events(resource, namespace, query, send)
+                    if chunked:
+                        # The stream's end as a write of its own, after the last event (a client that stops at
+                        # that event has the end still to come on its connection).
+                        self.wfile.flush()
+                        time.sleep(0.1)
+                        self.wfile.write(b"0\r\n\r\n")
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True
+
+            def _watch_events(self, resource: str, namespace: str, query: dict, send) -> None:
+                since = int(query.get("resourceVersion") or 0)
+                deadline = time.monotonic() + float(query.get("timeoutSeconds") or 30)
                 with fake.lock:
                     generation = fake._generation
                     if since and since < fake.oldest_rv:
                         gone = {"type": "ERROR", "object": {
                             "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Expired",
                             "message": f"too old resource version: {since} ({fake.oldest_rv})", "code": 410}}
-                        self.wfile.write(json.dumps(gone).encode() + b"\n")
+                        send(json.dumps(gone).encode() + b"\n")
                         return
                 sent = since
-                try:
-                    while True:
-                        with fake.lock:
-                            batch = [e for e in fake.events if e[0] > sent and e[1] == resource]
-                            if not batch:
-                                remaining = deadline - time.monotonic()
-                                if remaining <= 0 or fake._generation != generation:
-                                    return
-                                fake.lock.wait(min(remaining, 0.2))
+                while True:
+                    with fake.lock:
+                        batch = [e for e in fake.events if e[0] > sent and e[1] == resource]
+                        if not batch:
+                            remaining = deadline - time.monotonic()
+                            if remaining <= 0 or fake._generation != generation:
+                                return
+                            fake.lock.wait(min(remaining, 0.2))
+                            continue
+                    for rv, _res, kind, obj in batch:
+                        sent = rv
+                        if not self._selected(obj, resource, namespace, query):
+                            # No longer matching the selector: the watcher is told it is gone.
+                            old = fake.before.get(rv)
+                            if kind != "MODIFIED" or old is None or not self._selected(
+                                    old, resource, namespace, query):
                                 continue
-                        for rv, _res, kind, obj in batch:
-                            sent = rv
-                            if not self._selected(obj, resource, namespace, query):
-                                # No longer matching the selector: the watcher is told it is gone.
-                                old = fake.before.get(rv)
-                                if kind != "MODIFIED" or old is None or not self._selected(
-                                        old, resource, namespace, query):
-                                    continue
-                                kind = "DELETED"
-                            line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
-                            self.wfile.write(line)
-                        self.wfile.flush()
-                except (BrokenPipeError, ConnectionResetError):
-                    return
+                            kind = "DELETED"
+                        send(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                    self.wfile.flush()
 
             def do_PATCH(self):
                 length = int(self.headers.get("Content-Length") or 0)

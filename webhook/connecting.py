@@ -316,6 +316,15 @@ def reaching(target: Target, what: str) -> Iterator[None]:
         raise explained from None
 
 
+def finish_watch(response) -> None:
+    """A watch response given up: its connection closed, never handed back to the pool open. A watch left
+    early (a 410, an error event, a stop) has the rest of its chunked stream still to come on that
+    connection, and the next request sent on it would read that as its status line
+    (``BadStatusLine('0\\r\\n')``) and fail."""
+    response.close()
+    response.release_conn()
+
+
 def watch_lines(response, stop: threading.Event) -> Iterator[bytes]:
     """The newline-separated events of a watch response (its raw stream), each as soon as it arrives."""
     buffer = b""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import kubernetes
@@ -151,3 +152,32 @@ def test_a_resource_can_be_listed_and_watched_with_a_call_of_its_own(fake):
         informer.close()
     assert all(kwargs["_preload_content"] is False for kwargs in made)
     assert [bool(kwargs.get("watch")) for kwargs in made][:2] == [False, True]
+
+
+def test_a_watch_ended_early_leaves_no_unread_bytes_for_the_next_request(fake, caplog):
+    """As kube-apiserver serves them, watches are chunked on a connection kept for the next request. A watch the
+    informer stops reading early (here at the 410 Gone event, after which the API server ends the stream) must not
+    hand its connection back with the stream's end unread: the next request on it reads that as its status line
+    (`BadStatusLine('0\\r\\n')`) and fails; urllib3 retries a GET a few times, and once those are spent the
+    informer backs off while the view stays stale."""
+    caplog.set_level(logging.WARNING, logger="urllib3")
+    fake.chunked_watches = True
+    fake.put("pods", o.pod("p0", 0, 10, "gpu-a"))
+    sink = Recorder()
+    informer = informing.Informer(fake.api_client(), sink, watch_timeout=30, backoff=(0.05, 0.3),
+                                  resources=(informing.PODS,))
+    informer.start()
+    try:
+        o.wait_for(lambda: ("opened", "pods") in sink.seen(), what="the watch")
+        for cycle in range(3):
+            lists = informer.lists["pods"]
+            fake.expire_history()
+            fake.put("namespaces", {"metadata": {"name": f"moved-on-{cycle}"}})
+            fake.drop_watches()
+            o.wait_for(lambda before=lists: informer.lists["pods"] > before, what="the relist")
+            o.wait_for(lambda before=lists: informer.watches["pods"] > before, what="the watch again")
+        assert informer.watch_errors["pods"] == 0
+        assert not [r for r in caplog.records if "BadStatusLine" in r.getMessage()], \
+            "a request failed on a connection a watch had left"
+    finally:
+        informer.close()

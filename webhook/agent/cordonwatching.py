@@ -111,7 +111,7 @@ class Watcher:
                     self.apply(None)
         finally:
             self._response = None
-            response.release_conn()
+            connecting.finish_watch(response)
         return version
 
     def run(self, stop: threading.Event) -> None:

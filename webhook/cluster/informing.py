@@ -276,7 +276,7 @@ class Informer:
                 version = self._stream(resource, response, version)
             finally:
                 self._responses.pop(resource, None)
-                response.release_conn()
+                connecting.finish_watch(response)
         except BaseException:
             self._sink.watch_closed(resource, True)
             raise
