@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.chart import helm as chart_helm
 from tests.e2e import components
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,6 @@ CHART = ROOT / "charts" / "gpushard"
 
 def helm(plane: components.ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     """The pinned helm (tests/chart/helm.py) on ``plane``, in gpushard's namespace."""
-    from tests.chart import helm as chart_helm
     done = subprocess.run([chart_helm.binary(), f"--kubeconfig={plane.kubectl.config}", "-n", SYSTEM, *args],
                           capture_output=True, text=True, timeout=300)
     if check and done.returncode:

@@ -198,7 +198,8 @@ def node_overlay(nvml: tuple[Path, Path]) -> dict:
 @pytest.fixture(scope="session")
 def dns(plane):
     """The tier's cluster DNS on the node's address: Service names to ClusterIPs, read from the API server."""
-    api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(config_file=str(plane.kubectl.config)))
+    client = kubernetes.config.new_client_from_config(config_file=str(plane.kubectl.config))
+    api = kubernetes.client.CoreV1Api(client)
 
     def cluster_ip(service: str, namespace: str) -> str | None:
         try:
@@ -211,6 +212,7 @@ def dns(plane):
     responder = clusterdns.Responder(node.NODE_IP, cluster_ip).start()
     yield responder
     responder.stop()
+    client.close()
 
 
 def service_route(kubectl: components.Kubectl, name: str, namespace: str) -> node.ServiceRoute:
