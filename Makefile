@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test e2e e2e-bench lint bench fuzz certs proto image kind clean gpu-check gpu-wheels chart chart-docs
+.PHONY: demo test e2e e2e-matrix e2e-ci e2e-components e2e-pin e2e-bench lint bench fuzz certs proto image kind clean gpu-check gpu-wheels chart chart-docs
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,33 +35,39 @@ chart: $(STAMP) $(HELM)
 chart-docs: $(STAMP)
 	$(PY) -m tests.chart.valuesdoc --write docs/install.md
 
-# The end-to-end tier on real components (tests/e2e, README "End to end"): KUBEBUILDER_ASSETS names a
-# folder with etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubectl; the node tier
-# also needs GPUSHARD_E2E_KUBELET (a kubelet) and GPUSHARD_E2E_CRI (a CRI runtime's socket). The runtime
-# tier (tests/runtime: containers that really run) needs GPUSHARD_E2E_CONTAINERD, one containerd binary or
-# several separated by ':', and runs once for each. Root only.
-e2e: $(STAMP)
-	@# Without KUBEBUILDER_ASSETS the tier runs nothing and says what to set (pytest's exit 5: nothing ran).
-	$(PY) -m pytest -p no:cacheprovider -m e2e --timeout 600 tests/e2e $(E2E_ARGS); rc=$$?; \
-		if [ $$rc != 0 ] && [ $$rc != 5 ]; then exit $$rc; fi
-	@# One run per containerd named: each starts its own runtime, kubelet and control plane.
-	@set -e; for containerd in $$(echo "$${GPUSHARD_E2E_CONTAINERD:-}" | tr ':' ' '); do \
-		GPUSHARD_E2E_CONTAINERD=$$containerd $(PY) -m pytest -p no:cacheprovider -m e2e --timeout 900 \
-			tests/runtime $(E2E_ARGS) || exit $$?; \
-	done; \
-	if [ -z "$${GPUSHARD_E2E_CONTAINERD:-}" ]; then \
-		echo "gpushard runtime tier: not run: set GPUSHARD_E2E_CONTAINERD (a containerd binary, or several separated by ':')"; \
-	fi
-	@# deploy/base as real pods from gpushard's image (GPUSHARD_E2E_IMAGE: make image-archive), on the last containerd named.
-	@if [ -n "$${GPUSHARD_E2E_CONTAINERD:-}" ] && [ -n "$${GPUSHARD_E2E_IMAGE:-}" ]; then \
-		GPUSHARD_E2E_CONTAINERD=$${GPUSHARD_E2E_CONTAINERD##*:} $(PY) -m pytest -p no:cacheprovider -m e2e \
-			--timeout 900 tests/runtime_install $(E2E_ARGS); \
-	else \
-		echo "gpushard shipped-install tier: not run: set GPUSHARD_E2E_CONTAINERD and GPUSHARD_E2E_IMAGE (make image-archive)"; \
-	fi
+# The real-component tiers (docs/e2e.md): e2e/run.py builds what they need from the pins of
+# e2e/versions.env into ~/.cache/gpushard-e2e (GPUSHARD_E2E_CACHE), a second run builds nothing, then
+# runs tests/e2e (control plane, kubelet over Kubernetes' fake CRI), tests/runtime (containers on
+# Debian's containerd 1.6 and containerd 2.x) and tests/runtime_install (deploy/base as pods), and prints
+# one table. K8S=1.34 picks another pinned minor; E2E_TIERS=e2e,runtime,install which tiers; E2E_ARGS
+# goes to pytest. KUBEBUILDER_ASSETS, GPUSHARD_E2E_KUBELET, GPUSHARD_E2E_CRI, GPUSHARD_E2E_CONTAINERD and
+# GPUSHARD_E2E_IMAGE still hand it binaries of your own. Root only (the kubelet and containerd need it).
+K8S ?=
+E2E_TIERS ?= e2e,runtime,install
+E2E_RUN = $(PY) e2e/run.py $(if $(K8S),--kubernetes $(K8S))
+
+e2e: $(STAMP) $(HELM)
+	$(E2E_RUN) --tiers $(E2E_TIERS) -- $(E2E_ARGS)
+
+# Every pinned Kubernetes minor (tests/e2e), and the runtime tiers on containerd 1.6 and 2.x, as one table.
+e2e-matrix: $(STAMP) $(HELM)
+	$(E2E_RUN) --matrix --tiers $(E2E_TIERS) -- $(E2E_ARGS)
+
+# What CI runs on real components: the control plane and the node tier on the default Kubernetes.
+e2e-ci: $(STAMP) $(HELM)
+	$(E2E_RUN) --tiers e2e -- $(E2E_ARGS)
+
+# The components alone, built into the cache (K8S=all for every pinned minor).
+e2e-components:
+	$(PYTHON) e2e/build.py build --kubernetes $(or $(K8S),$$(sed -n 's/^KUBERNETES_DEFAULT *= *//p' e2e/versions.env)) \
+		--fakecri --containerd2
+
+# The Go modules of e2e/ written again from e2e/versions.env (after changing a pin).
+e2e-pin:
+	$(PYTHON) e2e/build.py pin
 
 lint: $(STAMP)
-	$(PY) -m ruff check webhook tests bench examples docs charts .ci
+	$(PY) -m ruff check webhook tests bench examples docs charts .ci e2e
 
 bench: $(STAMP)
 	@for b in bench/*.py; do [ $$b = bench/e2e_scale.py ] && continue; echo "== $$b"; $(PY) $$b || exit 1; done

@@ -3,7 +3,9 @@
 It plays the plugin watcher (dial the registration socket, GetInfo, check type and version, dial the
 endpoint, NotifyRegistrationStatus) and the kubelet's DRA manager (NodePrepareResources and
 NodeUnprepareResources with claims named by namespace, UID and name, and the NodeWatchResources
-health stream it keeps open on the same endpoint).
+health stream it keeps open on the same endpoint). The health service is chosen as kubelet 1.37 chooses
+it: the first of the kubelet's own list that the plugin advertises among its supported versions, none when
+it advertises none (cm/dra/plugin/dra_plugin_manager.go, pickHealthService); 1.36 called v1alpha1 unasked.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import time
 import grpc
 
 from webhook.agent.proto import dra_health_pb2 as hpb
-from webhook.agent.proto import dra_health_pb2_grpc as hpb_grpc
 from webhook.agent.proto import dra_pb2 as dpb
 from webhook.agent.proto import dra_pb2_grpc as dpb_grpc
 from webhook.agent.proto import pluginregistration_pb2 as rpb
 from webhook.agent.proto import pluginregistration_pb2_grpc as rpb_grpc
 
 TIMEOUT = 10.0
+# The kubelet's health services, newest first (kubelet 1.37, healthServicesSupportedByKubelet).
+KUBELET_HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 
 
 class RegistrationRefused(AssertionError):
@@ -31,6 +34,7 @@ class DraKubelet:
     def __init__(self) -> None:
         self.endpoint: str | None = None
         self.driver: str | None = None
+        self.versions: list[str] = []
 
     def register(self, registration_socket: str) -> rpb.PluginInfo:
         """Register as the plugin watcher does; the plugin hears the outcome through NotifyRegistrationStatus."""
@@ -48,8 +52,12 @@ class DraKubelet:
                                           timeout=TIMEOUT)
             if problem:
                 raise RegistrationRefused(problem)
-        self.endpoint, self.driver = info.endpoint, info.name
+        self.endpoint, self.driver, self.versions = info.endpoint, info.name, list(info.supported_versions)
         return info
+
+    def health_service(self) -> str | None:
+        """What a 1.37 kubelet would open: the first of its services the plugin advertised, else none."""
+        return next((s for s in KUBELET_HEALTH_SERVICES if s in self.versions), None)
 
     def _stub(self, channel) -> dpb_grpc.DRAPluginStub:
         return dpb_grpc.DRAPluginStub(channel)
@@ -66,17 +74,25 @@ class DraKubelet:
         with grpc.insecure_channel(f"unix://{self.endpoint}") as channel:
             return self._stub(channel).NodeUnprepareResources(request, timeout=TIMEOUT)
 
-    def watch_health(self) -> HealthStream:
-        """NodeWatchResources on the plugin's endpoint, as the kubelet opens it after registration."""
-        return HealthStream(self.endpoint)
+    def watch_health(self, service: str | None = None) -> HealthStream:
+        """NodeWatchResources on the plugin's endpoint, as the kubelet opens it after registration: under the
+        service it negotiated, or ``service`` (as 1.36 called v1alpha1 whatever was advertised)."""
+        chosen = service or self.health_service()
+        if chosen is None:
+            raise AssertionError(f"a 1.37 kubelet opens no health stream: the plugin advertised {self.versions}")
+        return HealthStream(self.endpoint, chosen)
 
 
 class HealthStream:
     """An open NodeWatchResources stream read on a thread; each message is kept with when it came."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, service: str = "v1alpha1.DRAResourceHealth") -> None:
         self.channel = grpc.insecure_channel(f"unix://{endpoint}")
-        self.call = hpb_grpc.DRAResourceHealthStub(self.channel).NodeWatchResources(hpb.NodeWatchResourcesRequest())
+        # The method path carries the service's package; the messages are the same under v1 and v1alpha1.
+        watch = self.channel.unary_stream(f"/{service}/NodeWatchResources",
+                                          request_serializer=hpb.NodeWatchResourcesRequest.SerializeToString,
+                                          response_deserializer=hpb.NodeWatchResourcesResponse.FromString)
+        self.call = watch(hpb.NodeWatchResourcesRequest())
         self.messages: list[tuple[float, hpb.NodeWatchResourcesResponse]] = []
         self.error: grpc.RpcError | None = None
         self.ended = threading.Event()

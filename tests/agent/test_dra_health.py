@@ -9,6 +9,8 @@ the fake NVML backend behind the agent:
 - a client that hangs up is cleaned up (its stream ends on the agent's side), the next one starts afresh, and
   streams past the cap are refused rather than left to hold the plugin's workers;
 - stopping the agent ends the stream with status OK;
+- the plugin advertises dra-health v1 and v1alpha1 among its supported versions, so a 1.37 kubelet opens v1
+  (it opens nothing a plugin does not advertise), and both names stream the same health;
 - under backend dra, gpushard.io/gpu's IDs follow the card of the claim prepared for the pod: an Xid on card 1
   marks the IDs a card-1 pod holds, never those a card-0 pod holds.
 """
@@ -208,3 +210,15 @@ def test_the_shares_resource_follows_the_claim_s_card(api, world, plugin_dir, ku
         assert {health[i] for i in held["one"]} == {"Unhealthy"}
         assert sum(1 for h in health.values() if h == "Healthy") == 4
         stream.cancel()
+
+
+def test_a_137_kubelet_negotiates_v1_and_v1alpha1_still_answers(api, world):
+    _agent, _devices, peer, _lister = world
+    assert peer.health_service() == "v1.DRAResourceHealth"
+    assert {"v1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"} <= set(peer.versions)
+    for service in ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"):
+        stream = peer.watch_health(service)
+        try:
+            assert drakubelet.health_by_device(stream.message(0)) == BOTH_HEALTHY
+        finally:
+            stream.close()

@@ -368,6 +368,25 @@ featureGates: {gates}
 {dns}"""
 
 
+class FakeCri:
+    """Kubernetes' fake CRI runtime (e2e/fakecri) on a socket of the run's folder: it starts no container."""
+
+    def __init__(self, binary: str, work: Path):
+        self.socket = work / "fakecri.sock"
+        self.process = Process("fakecri", [binary, f"--listen={self.socket}"], work / "fakecri.log")
+
+    def start(self) -> FakeCri:
+        self.process.start()
+        wait_for(f"the fake CRI on {self.socket}", self.socket.exists, timeout=30, explain=self.process.tail)
+        return self
+
+    def stop(self) -> None:
+        self.process.stop()
+
+    def tail(self, lines: int = 40) -> str:
+        return self.process.tail(lines)
+
+
 class Kubelet:
     """A real kubelet on this machine, registered as ``NODE_NAME``, over an already running CRI runtime."""
 

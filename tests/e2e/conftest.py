@@ -1,8 +1,10 @@
 """Fixtures of the end-to-end tier: real components started once per run, gpushard installed on them.
 
 Every test here is marked ``e2e``. Without ``KUBEBUILDER_ASSETS`` the whole tier is skipped with
-one line saying what to set; without ``GPUSHARD_E2E_KUBELET`` and ``GPUSHARD_E2E_CRI`` the node
-tier is. ``make test`` collects the tier too and skips it there; ``make e2e`` runs only it.
+one line saying what to set; without ``GPUSHARD_E2E_KUBELET`` and a CRI runtime the node tier is: either
+``GPUSHARD_E2E_CRI``, the socket of a runtime already serving, or ``GPUSHARD_E2E_FAKECRI``, the fake CRI that
+``e2e/build.py`` builds (e2e/fakecri), which the tier starts itself. ``make test`` collects the tier too and
+skips it there; ``make e2e`` builds what it needs and runs it (e2e/run.py).
 """
 
 from __future__ import annotations
@@ -10,100 +12,72 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.e2e import components, gpushard
+from tests.e2e import components, gpushard, tiers
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS, WHY_NOT = components.which_assets(os.environ)
 KUBELET = os.environ.get("GPUSHARD_E2E_KUBELET", "")
 CRI = os.environ.get("GPUSHARD_E2E_CRI", "")
-# What this run started, for the failure reports and the summary.
-_RUN: dict = {}
+FAKECRI = os.environ.get("GPUSHARD_E2E_FAKECRI", "") if not CRI else ""
 NODE_WHY_NOT = ("set GPUSHARD_E2E_KUBELET (a kubelet binary) and GPUSHARD_E2E_CRI (a CRI runtime's unix socket) "
-                "for the node tier")
+                "or GPUSHARD_E2E_FAKECRI (e2e/build.py's fake CRI) for the node tier")
+NODE = bool(KUBELET and (CRI or (FAKECRI and Path(FAKECRI).exists())))
+# The DRA backend changes the install for good (the overlay, the agent's backend): it goes last.
+TIER = tiers.Tier("gpushard e2e", Path(__file__).parent, WHY_NOT if ASSETS is None else "",
+                  last=lambda item: Path(str(item.fspath)).name == "test_dra.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
-    # The DRA backend changes the install for good (the overlay, the agent's backend): it goes last.
-    items.sort(key=lambda item: Path(str(item.fspath)).name == "test_dra.py")
-    ours = [item for item in items if here in Path(str(item.fspath)).parents]
+    TIER.collect(config, items)
     if ASSETS is None:
-        # One line for the whole tier (the header and the summary), not one per test file.
-        if ours:
-            config.hook.pytest_deselected(items=ours)
-            items[:] = [item for item in items if item not in set(ours)]
-            _RUN["deselected"] = len(ours)
         return
-    for item in ours:
-        item.add_marker(pytest.mark.e2e)
-        if "kubelet" in item.fixturenames and not (KUBELET and CRI):
+    for item in TIER.ours(items):
+        if "kubelet" in item.fixturenames and not NODE:
             item.add_marker(pytest.mark.skip(reason=f"gpushard e2e: {NODE_WHY_NOT}"))
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _RUN.get("deselected"):
-        terminalreporter.write_line(f"gpushard e2e: {_RUN['deselected']} tests not run: {WHY_NOT}")
+    TIER.summary(terminalreporter)
 
 
 def pytest_report_header(config):
-    if ASSETS is None:
-        return f"gpushard e2e: skipped: {WHY_NOT}"
+    return TIER.header(_versions)
+
+
+def _versions() -> str:
     # "Kubernetes v1.36.2" and "Client Version: v1.37.1 ...": the version is the first word starting with v1.
     versions = []
     for binary, args in (("kube-apiserver", ["--version"]), ("kubectl", ["version", "--client"])):
         done = subprocess.run([str(ASSETS / binary), *args], capture_output=True, text=True, timeout=30)
         versions.append(f"{binary} {next((w for w in done.stdout.split() if w.startswith('v1.')), '?')}")
-    if KUBELET and CRI:
+    if NODE:
         done = subprocess.run([KUBELET, "--version"], capture_output=True, text=True, timeout=30)
-        versions.append(f"kubelet {done.stdout.split()[-1]} over the CRI at {CRI}")
+        runtime = f"the CRI at {CRI}" if CRI else f"Kubernetes' fake CRI ({FAKECRI})"
+        versions.append(f"kubelet {done.stdout.split()[-1]} over {runtime}")
     else:
         versions.append(f"no node tier ({NODE_WHY_NOT})")
-    return "gpushard e2e: " + ", ".join(versions) + f" (KUBEBUILDER_ASSETS={ASSETS})"
+    return ", ".join(versions) + f" (KUBEBUILDER_ASSETS={ASSETS})"
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failing test shows the components' log tails that explain it, not only its assertion."""
     outcome = yield
-    report = outcome.get_result()
-    if report.when == "call" and report.failed and _RUN.get("plane") is not None:
-        sections = [_RUN["plane"].logs(25)]
-        for name in ("kubelet", "webhook", "agent"):
-            owner = _RUN.get(name)
-            if owner is not None:
-                sections.append(owner.tail(25))
-        report.sections.append(("component logs", "\n".join(sections)))
-
+    TIER.report(item, outcome.get_result())
 
 
 @pytest.fixture(scope="session")
 def work():
-    folder = Path(tempfile.mkdtemp(prefix="gpushard-e2e-"))
-    yield folder
-    if os.environ.get("GPUSHARD_E2E_KEEP"):
-        print(f"gpushard e2e: logs and state kept in {folder}", file=sys.stderr)
-    else:
-        shutil.rmtree(folder, ignore_errors=True)
+    yield from tiers.work_folder("gpushard-e2e-")
 
 
 @pytest.fixture(scope="session")
 def plane(work):
-    plane = components.ControlPlane(ASSETS, work)
-    _RUN["plane"] = plane
-    try:
-        plane.start()
-    except BaseException:
-        print(plane.logs(60), file=sys.stderr)
-        plane.stop()
-        raise
+    plane = TIER.started("plane", components.ControlPlane(ASSETS, work))
     yield plane
     plane.stop()
 
@@ -129,22 +103,25 @@ def install(plane, kubectl) -> dict[str, subprocess.CompletedProcess]:
 @pytest.fixture(scope="session")
 def installed(plane, install, work):
     """The webhook served on loopback with its own ServiceAccount's token, called by the shipped configuration."""
-    webhook = gpushard.Webhook(plane, work).start()
-    _RUN["webhook"] = webhook
+    webhook = TIER.started("webhook", gpushard.Webhook(plane, work))
     yield webhook
     webhook.stop()
 
 
 @pytest.fixture(scope="session")
-def kubelet(plane, installed, work):
-    kubelet = components.Kubelet(KUBELET, CRI, plane, work)
-    _RUN["kubelet"] = kubelet
-    try:
-        kubelet.start()
-    except BaseException:
-        print(kubelet.tail(80), file=sys.stderr)
-        kubelet.stop()
-        raise
+def cri(work):
+    """The CRI socket the kubelet talks to: the one handed in, or Kubernetes' fake CRI started here."""
+    if CRI:
+        yield CRI
+        return
+    fake = TIER.started("fakecri", components.FakeCri(FAKECRI, work))
+    yield str(fake.socket)
+    fake.stop()
+
+
+@pytest.fixture(scope="session")
+def kubelet(plane, installed, cri, work):
+    kubelet = TIER.started("kubelet", components.Kubelet(KUBELET, cri, plane, work), lines=80)
     yield kubelet
     kubelet.stop()
 
@@ -152,8 +129,7 @@ def kubelet(plane, installed, work):
 @pytest.fixture(scope="session")
 def agent(plane, kubectl, kubelet, work):
     """`gpushard agent` on the real kubelet, with a token bound to its DaemonSet's pod, over a fake NVML."""
-    agent = gpushard.Agent(plane, kubelet, work).start()
-    _RUN["agent"] = agent
+    agent = TIER.started("agent", gpushard.Agent(plane, kubelet, work))
     yield agent
     agent.stop()
 

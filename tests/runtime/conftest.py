@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e import components
-from tests.e2e.conftest import _RUN, ASSETS, WHY_NOT, install, installed, kubectl, namespace, plane, work  # noqa: F401
+from tests.e2e import components, tiers
+from tests.e2e.conftest import ASSETS, WHY_NOT, install, installed, kubectl, namespace, plane, work  # noqa: F401
 from tests.runtime import images, node, seeing
 
 KUBELET = os.environ.get("GPUSHARD_E2E_KUBELET", "")
@@ -44,51 +43,33 @@ def _why_not() -> str:
     return ""
 
 
-WHY = _why_not()
+# The DRA backend changes the install for good: its tests go last.
+TIER = tiers.Tier("gpushard runtime tier", Path(__file__).parent, _why_not(), markers=("e2e", "runtime"),
+                  last=lambda item: Path(str(item.fspath)).name.startswith("test_dra"))
 
 
 def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
-    ours = [item for item in items if here in Path(str(item.fspath)).parents]
-    if WHY:
-        if ours:
-            config.hook.pytest_deselected(items=ours)
-            keep = [item for item in items if item not in set(ours)]
-            items[:] = keep
-            _RUN["runtime-deselected"] = len(ours)
-        return
-    # The DRA backend changes the install for good: its tests go last.
-    items.sort(key=lambda item: Path(str(item.fspath)).name.startswith("test_dra"))
-    for item in ours:
-        item.add_marker(pytest.mark.e2e)
-        item.add_marker(pytest.mark.runtime)
+    TIER.collect(config, items)
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _RUN.get("runtime-deselected"):
-        terminalreporter.write_line(f"gpushard runtime tier: {_RUN['runtime-deselected']} tests not run: {WHY}")
+    TIER.summary(terminalreporter)
 
 
 def pytest_report_header(config):
-    if WHY:
-        return f"gpushard runtime tier: skipped: {WHY}"
+    return TIER.header(_versions)
+
+
+def _versions() -> str:
     runtime = node.version_of(CONTAINERD)
-    return (f"gpushard runtime tier: containerd {'.'.join(map(str, runtime))} ({CONTAINERD}), "
+    return (f"containerd {'.'.join(map(str, runtime))} ({CONTAINERD}), "
             f"runc {shutil.which('runc') or '/usr/sbin/runc'}, CDI {'on' if runtime >= (2, 0, 0) else 'absent'}")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failing test shows the components' log tails that explain it, the runtime's among them."""
     outcome = yield
-    report = outcome.get_result()
-    if report.when == "call" and report.failed and _RUN.get("plane") is not None and not WHY:
-        sections = [_RUN["plane"].logs(20)]
-        for name in ("containerd", "kubelet", "webhook", "agent"):
-            owner = _RUN.get(name)
-            if owner is not None:
-                sections.append(owner.tail(25))
-        report.sections.append(("component logs", "\n".join(sections)))
+    TIER.report(item, outcome.get_result())
 
 
 @pytest.fixture(scope="session")
@@ -99,18 +80,7 @@ def cards(work) -> node.Cards:
 @pytest.fixture(scope="session")
 def runtime(work, cards):
     containerd = node.Containerd(CONTAINERD, work, cards)
-    _RUN["containerd"] = containerd
-    try:
-        containerd.start()
-        for name, command, env in ((images.WORKLOAD, ["/bin/sh"], {"NVIDIA_VISIBLE_DEVICES": "all"}),
-                                   (images.SANDBOX, images.SANDBOX_COMMAND, None)):
-            archive = images.write_archive(work / f"{name.rsplit('/', 1)[1].replace(':', '-')}.tar", name, command,
-                                           env)
-            containerd.import_image(archive)
-    except BaseException:
-        print(containerd.tail(60), file=sys.stderr)
-        containerd.stop()
-        raise
+    TIER.started("containerd", containerd, lambda: (containerd.start(), images.load_tier_images(containerd, work)))
     yield containerd
     containerd.stop()
 
@@ -123,14 +93,8 @@ def quiet(kubectl, installed):
 
 @pytest.fixture(scope="session")
 def kubelet(plane, installed, quiet, runtime, work):
-    kubelet = components.Kubelet(KUBELET, runtime.endpoint, plane, work, address=node.NODE_IP)
-    _RUN["kubelet"] = kubelet
-    try:
-        kubelet.start()
-    except BaseException:
-        print(kubelet.tail(80), file=sys.stderr)
-        kubelet.stop()
-        raise
+    kubelet = TIER.started("kubelet", components.Kubelet(KUBELET, runtime.endpoint, plane, work,
+                                                         address=node.NODE_IP), lines=80)
     yield kubelet
     # Pods first, so that the kubelet tears their sandboxes and networks down the runtime's own way.
     seeing.delete_all_pods(plane.kubectl, runtime)
@@ -142,7 +106,6 @@ def kubelet(plane, installed, quiet, runtime, work):
 def agent(plane, kubelet, runtime, work):
     """`gpushard agent` on the host over the fake NVML (four cards), its CDI specs where the runtime reads them."""
     agent = seeing.HostAgent(plane, kubelet, work, runtime)
-    _RUN["agent"] = agent
-    agent.start(expect=seeing.per_card(node.CARDS))
+    TIER.started("agent", agent, lambda: agent.start(expect=seeing.per_card(node.CARDS)))
     yield agent
     agent.stop()

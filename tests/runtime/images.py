@@ -91,3 +91,11 @@ def write_archive(path: Path, name: str, command: list[str], env: dict[str, str]
         info.size, info.mtime = len(index), 0
         tar.addfile(info, io.BytesIO(index))
     return path
+
+
+def load_tier_images(containerd, work: Path) -> None:
+    """The workload and sandbox images made from busybox, imported before any pod needs them (kind's `load`)."""
+    for name, command, env in ((WORKLOAD, ["/bin/sh"], {"NVIDIA_VISIBLE_DEVICES": "all"}),
+                               (SANDBOX, SANDBOX_COMMAND, None)):
+        archive = write_archive(work / f"{name.rsplit('/', 1)[1].replace(':', '-')}.tar", name, command, env)
+        containerd.import_image(archive)

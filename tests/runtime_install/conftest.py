@@ -23,14 +23,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import kubernetes
 import pytest
 
-from tests.e2e import components, gpushard
+from tests.e2e import components, gpushard, tiers
 from tests.e2e.conftest import ASSETS, WHY_NOT
 from tests.runtime import clusterdns, images, node, seeing
 
@@ -40,7 +38,6 @@ CONTAINERD = os.environ.get("GPUSHARD_E2E_CONTAINERD", "")
 IMAGE = os.environ.get("GPUSHARD_E2E_IMAGE", "")
 SHIPPED_IMAGE = "ghcr.io/gpushard/gpushard:0.1.0"  # what deploy/base's kustomization names
 POD_RESOURCES = Path("/var/lib/kubelet/pod-resources")  # where deploy/base and the chart mount it from
-_RUN: dict = {}
 
 
 def _why_not() -> str:
@@ -56,60 +53,44 @@ def _why_not() -> str:
     return ""
 
 
-WHY = _why_not()
+TIER = tiers.Tier("gpushard shipped-install tier", Path(__file__).parent, _why_not(), markers=("e2e", "runtime"))
 
 
 def pytest_collection_modifyitems(config, items):
-    here = Path(__file__).parent
-    ours = [item for item in items if here in Path(str(item.fspath)).parents]
-    if WHY:
-        if ours:
-            config.hook.pytest_deselected(items=ours)
-            items[:] = [item for item in items if item not in set(ours)]
-            _RUN["deselected"] = len(ours)
-        return
-    for item in ours:
-        item.add_marker(pytest.mark.e2e)
-        item.add_marker(pytest.mark.runtime)
+    TIER.collect(config, items)
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _RUN.get("deselected"):
-        terminalreporter.write_line(f"gpushard shipped-install tier: {_RUN['deselected']} tests not run: {WHY}")
+    TIER.summary(terminalreporter)
 
 
 def pytest_report_header(config):
-    if WHY:
-        return f"gpushard shipped-install tier: skipped: {WHY}"
-    return (f"gpushard shipped-install tier: containerd {'.'.join(map(str, node.version_of(CONTAINERD)))}, "
-            f"image {IMAGE} as {SHIPPED_IMAGE}")
+    return TIER.header(lambda: f"containerd {'.'.join(map(str, node.version_of(CONTAINERD)))}, "
+                               f"image {IMAGE} as {SHIPPED_IMAGE}")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
-    report = outcome.get_result()
-    if report.when == "call" and report.failed and _RUN.get("plane") is not None:
-        sections = [_RUN["plane"].logs(20)]
-        for name in ("containerd", "kubelet"):
-            if _RUN.get(name) is not None:
-                sections.append(_RUN[name].tail(30))
-        kubectl = _RUN["plane"].kubectl
-        sections.append(kubectl.run("get", "pods", "-A", "-o", "wide", check=False).stdout)
-        for pod in ("app.kubernetes.io/component=webhook", "app.kubernetes.io/component=agent"):
-            sections.append(kubectl.run("logs", "-n", gpushard.SYSTEM, "-l", pod, "--tail=20", "--prefix",
-                                        check=False).stdout)
-        report.sections.append(("component logs", "\n".join(sections)))
+    TIER.report(item, outcome.get_result(), lines=30)
+
+
+def _cluster() -> str:
+    """The pods and the last lines of gpushard's own pods, where the install as pods explains a failure."""
+    kubectl = tiers.RUNNING["plane"].kubectl
+    sections = [kubectl.run("get", "pods", "-A", "-o", "wide", check=False).stdout]
+    for pod in ("app.kubernetes.io/component=webhook", "app.kubernetes.io/component=agent"):
+        sections.append(kubectl.run("logs", "-n", gpushard.SYSTEM, "-l", pod, "--tail=20", "--prefix",
+                                    check=False).stdout)
+    return "\n".join(sections)
+
+
+TIER.extra.append(_cluster)
 
 
 @pytest.fixture(scope="session")
 def work():
-    folder = Path(tempfile.mkdtemp(prefix="gpushard-e2e-install-"))
-    yield folder
-    if os.environ.get("GPUSHARD_E2E_KEEP"):
-        print(f"gpushard e2e: logs and state kept in {folder}", file=sys.stderr)
-    else:
-        shutil.rmtree(folder, ignore_errors=True)
+    yield from tiers.work_folder("gpushard-e2e-install-")
 
 
 @pytest.fixture(scope="session")
@@ -117,15 +98,13 @@ def plane(work):
     node.make_bridge()  # the API server serves on the bridge's address
     plane = components.ControlPlane(ASSETS, work, address=node.NODE_IP,
                                     apiserver_flags=["--enable-aggregator-routing=true"])
-    _RUN["plane"] = plane
     route = None
-    try:
+
+    def start():
+        nonlocal route
         plane.start()
         route = node.ServiceRoute("10.0.0.1", 443, f"{node.NODE_IP}:{plane.port}").add()
-    except BaseException:
-        print(plane.logs(60), file=sys.stderr)
-        plane.stop()
-        raise
+    TIER.started("plane", plane, start)
     yield plane
     route.remove()
     plane.stop()
@@ -141,24 +120,17 @@ def kubectl(plane) -> components.Kubectl:
 def runtime(work, plane):
     cards = node.Cards(work / "cards").make()
     containerd = node.Containerd(CONTAINERD, work, cards)
-    _RUN["containerd"] = containerd
-    try:
+
+    def start():
         containerd.start()
-        for name, command, env in ((images.WORKLOAD, ["/bin/sh"], {"NVIDIA_VISIBLE_DEVICES": "all"}),
-                                   (images.SANDBOX, images.SANDBOX_COMMAND, None)):
-            archive = images.write_archive(work / f"{name.rsplit('/', 1)[1].replace(':', '-')}.tar", name, command,
-                                           env)
-            containerd.import_image(archive)
+        images.load_tier_images(containerd, work)
         before = containerd.images()
         containerd.import_image(Path(IMAGE))
         imported = sorted(i for i in containerd.images() - before if not i.startswith("sha256:"))
         assert imported, f"ctr images import {IMAGE} named no image"
         done = containerd.ctr_run("images", "tag", "--force", imported[0], SHIPPED_IMAGE)
         assert done.returncode == 0, done.stderr
-    except BaseException:
-        print(containerd.tail(60), file=sys.stderr)
-        containerd.stop()
-        raise
+    TIER.started("containerd", containerd, start)
     yield containerd
     containerd.stop()
 
@@ -265,14 +237,11 @@ def kubelet(plane, runtime, work, nvml, dns):
     assert done.returncode == 0, done.stderr
     kubectl.apply(json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
                               "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
-    _RUN["kubelet"] = kubelet
     with pod_resources_at_the_usual_path(kubelet.root):
         try:
-            kubelet.start()
-            kubectl.run("label", "node", components.NODE_NAME, "gpushard.io/shared-node=true", "--overwrite")
+            TIER.started("kubelet", kubelet, lambda: (kubelet.start(), kubectl.run(
+                "label", "node", components.NODE_NAME, "gpushard.io/shared-node=true", "--overwrite")), lines=80)
         except BaseException:
-            print(kubelet.tail(80), file=sys.stderr)
-            kubelet.stop()
             node.unmount_under(kubelet.root)
             raise
         yield kubelet

@@ -23,7 +23,7 @@ import grpc
 import kubernetes
 
 from webhook.agent import allocation, cdi, drahealth, isolation, kubelet, nvml
-from webhook.agent.proto import dra_health_pb2_grpc as hpb_grpc
+from webhook.agent.proto import dra_health_pb2 as hpb
 from webhook.agent.proto import dra_pb2 as dpb
 from webhook.agent.proto import dra_pb2_grpc as dpb_grpc
 from webhook.agent.proto import pluginregistration_pb2 as rpb
@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"  # pluginregistration/v1 constants.go
 SUPPORTED_VERSIONS = ("v1.DRAPlugin",)  # dra/v1 types.go: DRAPluginService
+# The health services the plugin serves, newest first (dra-health/v1 and v1alpha1 types.go). kubelet 1.37 opens
+# the first one a plugin advertises among its supported versions, and none when it advertises none
+# (cm/dra/plugin/dra_plugin_manager.go, pickHealthService); 1.36 calls v1alpha1 unasked. v1's messages are
+# v1alpha1's field for field, so one servicer answers under both names.
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIR = "/var/lib/kubelet/plugins"
 CHECKPOINT_VERSION = 1
@@ -313,9 +318,10 @@ class DraServicer(dpb_grpc.DRAPluginServicer):
 class RegistrationServicer(rpb_grpc.RegistrationServicer):
     """Tells the kubelet's plugin watcher who we are and where the DRAPlugin service is."""
 
-    def __init__(self, driver: str, endpoint: str) -> None:
+    def __init__(self, driver: str, endpoint: str, health: bool = False) -> None:
+        versions = SUPPORTED_VERSIONS + (HEALTH_SERVICES if health else ())
         self.info = rpb.PluginInfo(type=PLUGIN_TYPE, name=driver, endpoint=endpoint,
-                                   supported_versions=list(SUPPORTED_VERSIONS))
+                                   supported_versions=list(versions))
         self.registered = threading.Event()
         self.error = ""
 
@@ -332,6 +338,15 @@ class RegistrationServicer(rpb_grpc.RegistrationServicer):
             self.registered.clear()
             log.error("gpushard: the kubelet refused DRA driver %s: %s", self.info.name, request.error)
         return rpb.RegistrationStatusResponse()
+
+
+def add_health_services(servicer: drahealth.HealthServicer, server: grpc.Server) -> None:
+    """NodeWatchResources under every name of HEALTH_SERVICES, the same messages on the wire."""
+    handlers = {"NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+        servicer.NodeWatchResources, request_deserializer=hpb.NodeWatchResourcesRequest.FromString,
+        response_serializer=hpb.NodeWatchResourcesResponse.SerializeToString)}
+    for name in HEALTH_SERVICES:
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
 
 
 class _Socket:
@@ -384,13 +399,13 @@ class DraPlugin:
         self.driver = driver
         self.health = health
         self.endpoint = plugin_socket(plugins_dir, driver)
-        self.registration = RegistrationServicer(driver, self.endpoint)
+        self.registration = RegistrationServicer(driver, self.endpoint, health=health is not None)
         servicer = DraServicer(preparer)
 
         def add(server: grpc.Server) -> None:
             dpb_grpc.add_DRAPluginServicer_to_server(servicer, server)
             if health is not None:
-                hpb_grpc.add_DRAResourceHealthServicer_to_server(health, server)
+                add_health_services(health, server)
         self._plugin = _Socket(self.endpoint, add)
         self._registry = _Socket(registration_socket(registry_dir, driver),
                                  lambda s: rpb_grpc.add_RegistrationServicer_to_server(self.registration, s))
