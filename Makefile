@@ -43,6 +43,8 @@ chart-docs: $(STAMP)
 # goes to pytest. KUBEBUILDER_ASSETS, GPUSHARD_E2E_KUBELET, GPUSHARD_E2E_CRI, GPUSHARD_E2E_CONTAINERD and
 # GPUSHARD_E2E_IMAGE still hand it binaries of your own. Root only (the kubelet and containerd need it).
 K8S ?=
+# The minor the one-version targets build when K8S names none (KUBERNETES_DEFAULT of e2e/versions.env).
+K8S_MINOR = $(or $(K8S),$(shell sed -n 's/^KUBERNETES_DEFAULT *= *//p' e2e/versions.env))
 E2E_TIERS ?= e2e,runtime,install
 E2E_RUN = $(PY) e2e/run.py $(if $(K8S),--kubernetes $(K8S))
 
@@ -59,8 +61,7 @@ e2e-ci: $(STAMP) $(HELM)
 
 # The components alone, built into the cache (K8S=all for every pinned minor).
 e2e-components:
-	$(PYTHON) e2e/build.py build --kubernetes $(or $(K8S),$$(sed -n 's/^KUBERNETES_DEFAULT *= *//p' e2e/versions.env)) \
-		--fakecri --containerd2
+	$(PYTHON) e2e/build.py build --kubernetes $(K8S_MINOR) --fakecri --containerd2
 
 # The Go modules of e2e/ written again from e2e/versions.env (after changing a pin).
 e2e-pin:
@@ -74,7 +75,11 @@ bench: $(STAMP)
 
 # Scale on the real control plane (bench/e2e_scale.py): the same KUBEBUILDER_ASSETS as make e2e.
 e2e-bench: $(STAMP)
-	$(PY) bench/e2e_scale.py $(E2E_BENCH_ARGS)
+	@# The control plane e2e/build.py builds (K8S= picks the minor), unless KUBEBUILDER_ASSETS names one.
+	@if [ -z "$${KUBEBUILDER_ASSETS:-}" ]; then \
+		$(PYTHON) e2e/build.py build --kubernetes $(K8S_MINOR) || exit 1; \
+		export KUBEBUILDER_ASSETS=$$($(PYTHON) e2e/build.py paths --kubernetes $(K8S_MINOR) | sed -n 's/^KUBEBUILDER_ASSETS := //p'); \
+	fi; $(PY) bench/e2e_scale.py $(E2E_BENCH_ARGS)
 
 fuzz: $(STAMP)
 	GPUSHARD_FUZZ_EXAMPLES=$${GPUSHARD_FUZZ_EXAMPLES:-20000} $(PY) -m pytest -q -p no:cacheprovider \

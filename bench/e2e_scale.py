@@ -58,7 +58,8 @@ pod bound to a cordoned card. Under dra the card of a bound pod is its claim's a
 ``--partition`` (on by default, as in a cluster): each webhook replica tries its share of the cards first
 (``serve --replica I/N``); ``off``: every replica chooses over all cards alike.
 
-Run: KUBEBUILDER_ASSETS=... python bench/e2e_scale.py [--nodes 100] [--pods 1000] [--replicas 1,2,3]
+Run: make e2e-bench (it builds the control plane, e2e/build.py), or
+     KUBEBUILDER_ASSETS=... python bench/e2e_scale.py [--nodes 100] [--pods 1000] [--replicas 1,2,3]
      [--clients 16] [--load 0.95] [--seed N] [--backends timeslicing,deviceplugin,dra,dra-nohint,dra-byhand]
      [--side-by-side] [--rate 40] [--without-policies] [--cordon 0.1] [--partition on|off|both]
      (as root is not needed: no kubelet runs)
