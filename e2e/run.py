@@ -57,7 +57,7 @@ class Row:
         if self.failed:
             parts.append(f"{self.failed} failed")
         if self.skipped:
-            reasons = "; ".join(sorted(set(self.reasons)))[:160]
+            reasons = "; ".join(sorted(set(self.reasons)))[:240]
             parts.append(f"{self.skipped} skipped ({reasons})" if reasons else f"{self.skipped} skipped")
         return ", ".join(parts) + f" in {self.seconds:.0f} s"
 

@@ -4,7 +4,7 @@ values add, and its `helm test` run against a real `gpushard serve`.
 We test:
 - `helm lint --strict` passes with the defaults and with every value set;
 - Chart.yaml's version and appVersion are the package's, and kubeVersion the oldest Kubernetes
-  docs/install.md supports;
+  docs/install.md supports; backend dra is refused, naming the cluster's version, before 1.36;
 - installed into another namespace, nothing names gpushard-system: the Service reference, the webhooks'
   and policies' namespace selectors, the agent's username in the admission policies, the certificate's
   names, the params' namespace;
@@ -58,6 +58,18 @@ def test_versions_follow_the_package_and_the_docs():
     oldest = re.search(r"\*\*Kubernetes (1\.\d+) or newer\*\*", (helm.ROOT / "docs/install.md").read_text())
     assert oldest, "docs/install.md no longer says which Kubernetes it needs"
     assert chart["kubeVersion"] == f">={oldest.group(1)}.0-0"
+
+
+def test_backend_dra_is_refused_before_kubernetes_1_36():
+    for version in ("1.34.4", "1.35.0"):
+        done = helm.run("template", helm.RELEASE, str(helm.CHART), "--kube-version", version,
+                        values={"backend": "dra"}, check=False)
+        assert done.returncode != 0
+        assert (f"backend: dra needs Kubernetes 1.36 or newer (consumable capacity and DRA device health are alpha "
+                f"and off before it); this cluster is v{version}") in done.stderr, done.stderr
+        # The device plugin backend installs there.
+        helm.run("template", helm.RELEASE, str(helm.CHART), "--kube-version", version)
+    helm.run("template", helm.RELEASE, str(helm.CHART), "--kube-version", "1.36.0", values={"backend": "dra"})
 
 
 def test_another_namespace_is_named_everywhere():

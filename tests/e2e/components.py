@@ -209,6 +209,15 @@ class Kubectl:
                         *extra).stdout.strip()
 
 
+def minor_of(binary: str) -> int:
+    """The minor of a Kubernetes component, from its --version ("Kubernetes v1.34.4")."""
+    done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30, check=True)
+    version = next((w for w in done.stdout.split() if w.startswith("v1.")), "")
+    if not version:
+        raise RuntimeError(f"{binary} --version printed no v1.x version: {done.stdout!r}")
+    return int(version.split(".")[1])
+
+
 class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager and kube-scheduler from ``assets``, on loopback."""
 
@@ -227,6 +236,7 @@ class ControlPlane:
         self.port = free_port()
         self.server = f"https://{address}:{self.port}"
         self.kubectl: Kubectl | None = None
+        self.minor = minor_of(self.binary("kube-apiserver"))
 
     def binary(self, name: str) -> str:
         return str(self.assets / name)
