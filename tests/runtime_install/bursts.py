@@ -72,7 +72,8 @@ def _short(exc: Exception) -> str:
                    "connection reset", "i/o timeout", "no route to host"):
         if marker in text:
             return marker
-    return text[:160]
+    # Another cause: the API server's message ends with it (after the webhook's name and URL).
+    return text if len(text) <= 160 else "..." + text[-157:]
 
 
 def pod(name: str, image: str) -> dict:
