@@ -72,8 +72,8 @@ def test_another_namespace_is_named_everywhere():
     own_node = find(rendered, "ValidatingAdmissionPolicy", "gpushard-agent-own-node")
     assert own_node["spec"]["matchConditions"][0]["expression"] == \
         'request.userInfo.username == "system:serviceaccount:gpu-system:gpushard-agent"'
-    binding = find(rendered, "ValidatingAdmissionPolicyBinding", "gpushard-device-channels")
-    assert binding["spec"]["paramRef"]["namespace"] == "gpu-system"
+    channels = find(rendered, "ValidatingAdmissionPolicy", "gpushard-device-channels")
+    assert "gpu-system" in channels["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]["values"]
     job = find(rendered, "Job", "gpushard-certs")
     assert "--namespace=gpu-system" in job["spec"]["template"]["spec"]["containers"][0]["args"]
     namespaced = [o for o in rendered if "namespace" in o["metadata"]]
