@@ -83,7 +83,7 @@ def test_another_namespace_is_named_everywhere():
 def test_certs_from_a_secret():
     rendered = helm.template({"certs": {"mode": "secret", "secret": {"name": "my-tls", "caBundle": "Q0E="}}})
     config = find(rendered, "MutatingWebhookConfiguration", "gpushard")
-    assert [hook["clientConfig"].get("caBundle") for hook in config["webhooks"]] == ["Q0E=", "Q0E="]
+    assert [hook["clientConfig"].get("caBundle") for hook in config["webhooks"]] == ["Q0E="] * 3
     volumes = find(rendered, "Deployment", "gpushard-webhook")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "tls", "secret": {"secretName": "my-tls", "defaultMode": 0o440}} in volumes
     assert not kinds(rendered) & {"Job", "CronJob", "Certificate", "Issuer"}
