@@ -17,6 +17,10 @@ We test, for the chart with the values of every kustomization (tests/chart/kusto
   binding is gone. So no deletion order can strand a binding, and the chart keeps nothing past `helm
   uninstall` (no helm.sh/resource-policy: keep) that a later install would collide with; every binding's
   policy is in the same release;
+- each admission policy is applied before its binding, by `kubectl apply -k` (kustomize's order) and by Helm
+  (its install order): an upgrade from a version whose policies read params drops paramKind from a policy
+  before its binding drops paramRef (a binding without one beside a policy that still reads params
+  refuses everything the policy matches; `gpushard status` tells that state);
 - `kubectl delete -k` deletes in the order kustomize prints (the webhook configuration last), so
   docs/install.md's Kustomize uninstall deletes the webhook configuration first, by hand, and needs no
   binding deleted by hand.
@@ -93,6 +97,21 @@ def test_no_policy_reads_params_and_nothing_is_kept(folder):
         assert binding["spec"]["policyName"] in policies, binding["metadata"]["name"]
     kept = [helm.ident(o) for o in objects if (o["metadata"].get("annotations") or {}).get(KEEP)]
     assert not kept, f"helm uninstall would leave {kept} behind, and a later helm install collide with them"
+
+
+def _policies_before_bindings(objects: list[dict]) -> None:
+    at = {(o["kind"], o["metadata"]["name"]): i for i, o in enumerate(objects)}
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert bindings
+    for binding in bindings:
+        policy = at[("ValidatingAdmissionPolicy", binding["spec"]["policyName"])]
+        assert policy < at[("ValidatingAdmissionPolicyBinding", binding["metadata"]["name"])], binding["metadata"]
+
+
+@pytest.mark.parametrize("folder", sorted(VALUES))
+def test_each_policy_is_applied_before_its_binding(folder):
+    _policies_before_bindings(kustomize(DEPLOY / folder))
+    _policies_before_bindings(released(folder))  # as `helm template` prints them: Helm's install order
 
 
 def section(heading: str) -> str:
