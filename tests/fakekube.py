@@ -4,7 +4,7 @@ We fake the API server on the wire, never by patching the client library: the co
 test talks HTTP to this server through the real kubernetes client.
 
 It keeps namespaces, nodes, pods and the pod-template workloads (core, apps/v1 and batch/v1)
-in memory, answers list (with labelSelector and
+in memory, with admission policies, their bindings and ConfigMaps, answers list (with labelSelector and
 fieldSelector on metadata.name, and pages with limit/continue), get, merge-patch of nodes, GETs through
 the pod proxy, and watch streams with resourceVersions (an object that stops matching a watch's label selector is
 sent as DELETED, as the API server does); it can expire history (watches from older versions,
@@ -73,6 +73,13 @@ CLUSTER_SCOPED += ("resourceslices", "deviceclasses")
 # Which replica a webhook is: the EndpointSlices of its Service (webhook/cluster/peers.py).
 KINDS["endpointslices"] = "EndpointSlice"
 GROUPS["endpointslices"] = "discovery.k8s.io/v1"
+# The install's own objects, which `gpushard status` and `gpushard audit` check (webhook/core/installation.py):
+# the admission policies and their bindings, and ConfigMaps (an earlier version's device-policy lists).
+KINDS.update({"validatingadmissionpolicies": "ValidatingAdmissionPolicy",
+              "validatingadmissionpolicybindings": "ValidatingAdmissionPolicyBinding", "configmaps": "ConfigMap"})
+GROUPS.update({"validatingadmissionpolicies": "admissionregistration.k8s.io/v1",
+               "validatingadmissionpolicybindings": "admissionregistration.k8s.io/v1"})
+CLUSTER_SCOPED += ("validatingadmissionpolicies", "validatingadmissionpolicybindings")
 WRITABLE += ("resourceslices", "resourceclaimtemplates", "deviceclasses")
 
 

@@ -363,6 +363,14 @@ def _(kit):
         return kit.run("audit", "--kubeconfig", path, "-o", "json")
 
 
+@scenario("status/install-unreadable")
+def _(kit):
+    with cluster(kit, "t") as (fake, path):
+        fake.tokens = {"t": None}
+        fake.refused = {"t": ("validatingadmissionpolicies", "validatingadmissionpolicybindings")}
+        return kit.run("status", "--kubeconfig", path)
+
+
 @scenario("audit/namespace-unreadable")
 def _(kit):
     with cluster(kit, "t") as (fake, path):

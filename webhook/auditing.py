@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import shutil
 import sys
@@ -16,7 +17,7 @@ from typing import IO
 import yaml
 
 from webhook import connecting, kubectlflags
-from webhook.core import audit, isolation, names
+from webhook.core import audit, installation, isolation, names
 from webhook.core import findings as f
 
 EXIT_CLEAN = kubectlflags.OK
@@ -324,6 +325,74 @@ def read_cluster(conn: connecting.Client, err: IO[str], namespace: str | None = 
     return objects
 
 
+# --- the install's own objects -----------------------------------------------------------------------
+
+def _get(call: Callable, what: str, conn: connecting.Client, *args: str) -> dict | None:
+    """One object as raw JSON, or None when it does not exist (404)."""
+    import kubernetes
+
+    with connecting.reaching(conn.target, f"get {what}"):
+        try:
+            response = call(*args, _preload_content=False, _request_timeout=conn.timeout)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            if exc.status in (401, 403):
+                raise
+            raise UsageError(str(connecting.answered(conn.target.where, f"get {what}", exc)), exc.status) from None
+        return json.loads(response.data)
+
+
+def read_install(conn: connecting.Client, err: IO[str]) -> installation.Installed:
+    """gpushard's admission objects, for the install's states (core/installation.py). A read RBAC refuses
+    (403) or the API server does not serve (404) is left out, with one note for the refusals."""
+    import kubernetes
+
+    admission = kubernetes.client.AdmissionregistrationV1Api(conn.api)
+    core = kubernetes.client.CoreV1Api(conn.api)
+    refused: list[str] = []
+
+    def attempt(read: Callable[[], object], what: str, unread: object = None) -> object:
+        try:
+            return read()
+        except connecting.ApiError as exc:
+            if exc.status != 403:
+                raise  # unreachable, or the credentials refused: nothing else will work either
+            refused.append(what)
+        except UsageError as exc:
+            if exc.status != 404:
+                raise
+        return unread
+
+    policies = attempt(lambda: _list(admission.list_validating_admission_policy, "validatingadmissionpolicies",
+                                     conn), "validatingadmissionpolicies")
+    bindings = attempt(lambda: _list(admission.list_validating_admission_policy_binding,
+                                     "validatingadmissionpolicybindings", conn), "validatingadmissionpolicybindings")
+    config = attempt(lambda: _get(admission.read_mutating_webhook_configuration,
+                                  f"mutatingwebhookconfiguration {names.WEBHOOK_CONFIGURATION}", conn,
+                                  names.WEBHOOK_CONFIGURATION), "mutatingwebhookconfigurations")
+    namespace_obj, namespace_read, slices = None, False, None
+    service = installation.service_of(config)
+    namespace, name = service or (names.SYSTEM_NAMESPACE, names.WEBHOOK_SERVICE)
+    if service is not None:
+        missing = object()
+        found = attempt(lambda: _get(core.read_namespace, f"namespace {namespace}", conn, namespace), "namespaces",
+                        missing)
+        namespace_obj, namespace_read = (None, False) if found is missing else (found, True)
+        discovery = kubernetes.client.DiscoveryV1Api(conn.api)
+        slices = attempt(lambda: _list(functools.partial(discovery.list_namespaced_endpoint_slice, namespace),
+                                       f"endpointslices in namespace {namespace}", conn,
+                                       label_selector=f"kubernetes.io/service-name={name}"), "endpointslices")
+    old = attempt(lambda: _get(core.read_namespaced_config_map, f"configmap {names.OLD_DEVICE_POLICY_CONFIG_MAP}",
+                               conn, names.OLD_DEVICE_POLICY_CONFIG_MAP, namespace), "configmaps")
+    if refused:
+        print(f"gpushard: cannot read {', '.join(refused)} (403), so the install's state is checked without them "
+              f"({AUDITOR_RIGHTS})", file=err)
+    return installation.Installed(policies=policies, bindings=bindings, webhook_configuration=config,
+                                  namespace=namespace_obj, namespace_read=namespace_read, endpoint_slices=slices,
+                                  old_device_policy=old)
+
+
 def read_usage_inputs(conn: connecting.Client, selector: str | None = None
                       ) -> tuple[list[dict], list[dict], set[str] | None]:
     """Every node and live pod, for `gpushard status`, and the names of the nodes ``selector`` picks
@@ -571,6 +640,7 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
     stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
     output = getattr(args, "output", kubectlflags.TABLE)
     try:
+        namespace = None
         if args.files:
             objects, target = read_manifests(args.files, stdin, err), "manifests"
         else:
@@ -580,15 +650,21 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
             objects = read_cluster(conn, err, namespace, getattr(args, "selector", None))
             target = "cluster" if namespace is None else f"namespace {namespace}"
         items = audit.audit(objects, settings.policy)
+        audited = _audited(objects)
+        if not args.files and namespace is None:
+            # The install's own objects are cluster-wide, as nodes: not read for one namespace.
+            installed = read_install(conn, err)
+            items += installation.check(installed)
+            audited += installation.checked(installed)
         # The whole report is made before any of it is written: a failure leaves no half a report.
         if output in (kubectlflags.JSON, kubectlflags.YAML):
-            text = _document(audit_json(items, _audited(objects), target), output)
+            text = _document(audit_json(items, audited, target), output)
         elif output == kubectlflags.WIDE:
             text = audit_wide(items, getattr(args, "no_headers", False))
         elif output == kubectlflags.NAME:
             text = audit_names(items)
         else:
-            text = audit_table(items, _audited(objects), _width())
+            text = audit_table(items, audited, _width())
             if getattr(args, "no_headers", False):
                 text = _without_summary(text)
         out.write(text)
@@ -732,6 +808,17 @@ def _aligned(rows: list[list[str]], headers: list[str] | None, right: set[int], 
     return "\n".join(out) + "\n"
 
 
+def install_json(items: list[audit.Item]) -> list[dict]:
+    """The install's half-done states, for `status -o json` (fields documented in docs/audit.md)."""
+    return [{"kind": i.ref.kind, "namespace": i.ref.namespace or None, "name": i.ref.name, "rule": i.finding.rule,
+             "message": i.finding.message, "run": i.fix} for i in items]
+
+
+def install_lines(items: list[audit.Item]) -> str:
+    """The install's half-done states under the status table: what was found, then what to run."""
+    return "".join(f"install: {i.finding.message.removeprefix('gpushard: ')}\n  run: {i.fix}\n" for i in items)
+
+
 def status_names(use: audit.Usage) -> str:
     return "".join(kubectlflags.resource_name("Node", n.name) + "\n" for n in use.nodes)
 
@@ -760,10 +847,12 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
         if namespace is not None:
             use = audit.pods_of_namespace(use, namespace)
         capped = settings.policy.isolation != "none"
+        install = installation.check(read_install(conn, err)) if output != kubectlflags.NAME else []
         if output in (kubectlflags.JSON, kubectlflags.YAML):
             document = status_json(use, settings.policy.shares_per_card, capped)
             if namespace is not None:
                 document = {**document, "namespace": namespace}
+            document["install"] = install_json(install)
             text = _document(document, output)
         elif output == kubectlflags.NAME:
             text = status_names(use)
@@ -771,6 +860,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             text = status_table(use, wide=output == kubectlflags.WIDE, no_headers=getattr(args, "no_headers", False),
                                 shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
                                 shared_nodes=shared_nodes, namespace=namespace, empty=empty)
+            text += install_lines(install)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)

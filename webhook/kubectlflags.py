@@ -34,7 +34,10 @@ DEFAULT_REQUEST_TIMEOUT = "30s"
 
 # kubectl's "-o name" spells a kind as its resource, with the group for kinds outside the core group.
 _GROUPS = {"Deployment": "apps", "StatefulSet": "apps", "DaemonSet": "apps", "ReplicaSet": "apps",
-           "Job": "batch", "CronJob": "batch"}
+           "Job": "batch", "CronJob": "batch",
+           "MutatingWebhookConfiguration": "admissionregistration.k8s.io",
+           "ValidatingAdmissionPolicy": "admissionregistration.k8s.io",
+           "ValidatingAdmissionPolicyBinding": "admissionregistration.k8s.io"}
 
 
 def add_cluster_flags(parser: argparse.ArgumentParser) -> None:

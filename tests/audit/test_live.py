@@ -113,7 +113,13 @@ def test_every_list_goes_through_the_api(kubeconfig, fake, capsys):
     assert paths == {"/api/v1/namespaces", "/api/v1/nodes", "/api/v1/pods", "/apis/apps/v1/deployments",
                      "/apis/apps/v1/statefulsets", "/apis/apps/v1/daemonsets", "/apis/apps/v1/replicasets",
                      "/apis/batch/v1/jobs", "/apis/batch/v1/cronjobs", "/api/v1/replicationcontrollers",
-                     "/api/v1/podtemplates", "/apis/resource.k8s.io/v1/deviceclasses"}
+                     "/api/v1/podtemplates", "/apis/resource.k8s.io/v1/deviceclasses",
+                     # The install's own objects (core/installation.py); this cluster has no webhook configuration,
+                     # so neither its Service's namespace nor its EndpointSlices are read.
+                     "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+                     "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+                     "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/gpushard",
+                     "/api/v1/namespaces/gpushard-system/configmaps/gpushard-device-policy"}
     pods = next(path for method, path, _body in fake.requests if path.startswith("/api/v1/pods?"))
     assert "fieldSelector=status.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed" in pods
 

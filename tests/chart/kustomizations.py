@@ -22,6 +22,12 @@ VALUES: dict[str, dict] = {
     "overlays/network-policy": {"networkPolicy": {"enabled": True}},
 }
 
+# Operators' overlays that change what the chart sets with values (examples/, relative to the root).
+EXAMPLES: dict[str, dict] = {
+    "examples/device-policy": {"devicePolicy": {"exemptNamespaces": ["gpu-operator"],
+                                                "exemptServiceAccounts": ["gpu-monitoring/dcgm-exporter"]}},
+}
+
 
 def kustomize(folder: Path) -> list[dict]:
     kubectl = helm.kubectl()

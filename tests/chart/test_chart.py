@@ -84,8 +84,8 @@ def test_another_namespace_is_named_everywhere():
     own_node = find(rendered, "ValidatingAdmissionPolicy", "gpushard-agent-own-node")
     assert own_node["spec"]["matchConditions"][0]["expression"] == \
         'request.userInfo.username == "system:serviceaccount:gpu-system:gpushard-agent"'
-    binding = find(rendered, "ValidatingAdmissionPolicyBinding", "gpushard-device-channels")
-    assert binding["spec"]["paramRef"]["namespace"] == "gpu-system"
+    channels = find(rendered, "ValidatingAdmissionPolicy", "gpushard-device-channels")
+    assert "gpu-system" in channels["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]["values"]
     job = find(rendered, "Job", "gpushard-certs")
     assert "--namespace=gpu-system" in job["spec"]["template"]["spec"]["containers"][0]["args"]
     namespaced = [o for o in rendered if "namespace" in o["metadata"]]
@@ -95,7 +95,7 @@ def test_another_namespace_is_named_everywhere():
 def test_certs_from_a_secret():
     rendered = helm.template({"certs": {"mode": "secret", "secret": {"name": "my-tls", "caBundle": "Q0E="}}})
     config = find(rendered, "MutatingWebhookConfiguration", "gpushard")
-    assert [hook["clientConfig"].get("caBundle") for hook in config["webhooks"]] == ["Q0E=", "Q0E="]
+    assert [hook["clientConfig"].get("caBundle") for hook in config["webhooks"]] == ["Q0E="] * 3
     volumes = find(rendered, "Deployment", "gpushard-webhook")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "tls", "secret": {"secretName": "my-tls", "defaultMode": 0o440}} in volumes
     assert not kinds(rendered) & {"Job", "CronJob", "Certificate", "Issuer"}

@@ -3,7 +3,9 @@ that stand for it, are the same objects.
 
 We test:
 - every folder of deploy/overlays has its values here, so a new overlay cannot go without a chart twin;
-- for deploy/base and each overlay, `helm template` with its values renders every object `kubectl
+- for deploy/base, each overlay and the operator's overlays of examples/ (examples/device-policy: the
+  lists the admission policies trust, set there by kustomize replacements and here by values),
+  `helm template` with its values renders every object `kubectl
   kustomize` renders (but the Namespace, which the chart does not make), and each equal to its twin after
   the normalisation below; and nothing more, but helm's test hook;
 - the chart's copy of the Grafana dashboard is byte for byte the monitoring overlay's.
@@ -11,8 +13,7 @@ We test:
 Normalised, and only this (each is what a Helm release changes, or means the same to the programs):
 - the labels every chart object carries for Helm (managed-by, instance, version, helm.sh/chart): the
   release's bookkeeping, never part of a selector;
-- the annotation helm.sh/resource-policy, which changes only what `helm uninstall` does
-  (tests/chart/test_uninstall.py says why the device-policy ConfigMap is kept);
+- the annotation helm.sh/resource-policy, which changes only what `helm uninstall` does;
 - the Namespace object: the chart installs into the release's namespace and does not own it
   (docs/install.md, "Helm");
 - config.yaml of ConfigMap gpushard-config, compared as the settings webhook/settings.py reads from it:
@@ -31,7 +32,7 @@ import pytest
 import yaml
 
 from tests.chart import helm
-from tests.chart.kustomizations import DEPLOY, VALUES, kustomize
+from tests.chart.kustomizations import DEPLOY, EXAMPLES, VALUES, kustomize
 from webhook import settings
 
 helm.skip_module_without_helm()
@@ -80,20 +81,23 @@ def test_every_overlay_has_values():
     assert not missing, f"no chart values for {missing}: add them to VALUES here, and the chart the objects"
 
 
-@pytest.mark.parametrize("folder", sorted(VALUES))
+FOLDERS = {**{f"deploy/{folder}": values for folder, values in VALUES.items()}, **EXAMPLES}
+
+
+@pytest.mark.parametrize("folder", sorted(FOLDERS))
 def test_chart_renders_the_kustomization(folder):
-    want = by_ident([o for o in kustomize(DEPLOY / folder) if o["kind"] != "Namespace"])
-    got = by_ident([from_chart(o) for o in helm.template(VALUES[folder]) if not helm.is_test_hook(o)])
+    want = by_ident([o for o in kustomize(helm.ROOT / folder) if o["kind"] != "Namespace"])
+    got = by_ident([from_chart(o) for o in helm.template(FOLDERS[folder]) if not helm.is_test_hook(o)])
     missing = sorted(set(want) - set(got))
     extra = sorted(set(got) - set(want))
-    assert not missing, f"deploy/{folder} has objects the chart does not render with {VALUES[folder]}: {missing}"
-    assert not extra, f"the chart renders objects deploy/{folder} does not have: {extra}"
+    assert not missing, f"{folder} has objects the chart does not render with {FOLDERS[folder]}: {missing}"
+    assert not extra, f"the chart renders objects {folder} does not have: {extra}"
     drifted = []
     for key in sorted(want):
         if want[key] != got[key]:
-            diff = difflib.unified_diff(show(want[key]), show(got[key]), f"deploy/{folder}", "chart", lineterm="")
+            diff = difflib.unified_diff(show(want[key]), show(got[key]), folder, "chart", lineterm="")
             drifted.append(f"{key}:\n" + "\n".join(diff))
-    assert not drifted, f"{len(drifted)} objects differ from deploy/{folder}:\n" + "\n\n".join(drifted)
+    assert not drifted, f"{len(drifted)} objects differ from {folder}:\n" + "\n\n".join(drifted)
 
 
 def test_the_dashboard_is_the_monitoring_overlays():

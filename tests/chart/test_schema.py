@@ -5,6 +5,9 @@ We test:
   accepts (the schema allows nothing the programs refuse at start);
 - every values file in values/bad makes `helm template` fail with the message its first line expects
   (helm's own text: the key's path and the allowed values), and one makes `helm lint --strict` fail too;
+- a devicePolicy entry that is no name (a space, a quote, a new line) is refused even with the schema
+  skipped (`--skip-schema-validation`), by the template that writes it into a CEL string literal, with a
+  message naming the value; names are written in, joined by single spaces;
 - the schema's choices are the programs' own: each enum is the tuple webhook/core/policy.py checks, and
   sharesPerCard stops where settings.py stops;
 - the schema is draft-07 and closed (additionalProperties: false) at the top and in every object of its
@@ -58,6 +61,28 @@ def test_lint_fails_on_bad_values():
     done = helm.run("lint", "--strict", str(helm.CHART), values=yaml.safe_load(path.read_text()), check=False)
     assert done.returncode != 0
     assert expected(path) in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("entry", ["a b", "nic''' || true || r'''", "x\ny", "Upper", "ns/sa,other"])
+def test_device_policy_entries_that_are_no_names_fail_without_the_schema(entry):
+    for key in ("exemptNamespaces", "exemptServiceAccounts", "allowedDeviceClasses"):
+        done = helm.run("template", helm.RELEASE, str(helm.CHART), "--skip-schema-validation",
+                        values={"devicePolicy": {key: ["ok", entry]}}, check=False)
+        assert done.returncode != 0, (key, entry)
+        assert f"gpushard: devicePolicy.{key} holds {json.dumps(entry)}, which is no name" in done.stderr, done.stderr
+
+
+def test_device_policy_names_are_written_into_the_policies():
+    values = {"devicePolicy": {"exemptNamespaces": ["gpu-operator", "monitoring"],
+                               "exemptServiceAccounts": ["gpu-monitoring/dcgm-exporter"],
+                               "allowedDeviceClasses": ["nic.example.com", "fpga.example.com"]}}
+    expressions = {(o["metadata"]["name"], v["name"]): v["expression"] for o in helm.template(values)
+                   if o["kind"] == "ValidatingAdmissionPolicy" for v in o["spec"].get("variables", [])}
+    q = "'''"
+    assert expressions["gpushard-device-channels", "trustedNamespaces"] == f"r{q}gpu-operator monitoring{q}"
+    assert expressions["gpushard-device-channels", "trustedServiceAccounts"] == f"r{q}gpu-monitoring/dcgm-exporter{q}"
+    assert expressions["gpushard-device-claims", "allowed"] == f"r{q}nic.example.com fpga.example.com{q}"
+    assert expressions["gpushard-device-claims", "own"] == f"r{q}{q}"
 
 
 def _at(*keys: str) -> dict:

@@ -11,18 +11,24 @@ We test, for the chart with the values of every kustomization (tests/chart/kusto
 - the binary sorts the rendered objects as INSTALL_ORDER says;
 - in UNINSTALL_ORDER the MutatingWebhookConfiguration (failurePolicy Fail) goes before every other object,
   the webhook's Service and Deployment included, so no pod is refused for want of a webhook;
-- every admission policy binding that denies when its params are missing (parameterNotFoundAction Deny)
-  loses them only after it is gone: Helm deletes ConfigMaps before any admission policy, so the params
-  ConfigMap is kept by `helm uninstall` (helm.sh/resource-policy: keep), and docs/install.md says so;
-- `kubectl delete -k` deletes in the order kustomize prints (the webhook configuration last, the params
-  before the bindings), so docs/install.md's Kustomize uninstall deletes the webhook configuration and the
-  bindings first, by hand, before `kubectl delete -k`.
+- no admission policy reads a params object (no paramKind) and no binding names one (no paramRef): a
+  policy whose params go missing before it does refused every pod it matched (parameterNotFoundAction
+  Deny), and kube-apiserver may stop watching params of a built-in kind for good once a policy's last
+  binding is gone. So no deletion order can strand a binding, and the chart keeps nothing past `helm
+  uninstall` (no helm.sh/resource-policy: keep) that a later install would collide with; every binding's
+  policy is in the same release;
+- each admission policy is applied before its binding, by `kubectl apply -k` (kustomize's order) and by Helm
+  (its install order): an upgrade from a version whose policies read params drops paramKind from a policy
+  before its binding drops paramRef (a binding without one beside a policy that still reads params
+  refuses everything the policy matches; `gpushard status` tells that state);
+- `kubectl delete -k` deletes in the order kustomize prints (the webhook configuration last), so
+  docs/install.md's Kustomize uninstall deletes the webhook configuration first, by hand, and needs no
+  binding deleted by hand.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 
 import pytest
 
@@ -64,20 +70,6 @@ def released(folder: str) -> list[dict]:
     return [o for o in helm.template(VALUES[folder]) if not helm.is_test_hook(o)]
 
 
-def param_objects(binding: dict, objects: list[dict]) -> list[dict]:
-    ref = binding["spec"].get("paramRef") or {}
-    policy = next(o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
-                  and o["metadata"]["name"] == binding["spec"]["policyName"])
-    kind = policy["spec"]["paramKind"]["kind"]
-    return [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == ref.get("name")
-            and o["metadata"].get("namespace") == ref.get("namespace")]
-
-
-def deny_without_params(objects: list[dict]) -> list[dict]:
-    return [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"
-            and (o["spec"].get("paramRef") or {}).get("parameterNotFoundAction") == "Deny"]
-
-
 @pytest.mark.parametrize("folder", sorted(VALUES))
 def test_the_binary_sorts_as_the_source_says(folder):
     kinds = [o["kind"] for o in released(folder)]
@@ -93,19 +85,33 @@ def test_the_webhook_configuration_goes_first(folder):
 
 
 @pytest.mark.parametrize("folder", sorted(VALUES))
-def test_bindings_never_outlive_their_params(folder):
+def test_no_policy_reads_params_and_nothing_is_kept(folder):
     objects = released(folder)
-    bindings = deny_without_params(objects)
-    assert bindings, "no binding denies without params any more: simplify this test and the docs"
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert policies and bindings
+    for policy in policies.values():
+        assert "paramKind" not in policy["spec"], policy["metadata"]["name"]
     for binding in bindings:
-        params = param_objects(binding, objects)
-        assert len(params) == 1, binding["metadata"]["name"]
-        param = params[0]
-        deleted_after = rank(param["kind"], UNINSTALL_ORDER) > rank(binding["kind"], UNINSTALL_ORDER)
-        kept = (param["metadata"].get("annotations") or {}).get(KEEP) == "keep"
-        assert deleted_after or kept, (
-            f"helm uninstall would delete {param['kind']} {param['metadata']['name']} before binding "
-            f"{binding['metadata']['name']}, which then denies everything it matches")
+        assert "paramRef" not in binding["spec"], binding["metadata"]["name"]
+        assert binding["spec"]["policyName"] in policies, binding["metadata"]["name"]
+    kept = [helm.ident(o) for o in objects if (o["metadata"].get("annotations") or {}).get(KEEP)]
+    assert not kept, f"helm uninstall would leave {kept} behind, and a later helm install collide with them"
+
+
+def _policies_before_bindings(objects: list[dict]) -> None:
+    at = {(o["kind"], o["metadata"]["name"]): i for i, o in enumerate(objects)}
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert bindings
+    for binding in bindings:
+        policy = at[("ValidatingAdmissionPolicy", binding["spec"]["policyName"])]
+        assert policy < at[("ValidatingAdmissionPolicyBinding", binding["metadata"]["name"])], binding["metadata"]
+
+
+@pytest.mark.parametrize("folder", sorted(VALUES))
+def test_each_policy_is_applied_before_its_binding(folder):
+    _policies_before_bindings(kustomize(DEPLOY / folder))
+    _policies_before_bindings(released(folder))  # as `helm template` prints them: Helm's install order
 
 
 def section(heading: str) -> str:
@@ -125,17 +131,13 @@ def commands(heading: str) -> list[str]:
 
 
 def test_kubectl_delete_k_goes_in_kustomizes_order_so_the_docs_go_first():
-    order = [o["kind"] for o in kustomize(DEPLOY / "base")]
-    # What `kubectl delete -k` does by itself: the webhook configuration last, the params before bindings.
-    assert order[-1] == "MutatingWebhookConfiguration"
-    assert order.index("ConfigMap") < order.index("ValidatingAdmissionPolicyBinding")
+    objects = kustomize(DEPLOY / "base")
+    # What `kubectl delete -k` does by itself: the webhook configuration last.
+    assert objects[-1]["kind"] == "MutatingWebhookConfiguration"
     text = section("## Uninstall")
     delete_k = text.index("kubectl delete -k deploy/")
     assert -1 < text.find("kubectl delete mutatingwebhookconfiguration gpushard") < delete_k
-    line = re.search(r"^\s*kubectl delete validatingadmissionpolicybinding (.*)$", text[:delete_k], flags=re.M)
-    assert line, "docs/install.md, Uninstall: delete the bindings that deny without params before kubectl delete -k"
-    for binding in deny_without_params(kustomize(DEPLOY / "base")):
-        assert binding["metadata"]["name"] in shlex.split(line.group(1)), binding["metadata"]["name"]
+    assert not [o for o in objects if "paramRef" in o.get("spec", {}) or "paramKind" in o.get("spec", {})]
 
 
 def test_the_helm_uninstall_section_says_what_stays():

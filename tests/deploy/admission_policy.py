@@ -7,6 +7,8 @@ matchExpressions on the namespace's labels (which always hold kubernetes.io/meta
 ignored for cluster-scoped resources such as Nodes, whose namespaceObject is null), and a
 binding whose validationActions say Deny or Warn; a policy with paramKind gets ``params`` from the
 binding's paramRef (the object the test passes, or parameterNotFoundAction when it passes none).
+The same evaluator decides whether an entry of a MutatingWebhookConfiguration is called
+(``webhook_called``): its rules, namespaceSelector and matchConditions, under its failurePolicy.
 
 Where cel-python is more forgiving than the API server (cel-go), this module follows the API
 server, so that an expression the API server would fail fails here too:
@@ -528,3 +530,57 @@ def _describe(value) -> str:
     if isinstance(value, CELEvalError):
         return str(value.args[0]) if value.args else repr(value)
     return f"no matching overload: expected bool, got {type(value).__name__}"
+
+
+# --- a MutatingWebhookConfiguration's entry: is it called? ----------------------------------------
+
+def _webhook_conditions(hook: dict) -> list[tuple[str, _Expression]]:
+    key = json.dumps(hook.get("matchConditions") or [], sort_keys=True)
+    if key not in _WEBHOOK_CONDITIONS:
+        # A webhook's matchConditions see object, oldObject, request and authorizer, and no variables.
+        _WEBHOOK_CONDITIONS[key] = [(c["name"], _Expression(c["expression"], set()))
+                                    for c in hook.get("matchConditions") or []]
+    return _WEBHOOK_CONDITIONS[key]
+
+
+_WEBHOOK_CONDITIONS: dict[str, list[tuple[str, _Expression]]] = {}
+
+
+def webhook_problems(hook: dict) -> list[str]:
+    """What the API server's compiler would refuse in this webhook entry's matchConditions."""
+    return [f"matchCondition {name}: {p}" for name, e in _webhook_conditions(hook) for p in e.problems]
+
+
+def webhook_called(hook: dict, request: dict, obj: dict | None, old: dict | None, namespace: dict) -> Outcome:
+    """Whether the API server calls this entry of a MutatingWebhookConfiguration for the request.
+
+    Its rules and namespaceSelector as for a policy; then its matchConditions as the API server's
+    matcher evaluates them (staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/matchconditions/
+    matcher.go): any false skips the entry, even beside errors; otherwise an error is decided by
+    failurePolicy: Fail refuses the request (``allowed`` False, ``errored``), Ignore skips the entry.
+    ``matched`` says the webhook is called; what it answers is the webhook's own business.
+    """
+    if not _selector_matches(hook.get("namespaceSelector"), namespace["metadata"]["labels"]):
+        return Outcome(matched=False, allowed=True)
+    if not _selector_matches(hook.get("objectSelector"), ((obj or {}).get("metadata") or {}).get("labels") or {}):
+        return Outcome(matched=False, allowed=True)
+    resource = request["resource"]
+    name = resource["resource"] + (f"/{request['subResource']}" if request.get("subResource") else "")
+    if not any(_rule_matches(rule, resource["group"], resource["version"], name, request["operation"])
+               for rule in hook["rules"]):
+        return Outcome(matched=False, allowed=True)
+    meter = _Meter(PER_CALL_LIMIT, MATCH_CONDITIONS_BUDGET)
+    activation = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
+                  "request": celpy.json_to_cel(request)}
+    errors = []
+    for name, condition in _webhook_conditions(hook):
+        value = condition.evaluate(activation, meter)
+        if isinstance(value, CELEvalError) or not _is_bool(value):
+            errors.append(f"matchCondition {name!r}: {_describe(value)}")
+        elif not value:
+            return Outcome(matched=False, allowed=True, steps=meter.total)
+    if errors:
+        if hook.get("failurePolicy", "Fail") == "Ignore":
+            return Outcome(matched=False, allowed=True, errored=True, steps=meter.total)
+        return Outcome(matched=False, allowed=False, message="; ".join(errors), errored=True, steps=meter.total)
+    return Outcome(matched=True, allowed=True, steps=meter.total)

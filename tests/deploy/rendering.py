@@ -3,8 +3,11 @@
 It knows what gpushard's kustomizations use and refuses anything else, so a new feature
 in a kustomization.yaml fails loudly instead of being rendered wrongly: resources (files
 and folders), patches (strategic merge, including `$patch: delete`, and JSON 6902 with a
-target), images, labels without selectors, and ConfigMap generators from files without a
-name hash.
+target), images, labels without selectors, ConfigMap generators from files without a
+name hash, and replacements from one field into another (the whole value, or one part of it
+between delimiters), run last as kustomize runs them. Objects annotated
+`config.kubernetes.io/local-config: "true"` stay visible to every kustomization above them (their
+patches and replacements) and are left out of the final output, as kustomize leaves them out.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pathlib import Path
 import jsonpatch
 import yaml
 
-KNOWN_FIELDS = {"apiVersion", "kind", "resources", "patches", "images", "labels", "configMapGenerator"}
+KNOWN_FIELDS = {"apiVersion", "kind", "resources", "patches", "images", "labels", "configMapGenerator",
+                "replacements"}
+LOCAL_CONFIG = "config.kubernetes.io/local-config"
 # Lists that strategic merge joins by a key instead of replacing (the ones our patches touch).
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
               "volumeMounts": "mountPath", "webhooks": "name", "ports": "containerPort"}
@@ -178,14 +183,104 @@ def _set_images(objects: list[dict], images: list[dict]) -> None:
                         container["image"] = f"{new}@{image['digest']}"
 
 
-def render(folder: Path) -> list[dict]:
-    """The objects `kubectl kustomize folder` would print (in file order, not kind order)."""
+def _is_local(obj: dict) -> bool:
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(LOCAL_CONFIG) == "true"
+
+
+def _path_steps(field_path: str) -> list[str]:
+    """kustomize's field path: dot-separated, a list item picked as `[key=value]` (dots inside kept)."""
+    steps, at = [], 0
+    while at < len(field_path):
+        if field_path[at] == "[":
+            end = field_path.index("]", at)
+            steps.append(field_path[at:end + 1])
+            at = end + 1
+        else:
+            end = field_path.find(".", at)
+            end = len(field_path) if end < 0 else end
+            steps.append(field_path[at:end])
+            at = end
+        if at < len(field_path):
+            if field_path[at] != ".":
+                raise KustomizeError(f"field path {field_path!r}: expected '.' at {at}")
+            at += 1
+    return steps
+
+
+def _walk(obj: dict, field_path: str, what: str) -> tuple[object, object]:
+    """The container holding the field at ``field_path``, and the key (or index) of the field in it."""
+    steps = _path_steps(field_path)
+    holder: object = obj
+    for i, step in enumerate(steps):
+        if step.startswith("["):
+            key, _, value = step[1:-1].partition("=")
+            if not isinstance(holder, list):
+                raise KustomizeError(f"{what}: {field_path!r}: {step} needs a list")
+            hits = [j for j, item in enumerate(holder) if isinstance(item, dict) and str(item.get(key)) == value]
+            if len(hits) != 1:
+                raise KustomizeError(f"{what}: {field_path!r}: {step} matches {len(hits)} items")
+            key_or_index: object = hits[0]
+        else:
+            if not isinstance(holder, dict) or step not in holder:
+                raise KustomizeError(f"{what}: fieldPath {field_path!r} is missing")
+            key_or_index = step
+        if i == len(steps) - 1:
+            return holder, key_or_index
+        holder = holder[key_or_index]  # type: ignore[index]
+    raise KustomizeError(f"{what}: an empty field path")
+
+
+def _matching(objects: list[dict], select: dict, what: str) -> list[dict]:
+    unknown = set(select) - {"group", "version", "kind", "name", "namespace"}
+    if unknown:
+        raise KustomizeError(f"{what}: selector fields this renderer does not know: {sorted(unknown)}")
+    return [o for o in objects if _selected(o, select)]
+
+
+def _replace(objects: list[dict], replacement: dict, folder: Path) -> None:
+    """One entry of `replacements`: the source field's value into each target field, in place."""
+    what = f"{folder}: replacement"
+    if set(replacement) - {"source", "targets"}:
+        raise KustomizeError(f"{what}: only source and targets are rendered here (no path)")
+    source = dict(replacement["source"])
+    field_path = source.pop("fieldPath", "metadata.name")
+    found = _matching(objects, source, what)
+    if len(found) != 1:
+        raise KustomizeError(f"{what}: source {replacement['source']} matches {len(found)} objects")
+    holder, key = _walk(found[0], field_path, what)
+    value = holder[key]  # type: ignore[index]
+    for target in replacement["targets"]:
+        if set(target) - {"select", "fieldPaths", "options"}:
+            raise KustomizeError(f"{what}: target fields this renderer does not know: {sorted(target)}")
+        options = target.get("options") or {}
+        if set(options) - {"delimiter", "index"}:
+            raise KustomizeError(f"{what}: options this renderer does not know: {sorted(options)}")
+        hits = _matching(objects, target["select"], what)
+        if not hits:
+            raise KustomizeError(f"{what}: target {target['select']} matches nothing")
+        for obj in hits:
+            for path in target["fieldPaths"]:
+                into, at = _walk(obj, path, what)
+                if "delimiter" in options:
+                    # The target's value split at the delimiter, part `index` replaced, joined again.
+                    parts = str(into[at]).split(options["delimiter"])  # type: ignore[index]
+                    index = int(options.get("index", 0))
+                    if not 0 <= index < len(parts):
+                        raise KustomizeError(f"{what}: {path!r} has no part {index} between "
+                                             f"{options['delimiter']!r}")
+                    parts[index] = str(value)
+                    into[at] = options["delimiter"].join(parts)  # type: ignore[index]
+                else:
+                    into[at] = copy.deepcopy(value)  # type: ignore[index]
+
+
+def _render(folder: Path) -> list[dict]:
     folder = folder.resolve()
     data = kustomization(folder)
     objects: list[dict] = []
     for entry in data.get("resources", []):
         path = folder / entry
-        objects += render(path) if path.is_dir() else load_documents(path)
+        objects += _render(path) if path.is_dir() else load_documents(path)
     objects += _generated_config_maps(folder, data.get("configMapGenerator", []))
     ids = [_id(o) for o in objects]
     duplicates = {i for i in ids if ids.count(i) > 1}
@@ -199,4 +294,11 @@ def render(folder: Path) -> list[dict]:
             raise KustomizeError(f"{folder}: labels with selectors or templates are not rendered here")
         for obj in objects:
             obj.setdefault("metadata", {}).setdefault("labels", {}).update(entry["pairs"])
+    for replacement in data.get("replacements", []):
+        _replace(objects, replacement, folder)
     return objects
+
+
+def render(folder: Path) -> list[dict]:
+    """The objects `kubectl kustomize folder` would print (in file order, not kind order)."""
+    return [o for o in _render(folder) if not _is_local(o)]

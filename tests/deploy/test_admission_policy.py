@@ -253,10 +253,14 @@ def test_a_broken_field_path_in_a_shipped_policy_denies():
     objects = rendering.render(BASE)
     bind, = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"
              and o["spec"]["policyName"] == shipped["metadata"]["name"]]
-    params, = [o for o in objects if o["kind"] == "ConfigMap"
-               and o["metadata"]["name"] == bind["spec"]["paramRef"]["name"]]
-    assert admission_policy.evaluate(shipped, bind, req, deployment, None, LAB, params=params).allowed
-    outcome = admission_policy.evaluate(broken, bind, req, deployment, None, LAB, params=params)
+    # A Deployment from before, scaled: its template keeps a device channel, so the policy's matchConditions
+    # let the request reach the variables, and the shipped policy allows it (nothing changed).
+    deployment["spec"]["template"]["metadata"]["annotations"] = {"cdi.k8s.io/x": "nvidia.com/gpu=all"}
+    old = copy.deepcopy(deployment)
+    deployment["spec"]["replicas"] = 3
+    req["operation"] = "UPDATE"
+    assert admission_policy.evaluate(shipped, bind, req, deployment, old, LAB).allowed
+    outcome = admission_policy.evaluate(broken, bind, req, deployment, old, LAB)
     assert not outcome.allowed and outcome.errored
     assert "resulted in error" in outcome.message
 
@@ -297,18 +301,29 @@ def test_every_manifest_object_is_judged_without_an_expression_error():
     bindings = {o["spec"]["policyName"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"}
     found = manifest_objects()
     assert len(found) > 50 and len(policies) == 2
+    # Each policy also without its matchConditions, so that its variables and validations meet every
+    # object, not only those the conditions let through; the shipped one matches no more than that.
+    unconditioned = []
+    for shipped in policies:
+        bare = copy.deepcopy(shipped)
+        assert bare["spec"].pop("matchConditions")
+        unconditioned.append(bare)
     for where, obj in found:
         group, resource = RESOURCES[obj["kind"]]
-        for shipped in policies:
+        for shipped, bare in zip(policies, unconditioned, strict=True):
             for labels in ({}, {names.MODE_LABEL: names.MODE_ENFORCE}):
                 namespace = admission_policy.namespace_object(obj["metadata"].get("namespace", "lab"), labels)
                 req = {"operation": "CREATE", "namespace": namespace["metadata"]["name"],
                        "kind": {"group": group, "version": "v1", "kind": obj["kind"]},
                        "resource": {"group": group, "version": "v1", "resource": resource},
                        "userInfo": {"username": "alice"}}
-                outcome = admission_policy.evaluate(shipped, bindings[shipped["metadata"]["name"]], req, obj, None,
-                                                    namespace)
+                binding = bindings[shipped["metadata"]["name"]]
+                outcome = admission_policy.evaluate(bare, binding, req, obj, None, namespace)
                 # The opt-in guard leaves enforce namespaces alone (its namespaceSelector): not evaluated there.
                 expected = not (shipped["metadata"]["name"] == "gpushard-opt-in" and labels)
                 assert outcome.matched == expected and not outcome.errored, (
                     where, shipped["metadata"]["name"], outcome.message)
+                conditioned = admission_policy.evaluate(shipped, binding, req, obj, None, namespace)
+                assert not conditioned.errored and conditioned.matched <= expected, (where, conditioned.message)
+                # The conditions are never narrower than the validations: what they deny is still denied.
+                assert outcome.allowed or not conditioned.allowed, (where, shipped["metadata"]["name"])

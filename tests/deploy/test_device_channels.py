@@ -16,9 +16,10 @@ would evaluate them), in namespaces without the label, in audit and in enforce:
   priority, CRI-O's seccomp profile, look-alikes in other domains);
 - the families in the CEL are those of webhook/core/names.py, and the webhook's core judges every
   key as the policy does; docs/security.md names each family;
-- namespaces and ServiceAccounts the operator lists in the params ConfigMap are let through, and
-  nobody else (a list written with commas or new lines trusts nobody); without the ConfigMap the
-  policy denies;
+- namespaces and ServiceAccounts the operator lists (deploy/base/device-policy.yaml, set from an
+  operator's overlay as docs/install.md says: tests/deploy/devicepolicy.py) are let through, and
+  nobody else (a list written with commas or new lines trusts nobody); the policy reads no params
+  object (no paramKind, no paramRef), so none can be missing, and a plain pod is not even judged;
 - on a Pod UPDATE only the debug containers it adds are judged; a template UPDATE that leaves
   the spec as it was passes; the system namespaces are not matched.
 """
@@ -26,13 +27,12 @@ would evaluate them), in namespaces without the label, in audit and in enforce:
 from __future__ import annotations
 
 import copy
-import functools
 
 import celpy
 import pytest
 import yaml
 
-from tests.deploy import admission_policy, rendering
+from tests.deploy import admission_policy, devicepolicy, rendering
 from tests.deploy.test_manifests import BASE
 from tests.deploy.test_opt_in_guard import ENFORCED, NOT_OPTED_IN, RESOURCES, container, pod_spec, wrap
 from webhook.core import hostaccess, names
@@ -41,8 +41,6 @@ NAMESPACES = [*NOT_OPTED_IN, ENFORCED]
 IDS = ["no-label", "audit", "bad-label", "enforce"]
 NULL = {"name": "null", "hostPath": {"path": "/dev/null"}}
 
-
-PARAMS = "gpushard-device-policy"
 
 
 @pytest.fixture(scope="module")
@@ -55,36 +53,21 @@ def policy(rendered):
     return admission_policy.shipped(rendered, "gpushard-device-channels")
 
 
-@pytest.fixture(scope="module")
-def params(rendered):
-    found, = [o for o in rendered if o["kind"] == "ConfigMap" and o["metadata"]["name"] == PARAMS]
-    return found
-
-
-def trusting(params: dict, **data: str) -> dict:
-    changed = copy.deepcopy(params)
-    changed["data"].update(data)
-    return changed
+def trusting(**lists: str) -> tuple[dict, dict]:
+    """The policy and binding as an operator's overlay that sets these lists renders them."""
+    return admission_policy.shipped(devicepolicy.render(BASE, **lists), "gpushard-device-channels")
 
 
 def admit(policy, obj: dict, namespace: dict, operation: str = "CREATE", old: dict | None = None,
-          sub: str = "", params: dict | None = None):
+          sub: str = ""):
     group, resource = RESOURCES[obj["kind"]]
     request = {"operation": operation, "namespace": namespace["metadata"]["name"],
                "kind": {"group": group, "version": "v1", "kind": obj["kind"]},
                "resource": {"group": group, "version": "v1", "resource": resource + (f"/{sub}" if sub else "")},
                "userInfo": {"username": "alice"}}
-    if params is None:
-        params = _shipped_params()
-    outcome = admission_policy.evaluate(*policy, request, obj, old, namespace, params=params)
+    outcome = admission_policy.evaluate(*policy, request, obj, old, namespace)
     assert not outcome.errored, outcome.message  # a denial must come from the rule, not a failing expression
     return outcome
-
-
-@functools.cache
-def _shipped_params() -> dict:
-    found, = [o for o in rendering.render(BASE) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == PARAMS]
-    return found
 
 
 def mounting(path: str) -> dict:
@@ -285,18 +268,19 @@ def _injecting_pod(namespace: str, service_account: str | None = None) -> dict:
     return obj
 
 
-def test_what_the_operator_trusts_is_let_through(policy, params):
-    assert params["metadata"]["namespace"] == "gpushard-system"
-    assert {k: v for k, v in params["data"].items() if k.startswith("exempt")} == {
+def test_what_the_operator_trusts_is_let_through(policy):
+    listed = devicepolicy.local_config_map(BASE)
+    assert listed["metadata"]["namespace"] == "gpushard-system"
+    assert {k: v for k, v in listed["data"].items() if k.startswith("exempt")} == {
         "exemptNamespaces": "", "exemptServiceAccounts": ""}  # the default trusts nobody
     operator = admission_policy.namespace_object("gpu-operator")
     monitoring = admission_policy.namespace_object("gpu-monitoring")
     lab = NOT_OPTED_IN[0]
-    trust = trusting(params, exemptNamespaces="other gpu-operator",
+    trust = trusting(exemptNamespaces="other gpu-operator",
                      exemptServiceAccounts="gpu-monitoring/dcgm-exporter lab/builder")
-    assert admit(policy, _injecting_pod("gpu-operator"), operator, params=trust).allowed
-    assert admit(policy, _injecting_pod("gpu-monitoring", "dcgm-exporter"), monitoring, params=trust).allowed
-    assert admit(policy, _injecting_pod("lab", "builder"), lab, params=trust).allowed
+    assert admit(trust, _injecting_pod("gpu-operator"), operator).allowed
+    assert admit(trust, _injecting_pod("gpu-monitoring", "dcgm-exporter"), monitoring).allowed
+    assert admit(trust, _injecting_pod("lab", "builder"), lab).allowed
     # Nobody else: another account of that namespace, the same account name elsewhere, the
     # default account, a namespace whose name only starts like a trusted one.
     for obj, namespace in [(_injecting_pod("gpu-monitoring", "other"), monitoring),
@@ -304,22 +288,23 @@ def test_what_the_operator_trusts_is_let_through(policy, params):
                            (_injecting_pod("lab", "dcgm-exporter"), lab),
                            (_injecting_pod("gpu"), admission_policy.namespace_object("gpu")),
                            (_injecting_pod("gpu-operator-2"), admission_policy.namespace_object("gpu-operator-2"))]:
-        assert not admit(policy, obj, namespace, params=trust).allowed, obj["metadata"]["namespace"]
+        assert not admit(trust, obj, namespace).allowed, obj["metadata"]["namespace"]
         assert not admit(policy, obj, namespace).allowed
     # A list written with commas or new lines trusts nobody rather than everybody.
     for written in ("gpu-operator,other", "other\ngpu-operator"):
-        assert not admit(policy, _injecting_pod("gpu-operator"), operator,
-                         params=trusting(params, exemptNamespaces=written)).allowed
-    wildcard = trusting(params, exemptNamespaces="*")
-    assert not admit(policy, _injecting_pod("lab", "builder"), lab, params=wildcard).allowed
+        assert not admit(trusting(exemptNamespaces=written), _injecting_pod("gpu-operator"), operator).allowed
+    wildcard = trusting(exemptNamespaces="*")
+    assert not admit(wildcard, _injecting_pod("lab", "builder"), lab).allowed
 
 
-def test_without_its_configmap_it_denies(policy):
-    group, resource = RESOURCES["Pod"]
-    request = {"operation": "CREATE", "namespace": "lab", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-               "resource": {"group": "", "version": "v1", "resource": "pods"}, "userInfo": {"username": "alice"}}
+def test_it_reads_no_params_and_judges_no_plain_pod(policy, rendered):
+    # Nothing the policy needs can go missing: no paramKind, no paramRef, no ConfigMap in the install.
+    found, binding = policy
+    assert "paramKind" not in found["spec"] and "paramRef" not in binding["spec"]
+    assert not [o for o in rendered if o["metadata"]["name"] == devicepolicy.CONFIG_MAP]
     plain = wrap("Pod", pod_spec(container("app")))
-    assert not admission_policy.evaluate(*policy, request, plain, None, NOT_OPTED_IN[0]).allowed
+    for namespace in NAMESPACES:
+        assert not admit(policy, plain, namespace).matched
 
 
 def _cel_families(policy) -> list[str]:

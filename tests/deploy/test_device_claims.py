@@ -1,7 +1,8 @@
 """DRA claims in enforce namespaces (deploy/base/device-claims.yaml), its CEL evaluated for real.
 
-We test, with the policy, binding and params ConfigMap as deploy/base renders them (cel-python, as
-the API server would evaluate them):
+We test, with the policy and binding as deploy/base renders them, and as an operator's overlay that
+sets allowedDeviceClasses renders them (tests/deploy/devicepolicy.py) (cel-python, as the API server
+would evaluate them):
 - a ResourceClaim or ResourceClaimTemplate (resource.k8s.io/v1) in an enforce namespace that asks
   a device class of NVIDIA's DRA driver (gpu.nvidia.com, mig.nvidia.com, a class an admin made
   for one MIG profile), or any class the operator did not allow, in `exactly` or in any
@@ -13,7 +14,9 @@ the API server would evaluate them):
   class is allowed, and admitted once one is (its claims are judged when they are made);
 - benign: pods without claims (GPU pods asking nvidia.com/gpu included), scaling a workload from
   before, UPDATEs of claims (finalizers, status), and every namespace that does not enforce are
-  not touched; without its ConfigMap the policy denies.
+  not touched; pods without spec.resourceClaims are not even judged (matchConditions);
+- the policy reads no params object (no paramKind, no paramRef): its list is in the policy, and by
+  default it allows no class rather than every one.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import copy
 
 import pytest
 
-from tests.deploy import admission_policy, rendering
+from tests.deploy import admission_policy, devicepolicy, rendering
 from tests.deploy.test_manifests import BASE
 from tests.deploy.test_opt_in_guard import ENFORCED, NOT_OPTED_IN, RESOURCES, container, pod_spec, wrap
 from webhook.core import names
@@ -43,20 +46,12 @@ def policy(rendered):
     return admission_policy.shipped(rendered, "gpushard-device-claims")
 
 
-@pytest.fixture(scope="module")
-def params(rendered):
-    found, = [o for o in rendered if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpushard-device-policy"]
-    assert found["data"]["allowedDeviceClasses"] == ""  # the default allows no class
-    return found
+def allowing(classes: str) -> tuple[dict, dict]:
+    """The policy and binding as an operator's overlay that sets allowedDeviceClasses renders them."""
+    return admission_policy.shipped(devicepolicy.render(BASE, allowedDeviceClasses=classes), "gpushard-device-claims")
 
 
-def allowing(params: dict, classes: str) -> dict:
-    changed = copy.deepcopy(params)
-    changed["data"]["allowedDeviceClasses"] = classes
-    return changed
-
-
-def admit(policy, params, obj: dict, namespace: dict, operation: str = "CREATE", old: dict | None = None):
+def admit(policy, obj: dict, namespace: dict, operation: str = "CREATE", old: dict | None = None):
     if obj["kind"] in CLAIM_RESOURCES:
         group, resource = "resource.k8s.io", CLAIM_RESOURCES[obj["kind"]]
     else:
@@ -65,7 +60,7 @@ def admit(policy, params, obj: dict, namespace: dict, operation: str = "CREATE",
                "kind": {"group": group, "version": "v1", "kind": obj["kind"]},
                "resource": {"group": group, "version": "v1", "resource": resource},
                "userInfo": {"username": "alice"}}
-    outcome = admission_policy.evaluate(*policy, request, obj, old, namespace, params=params)
+    outcome = admission_policy.evaluate(*policy, request, obj, old, namespace)
     assert not outcome.errored, outcome.message  # a denial must come from the rule, not a failing expression
     return outcome
 
@@ -98,25 +93,25 @@ def classes_asked(obj: dict) -> list[str]:
 
 @pytest.mark.parametrize("kind", sorted(CLAIM_RESOURCES))
 @pytest.mark.parametrize("device_class", [*NVIDIA_CLASSES, "gpu.example.com"])
-def test_claims_asking_a_class_not_allowed_are_denied(policy, params, kind, device_class):
+def test_claims_asking_a_class_not_allowed_are_denied(policy, kind, device_class):
     for obj in (claim(exactly("gpu", device_class, count=1), kind=kind),
                 claim(exactly("gpu", device_class, allocationMode="All", adminAccess=True), kind=kind),
                 claim(first_available("gpu", device_class), kind=kind)):
         assert classes_asked(obj) == [device_class]
-        outcome = admit(policy, params, obj, ENFORCED)
+        outcome = admit(policy, obj, ENFORCED)
         assert outcome.matched and not outcome.allowed
         assert outcome.message.startswith(
             f'gpushard: {kind} request "gpu" asks device class "{device_class}", which is not allowed in '
             'namespace "lab"'), outcome.message
     # Allowed by the operator: passes.
-    assert admit(policy, allowing(params, device_class), claim(exactly("gpu", device_class), kind=kind),
+    assert admit(allowing(device_class), claim(exactly("gpu", device_class), kind=kind),
                  ENFORCED).allowed
 
 
-def test_allowed_classes_allow_only_themselves(policy, params):
-    nic = allowing(params, "nic.example.com fpga.example.com")
-    assert admit(policy, nic, claim(exactly("net", "nic.example.com")), ENFORCED).allowed
-    assert admit(policy, nic, claim(exactly("net", "nic.example.com"), first_available(
+def test_allowed_classes_allow_only_themselves(policy):
+    nic = allowing("nic.example.com fpga.example.com")
+    assert admit(nic, claim(exactly("net", "nic.example.com")), ENFORCED).allowed
+    assert admit(nic, claim(exactly("net", "nic.example.com"), first_available(
         "acc", "fpga.example.com", "nic.example.com")), ENFORCED).allowed
     # Any request, or any alternative, naming another class: denied, naming it.
     for obj, request, refused in [
@@ -125,15 +120,15 @@ def test_allowed_classes_allow_only_themselves(policy, params):
             (claim(exactly("x", "nic.example.co")), "x", "nic.example.co"),
             (claim(exactly("x", "example.com")), "x", "example.com"),
             (claim(exactly("x", "fpga.example.com nic.example.com")), "x", "fpga.example.com nic.example.com")]:
-        outcome = admit(policy, nic, obj, ENFORCED)
+        outcome = admit(nic, obj, ENFORCED)
         assert not outcome.allowed
         assert f'request "{request}" asks device class "{refused}"' in outcome.message
     # A list written with commas is one word that names no class.
-    commas = allowing(params, "nic.example.com,fpga.example.com")
-    assert not admit(policy, commas, claim(exactly("net", "nic.example.com")), ENFORCED).allowed
+    commas = allowing("nic.example.com,fpga.example.com")
+    assert not admit(commas, claim(exactly("net", "nic.example.com")), ENFORCED).allowed
 
 
-def test_claims_made_for_pods_are_judged_alike(policy, params):
+def test_claims_made_for_pods_are_judged_alike(policy):
     # What the resourceclaim controller creates from a template, and what the scheduler creates for
     # an extended resource backed by a class (NVIDIA's gpu.nvidia.com has extendedResourceName
     # nvidia.com/gpu): a ResourceClaim in the pod's namespace, made by a controller's account.
@@ -141,7 +136,7 @@ def test_claims_made_for_pods_are_judged_alike(policy, params):
                                                                               "gpu.nvidia.com"))):
         generated["metadata"] = {"generateName": "train-gpu-", "name": "train-gpu-x7k2p", "namespace": "lab",
                                  "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"}}
-        assert not admit(policy, params, generated, ENFORCED).allowed
+        assert not admit(policy, generated, ENFORCED).allowed
 
 
 def _pod_with_claims(kind: str = "Pod") -> dict:
@@ -152,31 +147,31 @@ def _pod_with_claims(kind: str = "Pod") -> dict:
 
 
 @pytest.mark.parametrize("kind", sorted(RESOURCES))
-def test_pods_with_claims_are_denied_while_no_class_is_allowed(policy, params, kind):
-    outcome = admit(policy, params, _pod_with_claims(kind), ENFORCED)
+def test_pods_with_claims_are_denied_while_no_class_is_allowed(policy, kind):
+    outcome = admit(policy, _pod_with_claims(kind), ENFORCED)
     assert not outcome.allowed
     assert outcome.message.startswith('gpushard: pod claim "gpu" (spec.resourceClaims) asks DRA devices in '
                                       'namespace "lab", which enforces gpushard and allows no device class')
     # Once the operator allows a class, the pod passes: each claim it names is judged when made.
-    assert admit(policy, allowing(params, "nic.example.com"), _pod_with_claims(kind), ENFORCED).allowed
+    assert admit(allowing("nic.example.com"), _pod_with_claims(kind), ENFORCED).allowed
 
 
-def test_benign_requests_pass(policy, params):
+def test_benign_requests_pass(policy):
     gpu = wrap("Pod", pod_spec(container("train", {"nvidia.com/gpu": "1"}), container("side")))
-    assert admit(policy, params, gpu, ENFORCED).allowed
+    assert admit(policy, gpu, ENFORCED).allowed
     plain = wrap("Deployment", pod_spec(container("web")))
-    assert admit(policy, params, plain, ENFORCED).allowed
+    assert admit(policy, plain, ENFORCED).allowed
     # A workload from before the namespace enforced, scaled: its template is left as it was; a
     # change to the template is judged.
     for kind in sorted(set(RESOURCES) - {"Pod"}):
         older = _pod_with_claims(kind)
         scaled = copy.deepcopy(older)
         scaled.setdefault("spec", {})["replicas"] = 4
-        assert admit(policy, params, scaled, ENFORCED, "UPDATE", older).allowed, kind
+        assert admit(policy, scaled, ENFORCED, "UPDATE", older).allowed, kind
         changed = copy.deepcopy(older)
         changed["metadata"]["labels"] = {"edited": "yes"}
         _template(changed)["spec"]["containers"][0]["image"] = "cuda:13"
-        assert not admit(policy, params, changed, ENFORCED, "UPDATE", older).allowed, kind
+        assert not admit(policy, changed, ENFORCED, "UPDATE", older).allowed, kind
 
 
 def _template(obj: dict) -> dict:
@@ -186,20 +181,26 @@ def _template(obj: dict) -> dict:
     return holder
 
 
-def test_what_it_does_not_match(policy, params):
+def test_what_it_does_not_match(policy):
     found, _ = policy
     older = claim(exactly("gpu", "gpu.nvidia.com"), )
     finalized = copy.deepcopy(older)
     finalized["metadata"]["finalizers"] = []
-    assert not admit(policy, params, finalized, ENFORCED, "UPDATE", older).matched
+    assert not admit(policy, finalized, ENFORCED, "UPDATE", older).matched
     for namespace in NOT_OPTED_IN:  # no label, audit, a label value that is not "enforce"
-        assert not admit(policy, params, claim(exactly("gpu", "gpu.nvidia.com")), namespace).matched
-        assert not admit(policy, params, _pod_with_claims(), namespace).matched
+        assert not admit(policy, claim(exactly("gpu", "gpu.nvidia.com")), namespace).matched
+        assert not admit(policy, _pod_with_claims(), namespace).matched
     system = admission_policy.namespace_object("kube-system", {"gpushard.io/mode": "enforce"})
-    assert not admit(policy, params, claim(exactly("gpu", "gpu.nvidia.com"), namespace="kube-system"), system).matched
+    assert not admit(policy, claim(exactly("gpu", "gpu.nvidia.com"), namespace="kube-system"), system).matched
     assert found["spec"]["failurePolicy"] == "Fail"
 
 
-def test_without_its_configmap_it_denies(policy):
-    outcome = admit(policy, None, claim(exactly("net", "nic.example.com")), ENFORCED)
+def test_it_reads_no_params_and_allows_no_class_by_default(policy, rendered):
+    found, binding = policy
+    assert "paramKind" not in found["spec"] and "paramRef" not in binding["spec"]
+    assert devicepolicy.local_config_map(BASE)["data"]["allowedDeviceClasses"] == ""
+    assert not [o for o in rendered if o["metadata"]["name"] == devicepolicy.CONFIG_MAP]
+    outcome = admit(policy, claim(exactly("net", "nic.example.com")), ENFORCED)
     assert outcome.matched and not outcome.allowed
+    # A pod without spec.resourceClaims is not judged at all.
+    assert not admit(policy, wrap("Pod", pod_spec(container("web"))), ENFORCED).matched

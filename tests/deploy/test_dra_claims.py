@@ -1,7 +1,8 @@
 """DRA claims with backend dra: gpushard's own path passes, every other way to its class is closed.
 
-We test, with every ValidatingAdmissionPolicy of the dra overlay as it renders (its params ConfigMap
-included), its CEL evaluated with a CEL library as the API server would:
+We test, with every ValidatingAdmissionPolicy of the dra overlay as it renders (gpushard's own class
+written into gpushard-device-claims by the overlay's replacement), its CEL evaluated with a CEL library
+as the API server would:
 - gpushard's own flow passes end to end in a namespace that enforces gpushard and allows no other
   class: the template the webhook's ServiceAccount makes (draobjects.claim_template), the pod as the
   webhook rewrites it (decisions with backend dra, patched as the API server would), the claim the
@@ -27,7 +28,7 @@ import copy
 import pytest
 
 from tests import applypatch
-from tests.deploy import admission_policy, rendering
+from tests.deploy import admission_policy, devicepolicy, rendering
 from tests.deploy.test_dra_overlay import OVERLAY
 from tests.deploy.test_opt_in_guard import ENFORCED, NOT_OPTED_IN, RESOURCES
 from webhook.core import decisions, draobjects, names
@@ -44,6 +45,8 @@ CLAIM_RESOURCES = {"ResourceClaim": "resourceclaims", "ResourceClaimTemplate": "
 POD_UID = "0b6f7c1e-6f63-4a8e-9a57-5a4d8a0c1d2e"
 OTHER_UID = "5e7b8d2a-1c3f-4e6a-8b9d-0f1e2d3c4b5a"
 SYSTEM = admission_policy.namespace_object("kube-system")
+# Policies that fence the agent's own writes, which match neither pods nor claims.
+AGENT_POLICIES = ("gpushard-agent-own-node", "gpushard-agent-own-slice")
 EVERY_NAMESPACE = [ENFORCED, *NOT_OPTED_IN, SYSTEM]
 
 
@@ -65,16 +68,14 @@ def admit(objects, obj: dict, namespace: dict, user: str, operation: str = "CREA
                "userInfo": {"username": user}}
     if sub_resource:
         request["subResource"] = sub_resource
-    params, = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpushard-device-policy"]
     matched = False
     for policy in [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]:
         binding, = [b for b in objects if b["kind"] == "ValidatingAdmissionPolicyBinding"
                     and b["spec"]["policyName"] == policy["metadata"]["name"]]
-        if policy["spec"].get("matchConditions"):  # the agent's own slice: ResourceSlices only
+        if policy["metadata"]["name"] in AGENT_POLICIES:  # the agent's own node and slice: Nodes, ResourceSlices
             assert not admission_policy.matches(policy, request, namespace)
             continue
-        outcome = admission_policy.evaluate(policy, binding, request, obj, old, namespace,
-                                            params=params if policy["spec"].get("paramKind") else None)
+        outcome = admission_policy.evaluate(policy, binding, request, obj, old, namespace)
         assert not outcome.errored, outcome.message  # a denial must come from the rule, not a failing expression
         if not outcome.allowed:
             return outcome
@@ -330,8 +331,9 @@ def test_pods_carry_only_gpushards_own_entry_while_no_class_is_allowed(objects):
 
 def test_without_the_dra_overlay_gpushards_class_is_one_more_class_not_allowed():
     base = rendering.render(OVERLAY.parents[1] / "base")
-    assert "gpushardDeviceClass" not in next(o for o in base if o["metadata"]["name"] == "gpushard-device-policy")[
-        "data"]
+    assert "gpushardDeviceClass" not in devicepolicy.local_config_map(OVERLAY.parents[1] / "base")["data"]
+    claims, _ = admission_policy.shipped(base, "gpushard-device-claims")
+    assert {v["name"]: v["expression"] for v in claims["spec"]["variables"]}["own"] == "r''''''"
     assert not admit(base, template(25), ENFORCED, WEBHOOK).allowed
     assert not admit(base, claim_for_pod(template(25)), ENFORCED, CLAIM_CONTROLLER).allowed
     entry = copy.deepcopy(rewritten_pod())
@@ -348,8 +350,6 @@ def test_the_dra_claims_policy_itself_denies_a_tenants_claim(objects):
                "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
                "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
                "userInfo": {"username": TENANT}}
-    params, = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpushard-device-policy"]
-    outcome = admission_policy.evaluate(policy, binding, request, obj, None, namespace,
-                                        params=params if policy["spec"].get("paramKind") else None)
+    outcome = admission_policy.evaluate(policy, binding, request, obj, None, namespace)
     assert not outcome.errored, outcome.message
     assert outcome.matched and not outcome.allowed and outcome.message.startswith("gpushard: ")

@@ -111,7 +111,8 @@ def test_the_auditor_role_reads_slices_and_claims(objects):
 def test_the_enforce_webhook_has_side_effects_only_off_dry_run(objects):
     configuration = find(objects, "MutatingWebhookConfiguration")
     effects = {w["name"]: w["sideEffects"] for w in configuration["webhooks"]}
-    assert effects == {"enforce.gpushard.io": "NoneOnDryRun", "audit.gpushard.io": "None"}
+    # The hide entry sees only pods that hold no shares, for which gpushard makes no template.
+    assert effects == {"enforce.gpushard.io": "NoneOnDryRun", "hide.gpushard.io": "None", "audit.gpushard.io": "None"}
 
 
 def slice_request(user, node, operation="CREATE"):

@@ -96,16 +96,16 @@ def _handshake(files: dict[str, bytes], ca_bundle: bytes, tmp_path: Path) -> str
 def test_first_run_creates_the_secret_and_fills_every_ca_bundle(kube, tmp_path):
     outcome = _install(kube)
     assert outcome.secret_action == "created"
-    assert outcome.webhooks_updated == ("enforce.gpushard.io", "audit.gpushard.io")
+    assert outcome.webhooks_updated == ("enforce.gpushard.io", "hide.gpushard.io", "audit.gpushard.io")
     files = _secret_files(kube)
     assert set(files) == {"ca.crt", "tls.crt", "tls.key"}
-    assert _bundles(kube) == [files["ca.crt"], files["ca.crt"]]
+    assert _bundles(kube) == [files["ca.crt"]] * 3
     assert _handshake(files, files["ca.crt"], tmp_path) == "ok"
     secret = kube.get("secrets", SECRET, NAMESPACE)
     assert secret["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpushard-certs"
     # The rest of the webhook configuration is untouched.
     config = kube.get("mutatingwebhookconfigurations", CONFIG)
-    assert [h["clientConfig"]["service"]["path"] for h in config["webhooks"]] == ["/mutate", "/audit"]
+    assert [h["clientConfig"]["service"]["path"] for h in config["webhooks"]] == ["/mutate", "/mutate", "/audit"]
     assert all(line.startswith("gpushard: ") for line in outcome.lines())
 
 
@@ -130,7 +130,7 @@ def test_a_webhook_added_later_gets_the_ca_of_the_kept_certificate(kube):
     assert outcome.secret_action == "kept" and outcome.webhooks_updated == ("enforce.gpushard.io",)
     assert [m for m, _ in _writes(kube)] == ["PATCH"]
     ca = _secret_files(kube)["ca.crt"]
-    assert _bundles(kube) == [ca, ca]
+    assert _bundles(kube) == [ca] * 3
 
 
 def test_renewal_near_expiry_trusts_both_cas_until_the_next_run(kube, tmp_path):
@@ -148,7 +148,7 @@ def test_renewal_near_expiry_trusts_both_cas_until_the_next_run(kube, tmp_path):
     assert _handshake(new, bundle, tmp_path) == "ok"
     outcome = _install(kube)
     assert outcome.secret_action == "kept" and outcome.webhooks_updated
-    assert _bundles(kube) == [new["ca.crt"], new["ca.crt"]]
+    assert _bundles(kube) == [new["ca.crt"]] * 3
 
 
 def test_force_replaces_a_good_certificate(kube):

@@ -9,8 +9,9 @@ We test:
   port; the Service is what both webhooks call, at /mutate and /audit; the certificate is
   made for that Service and lands in the Secret the Deployment mounts; the config path is the
   ConfigMap's key; every container's args parse with the real `gpushard` parser;
-- the webhook configuration: failure policies, the namespace label and values of
-  webhook/core/names.py, its own namespace excluded from both, rules for pods and exactly
+- the webhook configuration: failure policies (enforce namespaces: Fail for what asks a GPU or names a
+  device, Ignore for the rest), the namespace label and values of webhook/core/names.py, its own
+  namespace excluded from every entry, rules for pods and exactly
   the template kinds the code rewrites, sideEffects None, short timeout, IfNeeded, Equivalent;
 - the ConfigMap's config loads with webhook.settings and names the resources of names.py;
 - the webhook pod is "restricted", probes /readyz and /healthz over HTTPS, mounts the Secret
@@ -200,10 +201,12 @@ def test_the_config_map_loads_and_names_the_code_defaults(base):
 
 # --- the webhook configuration -------------------------------------------------------------
 
-def test_two_webhooks_by_mode(base):
+def test_webhooks_by_mode(base):
     hooks = {h["name"]: h for h in _find(base, "MutatingWebhookConfiguration")["webhooks"]}
-    assert set(hooks) == {"enforce.gpushard.io", "audit.gpushard.io"}
+    assert set(hooks) == {"enforce.gpushard.io", "hide.gpushard.io", "audit.gpushard.io"}
+    # Enforce namespaces have two entries, split by matchConditions (tests/deploy/test_webhook_conditions.py).
     for name, mode, path, failure in (("enforce.gpushard.io", names.MODE_ENFORCE, "/mutate", "Fail"),
+                                      ("hide.gpushard.io", names.MODE_ENFORCE, "/mutate", "Ignore"),
                                       ("audit.gpushard.io", names.MODE_AUDIT, "/audit", "Ignore")):
         hook = hooks[name]
         assert hook["clientConfig"]["service"]["path"] == path

@@ -48,7 +48,7 @@ PROGRAMS = {
 }
 # Objects named in the manifests, for rules limited by resourceNames.
 NAMED = {("", "secrets"): "gpushard-tls", ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): "gpushard",
-         ("coordination.k8s.io", "leases"): "gpushard-replacer"}
+         ("coordination.k8s.io", "leases"): "gpushard-replacer", ("", "configmaps"): "gpushard-device-policy"}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The install manifests as `kubectl kustomize` renders them, checked against each other and against the
 API server's rules that the schemas do not carry.
 
-We test, for deploy/base, every overlay and examples/kind:
-- kubectl renders the same objects as the test renderer (tests/deploy/rendering.py);
+We test, for deploy/base, every overlay, examples/kind and examples/device-policy:
+- kubectl renders the same objects as the test renderer (tests/deploy/rendering.py), and so it does
+  for the operator's overlays the tests write (tests/deploy/devicepolicy.py), values that are no list
+  of names (commas, new lines, quotes) included: each lands whole in its policy's string literal;
 - no container is privileged with allowPrivilegeEscalation: false (the API server refuses the
   pair), and the agent patch docs/install.md gives for privileged mode renders and passes;
 - Jobs and the CronJob's job template clean up after themselves (ttlSecondsAfterFinished), the
@@ -36,12 +38,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy import rendering
+from tests.deploy import devicepolicy, rendering
 from webhook.core import placement
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-FOLDERS = [DEPLOY / "base", *sorted(p for p in (DEPLOY / "overlays").iterdir() if p.is_dir()), ROOT / "examples/kind"]
+FOLDERS = [DEPLOY / "base", *sorted(p for p in (DEPLOY / "overlays").iterdir() if p.is_dir()), ROOT / "examples/kind",
+           ROOT / "examples/device-policy"]
 DOCS = {name: (ROOT / name).read_text() for name in ("README.md", "docs/install.md")}
 NAMESPACE = "gpushard-system"
 KUBECTL = shutil.which("kubectl")
@@ -97,6 +100,25 @@ def test_kubectl_renders_what_the_test_renderer_renders(folder, rendered):
     assert set(ours) == set(theirs)
     for key, obj in theirs.items():
         assert obj == ours[key], key
+
+
+@pytest.mark.parametrize(("folder", "lists"), [
+    ("base", {"exemptNamespaces": "gpu-operator other", "exemptServiceAccounts": "gpu-monitoring/dcgm-exporter"}),
+    ("base", {"exemptNamespaces": "a,b\nc", "exemptServiceAccounts": "it's \"quoted\""}),
+    ("overlays/dra", {"allowedDeviceClasses": "nic.example.com"}),
+], ids=["names", "not-names", "dra"])
+def test_kubectl_renders_operators_overlays_as_the_test_renderer(folder, lists, tmp_path):
+    base = DEPLOY / folder
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(devicepolicy.overlay(base, tmp_path, **lists)))
+    ours = {ident(o): o for o in rendering.render(tmp_path)}
+    theirs = {ident(o): o for o in kustomize(tmp_path)}
+    assert set(ours) == set(theirs)
+    for key, obj in theirs.items():
+        assert obj == ours[key], key
+    expressions = [v["expression"] for o in theirs.values() if o["kind"] == "ValidatingAdmissionPolicy"
+                   for v in o["spec"].get("variables", [])]
+    for value in lists.values():
+        assert f"r'''{value}'''" in expressions, value
 
 
 # --- what the API server refuses that no schema says ----------------------------------------------

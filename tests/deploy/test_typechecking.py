@@ -95,6 +95,7 @@ def _device_channels() -> dict:
 
 def test_the_old_device_channel_policy_is_refused_as_the_api_server_refused_it():
     policy = copy.deepcopy(_device_channels())
+    policy["spec"]["paramKind"] = {"apiVersion": "v1", "kind": "ConfigMap"}  # it read a ConfigMap then
     variables = policy["spec"]["variables"]
     for variable in variables:
         if variable["name"] in OLD_DEVICE_CHANNEL_VARIABLES:

@@ -8,7 +8,8 @@
 - a ResourceQuota on gpushard.io/gpu counts the shares the rewrite wrote;
 - a debug container gets `void` with each of `kubectl debug`'s profiles (the default one included), but
   sysadmin's, which is privileged and denied;
-- with the webhook down, enforce namespaces fail closed and every other namespace goes on as before;
+- with the webhook down, enforce namespaces fail closed for GPU pods (a pod asking for nothing is admitted
+  unrewritten there), and every other namespace goes on as before;
 - the webhook's log holds no traceback and no ERROR line after all of it, a connection that sent nothing
   past the read deadline included.
 """
@@ -175,6 +176,11 @@ def test_webhook_down_fails_closed_only_where_opted_in(installed, kubectl, names
         down = kubectl.run("apply", "-n", namespaces["enforce"], "-f", "-", check=False,
                               input=objects.pod("while-down", objects.container(gpu="0.25")))
         refused(down, 'failed calling webhook "enforce.gpushard.io"')
+        # A pod asking no GPU is the hide entry's (failurePolicy Ignore): admitted as written.
+        kubectl.run("apply", "-n", namespaces["enforce"], "-f", "-", input=objects.pod(
+            "plain-while-down", objects.container()))
+        plain = get(kubectl, namespaces["enforce"], "pod", "plain-while-down")
+        assert "NVIDIA_VISIBLE_DEVICES" not in objects.env_of(plain["spec"]["containers"][0])
         for mode in ("audit", "plain"):
             kubectl.run("apply", "-n", namespaces[mode], "-f", "-", input=objects.pod(
                 "while-down", objects.container(gpu="1")))

@@ -138,7 +138,7 @@ def test_helm_upgrade_to_three_webhook_replicas(release, installed, plane):
 def test_helm_uninstall_leaves_only_what_the_docs_list(release, installed, plane, namespace):
     kubectl = installed
     gpushard.helm(plane, "uninstall", "gpushard", "--wait", "--timeout", "180s")
-    assert gpushard.leftovers(kubectl) == {("ConfigMap", "gpushard-device-policy")}
+    assert gpushard.leftovers(kubectl) == set()  # the chart keeps nothing
     assert kubectl.run("get", "mutatingwebhookconfiguration", "gpushard", check=False).returncode != 0
     # Nothing fails closed: the namespace is still labelled enforce and takes pods, unchanged.
     kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod("after", objects.container()))

@@ -207,3 +207,15 @@ DRA_TEMPLATE_SIZE_INFIX = "-mib-"  # gpushard-shares-<n>-mib-<card MiB>: a memor
 DRA_CDI_KIND = "gpushard.io/claim"
 # With DRAExtendedResource every DeviceClass is also the extended resource <prefix><class name>.
 DRA_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+# The install's own objects, as `gpushard status` and `gpushard audit` check them (core/installation.py):
+# the namespace and Service of the webhook, its MutatingWebhookConfiguration and the entries of enforce
+# namespaces, the prefix of every admission policy and binding gpushard ships, and the ConfigMap an earlier
+# version's device policies read their lists from (none reads it now).
+SYSTEM_NAMESPACE = "gpushard-system"
+WEBHOOK_SERVICE = "gpushard"
+WEBHOOK_CONFIGURATION = "gpushard"
+ENFORCE_WEBHOOK = "enforce.gpushard.io"
+HIDE_WEBHOOK = "hide.gpushard.io"
+POLICY_PREFIX = "gpushard-"
+OLD_DEVICE_POLICY_CONFIG_MAP = "gpushard-device-policy"

@@ -102,6 +102,23 @@ caBundle: {{ required "certs.secret.caBundle: the base64 PEM of the CA that sign
 {{- end -}}
 {{- end -}}
 
+{{/*
+One list of devicePolicy as the admission policies read it: its names joined by single spaces, written
+into a CEL raw string r'''...''' of gpushard-device-channels or gpushard-device-claims. A name may hold only
+a-z, 0-9, "-", "." and "/" (a ServiceAccount is namespace/name): anything else (a space, a quote, a new
+line) fails the release here, naming the value, as values.schema.json does (which `helm install
+--skip-schema-validation` skips). Called with a dict: ctx, key (the list's key under devicePolicy).
+*/}}
+{{- define "gpushard.policyList" -}}
+{{- $names := index .ctx.Values.devicePolicy .key | default list -}}
+{{- range $names -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9./]*[a-z0-9])?$" (toString .)) -}}
+{{- fail (printf "gpushard: devicePolicy.%s holds %q, which is no name; list one namespace, ServiceAccount (namespace/name) or device class per entry, of a-z, 0-9, \"-\", \".\" and \"/\" only" $.key (toString .)) -}}
+{{- end -}}
+{{- end -}}
+{{- join " " $names -}}
+{{- end -}}
+
 {{/* What both webhooks are called for: Pods and every kind with a pod template. */}}
 {{- define "gpushard.webhookRules" -}}
 # Pods are rewritten once, when created: their resources cannot change afterwards.
