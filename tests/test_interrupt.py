@@ -65,8 +65,11 @@ def test_interrupted_while_waiting_on_the_api_exits_130(kube, tmp_path, name):
     kube.on_request = hold
     env = {**os.environ, "KUBECONFIG": kube.kubeconfig, "PYTHONPATH": ROOT, "HOME": str(tmp_path)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
+    # SIGINT at its default in the child, whoever started the tests: a shell's background job inherits it
+    # ignored, and Python then never raises KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", *argv], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert reached.wait(60), f"gpushard {name} never asked for {waited_on}: {proc.poll()} {kube.requests}"
         assert proc.poll() is None
