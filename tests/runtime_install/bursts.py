@@ -69,7 +69,7 @@ def _short(exc: Exception) -> str:
     text = re.sub(r'pods "burst-\d+"', 'pods "burst-*"', str(text))
     # The API server's message names the webhook and the cause; keep the part that says which.
     for marker in ("connection refused", "no endpoints available", "context deadline exceeded", "EOF",
-                   "connection reset", "i/o timeout", "no route to host"):
+                   "connection reset", "broken pipe", "i/o timeout", "no route to host"):
         if marker in text:
             return marker
     # Another cause: the API server's message ends with it (after the webhook's name and URL).
