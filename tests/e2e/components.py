@@ -218,6 +218,21 @@ def minor_of(binary: str) -> int:
     return int(version.split(".")[1])
 
 
+def own_plane(assets: Path, folder: Path):
+    """A control plane of a module's own in ``folder`` (a generator for a fixture): its logs printed when it does not
+    start, stopped afterwards."""
+    folder.mkdir()
+    plane = ControlPlane(assets, folder)
+    try:
+        plane.start()
+    except BaseException:
+        print(plane.logs(60))
+        plane.stop()
+        raise
+    yield plane
+    plane.stop()
+
+
 class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager and kube-scheduler from ``assets``, on loopback."""
 

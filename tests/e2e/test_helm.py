@@ -35,17 +35,7 @@ POD_SECURITY = {f"pod-security.kubernetes.io/{k}": "privileged" for k in ("enfor
 @pytest.fixture(scope="module")
 def cluster(work):
     chart_helm.skip_module_without_helm()
-    folder = work / "helm"
-    folder.mkdir()
-    plane = components.ControlPlane(ASSETS, folder)
-    try:
-        plane.start()
-    except BaseException:
-        print(plane.logs(60))
-        plane.stop()
-        raise
-    yield plane
-    plane.stop()
+    yield from components.own_plane(ASSETS, work / "helm")
 
 
 def upgrade(plane: components.ControlPlane, webhook: gpushard.Webhook, *sets: str) -> None:

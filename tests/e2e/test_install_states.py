@@ -42,17 +42,7 @@ _names = itertools.count()
 
 @pytest.fixture(scope="module")
 def cluster(work):
-    folder = work / "states"
-    folder.mkdir()
-    plane = components.ControlPlane(ASSETS, folder)
-    try:
-        plane.start()
-    except BaseException:
-        print(plane.logs(60))
-        plane.stop()
-        raise
-    yield plane
-    plane.stop()
+    yield from components.own_plane(ASSETS, work / "states")
 
 
 def namespace(kubectl: components.Kubectl, name: str, mode: str | None = None) -> str:
