@@ -69,13 +69,6 @@ def fake():
         yield server
 
 
-@pytest.fixture
-def kubeconfig(fake, tmp_path):
-    path = tmp_path / "kubeconfig"
-    path.write_text(world.kubeconfig(fake))
-    return str(path)
-
-
 def status(kubeconfig: str, capsys, *argv: str) -> tuple[int, str, str]:
     code = cli.main(["status", "--kubeconfig", kubeconfig, *argv])
     captured = capsys.readouterr()
