@@ -92,6 +92,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import costs  # noqa: E402
 import kubernetes  # noqa: E402
+import plain  # noqa: E402
 import stranding  # noqa: E402
 import yaml  # noqa: E402
 
@@ -837,11 +838,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--default-scheduler", action="store_true",
                         help="kube-scheduler's own percentageOfNodesToScore (a sample past 100 nodes) instead of "
                              "docs/install.md's 100")
+    parser.add_argument("--plain", action="store_true",
+                        help="what gpushard costs objects that ask no GPU (bench/plain.py): pods and Deployments "
+                             "outside and inside an enforce namespace, gpushard off and on in turn on one control "
+                             "plane (--objects, --rate, --rounds, --clients)")
+    parser.add_argument("--objects", type=int, default=300, help="--plain: objects per workload and state")
+    parser.add_argument("--rounds", type=int, default=3, help="--plain: rounds of off and on")
+    parser.add_argument("--only", default="", help="--plain: only the workloads whose name holds this")
     args = parser.parse_args(argv)
     assets, why = components.which_assets(os.environ)
     if assets is None:
         print(f"gpushard: e2e_scale needs the real components: {why}", file=sys.stderr)
         return 0 if os.environ.get("GPUSHARD_BENCH_OPTIONAL") else 2
+    if args.plain:
+        try:
+            return plain.main(assets, args.objects, args.rate or 20.0, args.rounds, args.clients, args.only)
+        except ValueError as e:
+            print(f"gpushard: {e}", file=sys.stderr)
+            return 2
     backends = args.backends.split(",")
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:

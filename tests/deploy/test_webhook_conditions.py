@@ -11,14 +11,15 @@ We test:
 - what each sees: GPU asks of every resource name gpushard reads (limits or requests, app or init
   containers only), a DeviceClass's own extended resource, DRA claims, the host access the webhook
   denies (privileged, capabilities beyond baseline, hostPID, hostPath, the device-list folder,
-  device-injecting annotations), an author's NVIDIA_VISIBLE_DEVICES, and every debug container go to
-  enforce; a plain pod or template, baseline capabilities and ordinary volumes go to hide, in every
-  kind that holds a pod template;
+  device-injecting annotations), an author's NVIDIA_VISIBLE_DEVICES other than gpushard's own ``void``, and
+  every debug container go to enforce; a plain pod or template, baseline capabilities and ordinary volumes
+  go to hide, in every kind that holds a pod template;
 - what the hide entry sees needs no judging: the webhook's own decision (webhook/core/decisions.py, in
   enforce mode, with each golden manifest's config, under either backend) admits it, places nothing,
   and changes nothing but adding NVIDIA_VISIBLE_DEVICES=void; so while the webhook is down, skipping it
   loses that rewrite and nothing else, and everything the webhook would refuse or place is held by the
-  Fail entry;
+  Fail entry; and what it wrote goes back to the hide entry (a reinvocation, a pod made again from its
+  manifest);
 - the lists in the condition are the code's: the annotation families, Pod Security's baseline
   capabilities, the GPU resource names, the device-list folder, the env name;
 - outside enforce namespaces and in gpushard-system neither entry is called.
@@ -148,6 +149,18 @@ def _cases() -> dict[str, tuple[dict, str]]:
             {"name": "n", "mountPath": "/var/run/nvidia-container-devices/all"}])), ENFORCE),
         "NVIDIA_VISIBLE_DEVICES written": (pod_spec(container("app", env=[
             {"name": names.VISIBLE_DEVICES_ENV, "value": "all"}])), ENFORCE),
+        # What the hide entry writes: a copy of a pod it hid, or the same pod when the API server calls the
+        # entry again after another webhook, comes back to it.
+        "NVIDIA_VISIBLE_DEVICES=void, as gpushard hides": (pod_spec(container("app", env=[
+            {"name": names.VISIBLE_DEVICES_ENV, "value": names.VISIBLE_NONE}])), HIDE),
+        "void, then written again": (pod_spec(container("app", env=[
+            {"name": names.VISIBLE_DEVICES_ENV, "value": names.VISIBLE_NONE},
+            {"name": names.VISIBLE_DEVICES_ENV, "value": "0"}])), ENFORCE),
+        "NVIDIA_VISIBLE_DEVICES from a reference": (pod_spec(container("app", env=[
+            {"name": names.VISIBLE_DEVICES_ENV, "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}])),
+            ENFORCE),
+        "NVIDIA_VISIBLE_DEVICES empty": (pod_spec(container("app", env=[
+            {"name": names.VISIBLE_DEVICES_ENV, "value": ""}])), ENFORCE),
     }
     for family in names.INJECTING_ANNOTATION_FAMILIES:
         cases[f"annotation {family}"] = (pod_spec(container("app")), ENFORCE, {f"{family}/container.app": "x"})
@@ -255,6 +268,10 @@ def test_every_object_is_seen_by_exactly_one_and_the_hide_side_needs_no_judging(
             assert decision.shares == 0 and decision.card is None, where
             rewritten = decision.obj if decision.obj is not None else obj
             assert _without_hiding(rewritten) == _without_hiding(obj), where
+            # What the hide entry wrote goes back to it: when the API server calls the entries again (another
+            # webhook added a container), and when the pod is made again from its manifest while the webhook
+            # is down.
+            assert called(hooks, rewritten) == [HIDE], where
     assert seen[ENFORCE] > 100 and seen[HIDE] > 50, seen
 
 
@@ -275,6 +292,7 @@ def test_the_condition_names_what_the_code_names(hooks):
     assert all("nvidia-container-devices" in root for root in names.DEVICE_LIST_MOUNT_ROOTS)
     assert "m.mountPath.contains('nvidia-container-devices')" in text
     assert f"e.name == '{names.VISIBLE_DEVICES_ENV}'" in text
+    assert f"e.value == '{names.VISIBLE_NONE}'" in text
 
 
 @pytest.mark.parametrize("namespace", [*NOT_OPTED_IN, admission_policy.namespace_object("gpushard-system", {

@@ -237,13 +237,14 @@ class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager and kube-scheduler from ``assets``, on loopback."""
 
     def __init__(self, assets: Path, work: Path, node_lifecycle: bool = True, apiserver_flags: list[str] = (),
-                 score_all_nodes: bool = False, address: str = "127.0.0.1"):
+                 score_all_nodes: bool = False, address: str = "127.0.0.1", controller_flags: list[str] = ()):
         self.assets, self.work = assets, work
         # Where the API server serves: loopback, or an address pods reach (the runtime tier's bridge), for
         # gpushard's own pods to talk to it.
         self.address = address
         self.node_lifecycle = node_lifecycle
         self.apiserver_flags = list(apiserver_flags)
+        self.controller_flags = list(controller_flags)
         # docs/install.md's advice for clusters past 100 nodes: kube-scheduler scores every feasible node.
         self.score_all_nodes = score_all_nodes
         self.processes: list[Process] = []
@@ -326,7 +327,7 @@ class ControlPlane:
             "--use-service-account-credentials=true", "--leader-elect=false", f"--controllers={controllers}",
             f"--cluster-signing-cert-file={self.pki.ca_path}",
             f"--cluster-signing-key-file={self.pki.folder / 'ca.key'}",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--v=1",
+            "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--v=1", *self.controller_flags,
         ])
         sched_config = self.user_config("scheduler", "system:kube-scheduler")
         configured = [f"--kubeconfig={sched_config}", "--leader-elect=false"]

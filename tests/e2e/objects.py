@@ -24,7 +24,7 @@ def pod(name: str, *containers: dict, annotations: dict | None = None, **spec) -
                                 "terminationGracePeriodSeconds": 0, **spec}})
 
 
-def deployment(name: str, gpu: str, replicas: int = 2) -> str:
+def deployment(name: str, gpu: str | None, replicas: int = 2) -> str:
     labels = {"app": name}
     return json.dumps({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},

@@ -4,6 +4,8 @@ states an install, upgrade or removal can leave (docs/operations.md, "States of 
   a pod with a device annotation is refused in the one that did not opt in;
 - the webhook process stopped: in the enforce namespace a plain pod is still created (the hide entry is
   skipped) and a GPU pod refused; elsewhere nothing changes;
+- a plain pod made again from the manifest of one gpushard hid (``NVIDIA_VISIBLE_DEVICES=void``, as `kubectl get -o
+  yaml` shows it), while the webhook is stopped: created (what the webhook writes sends nothing to the Fail entry);
 - an exemption added by an operator's overlay (examples/device-policy) lets the device pod through in the trusted
   namespace; the policy's binding deleted (its last) and the base applied again, the exemption is gone on the next
   request; the overlay applied again, it is back; the API server's watch of params (which a binding's removal can
@@ -115,6 +117,23 @@ def test_the_webhook_stopped(cluster, spaces, webhook):
     finally:
         webhook.restart()
     admitted(kubectl, spaces["enforce"], gpu="0.25")
+
+
+def test_a_pod_made_again_from_a_hidden_pods_manifest(cluster, spaces, webhook):
+    kubectl = cluster.kubectl
+    where = spaces["enforce"]
+    made = kubectl.run("create", "-n", where, "-o", "json", "-f", "-", input=objects.pod("hidden-once"))
+    spec = json.loads(made.stdout)["spec"]
+    assert objects.env_of(spec["containers"][0]) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    # The API server's own additions (the token volume's mount) left out, as a manifest written again would.
+    containers = [{k: v for k, v in c.items() if k != "volumeMounts"} for c in spec["containers"]]
+    again = objects.pod("made-again", *containers)
+    webhook.stop()
+    try:
+        done = kubectl.run("create", "-n", where, "-f", "-", input=again, check=False)
+        assert done.returncode == 0, done.stderr
+    finally:
+        webhook.restart()
 
 
 def test_an_exemption_follows_every_apply(cluster, spaces, webhook):
