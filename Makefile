@@ -31,9 +31,9 @@ chart: $(STAMP) $(HELM)
 	$(HELM) lint --strict charts/gpushard
 	$(PY) -m pytest -q tests/chart
 
-# The values table of docs/install.md ("Helm"), from the comments of charts/gpushard/values.yaml.
+# The values table of docs/helm.md ("Values"), from the comments of charts/gpushard/values.yaml.
 chart-docs: $(STAMP)
-	$(PY) -m tests.chart.valuesdoc --write docs/install.md
+	$(PY) -m tests.chart.valuesdoc --write docs/helm.md
 
 # The real-component tiers (docs/e2e.md): e2e/run.py builds what they need from the pins of
 # e2e/versions.env into ~/.cache/gpushard-e2e (GPUSHARD_E2E_CACHE), a second run builds nothing, then
