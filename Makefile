@@ -1,10 +1,10 @@
-# The interface a newcomer uses: make demo, make test, make bench, make lint.
+# The interface a newcomer uses: make demo, make test, make bench, make lint, make docs.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test e2e e2e-matrix e2e-ci e2e-components e2e-pin e2e-bench lint bench fuzz certs proto image kind clean gpu-check gpu-wheels chart chart-docs
+.PHONY: demo test e2e e2e-matrix e2e-ci e2e-components e2e-pin e2e-bench lint bench fuzz certs proto image kind clean gpu-check gpu-wheels chart chart-docs docs docs-serve docs-plots
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,9 +31,30 @@ chart: $(STAMP) $(HELM)
 	$(HELM) lint --strict charts/gpushard
 	$(PY) -m pytest -q tests/chart
 
-# The values table of docs/install.md ("Helm"), from the comments of charts/gpushard/values.yaml.
+# The values table of docs/helm.md ("Values"), from the comments of charts/gpushard/values.yaml.
 chart-docs: $(STAMP)
-	$(PY) -m tests.chart.valuesdoc --write docs/install.md
+	$(PY) -m tests.chart.valuesdoc --write docs/helm.md
+
+# The documentation site (mkdocs.yml, pages in docs/): make docs builds it into site/ and fails on a broken
+# link or anchor (--strict); make docs-serve serves it on http://127.0.0.1:8000 and rebuilds on change;
+# make docs-plots draws docs/img/costs.png again from the tables of docs/costs.md. The docs extra alone
+# (MkDocs, Material, matplotlib), so that a docs build does not wait for the test dependencies.
+DOCS_STAMP := $(VENV)/.docs-stamp
+
+$(DOCS_STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs serve --strict
+
+docs-plots: $(DOCS_STAMP)
+	$(PY) docs/plots.py
 
 # The real-component tiers (docs/e2e.md): e2e/run.py builds what they need from the pins of
 # e2e/versions.env into ~/.cache/gpushard-e2e (GPUSHARD_E2E_CACHE), a second run builds nothing, then
@@ -173,7 +194,7 @@ image:
 
 # The image built and started for real, on a Debian machine as root (CI): installs podman,
 # buildah and mmdebstrap, makes a local Debian base (no registry needed), builds the image
-# offline from the wheelhouse, and runs tests/image inside it (README, "The image check").
+# offline from the wheelhouse, and runs tests/image inside it (docs/development.md, "The image check").
 # CHECK_IMAGE and CHECK_BASE name the image it builds and its base; the base is made once and
 # reused (podman rmi it to make it again).
 CHECK_IMAGE ?= localhost/gpushard:check
@@ -221,4 +242,4 @@ kind:
 	bash examples/kind/run.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .demo build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .demo build site *.egg-info

@@ -6,8 +6,8 @@ We test:
   (v0.<minor>.<patch>), so a build never mixes releases;
 - the fake CRI's and containerd's modules require the pinned versions, and every module has a go.sum
   (the checksums the build verifies against) naming them;
-- the chart's kubeVersion admits every pinned minor and no older one, and docs/install.md's
-  compatibility table names each pinned release;
+- the chart's kubeVersion admits every pinned minor and no older one, and docs/compatibility.md's
+  table names each pinned release;
 - e2e/build.py reads versions.env as make does, refuses a malformed line naming it, and puts each
   component in a folder named by its version, outside the work tree.
 """
@@ -97,8 +97,8 @@ def test_the_chart_supports_exactly_the_pinned_minors():
 
 
 def test_install_docs_list_what_ran():
-    text = (ROOT / "docs" / "install.md").read_text()
-    section = text.split("## Compatibility", 1)[1].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "compatibility.md").read_text()
+    section = text.split("# Compatibility", 1)[1].split("\n## ", 1)[0]
     for version in MINORS.values():
         assert version in section, version
 

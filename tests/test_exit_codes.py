@@ -1,4 +1,4 @@
-"""Every exit path of the README's table, by running the installed `gpushard` as an operator would.
+"""Every exit path of the table in docs/cli.md ("Exit codes"), by running the installed `gpushard` as an operator would.
 
 We test:
 - status, audit, top, `replace --once`, `certs --install`, cordon and uncordon against the local API server down,

@@ -3,7 +3,7 @@
 We test, with the real `gpushard` started as a process against the local Kubernetes API server
 (tests/fakekube.py), which holds its request unanswered until the test is done: `status`,
 `audit`, `top` (waiting on an agent's metrics through the pod proxy) and `certs --install`,
-each sent SIGINT once its request has reached the server, exit with 130 (README, "Exit codes")
+each sent SIGINT once its request has reached the server, exit with 130 (docs/cli.md, "Exit codes")
 and print no traceback.
 """
 

@@ -1,11 +1,11 @@
-"""The README says what the code does.
+"""The README and the command line's reference page (docs/cli.md) say what the code does.
 
 We test:
 - the two-command quick start (`make demo`, `make test`) opens the README;
-- the kubectl flag table: every flag row exists, with its short and long names and its output
+- docs/cli.md's kubectl flag table: every flag row exists, with its short and long names and its output
   formats, on every command it names, and every kubectl flag of those commands is in the table;
-- the exit-code table is webhook.kubectlflags.EXIT_CODES, code for code and word for word;
-- GPUSHARD_FRACTION, which gpushard writes into every GPU container, is explained.
+- docs/cli.md's exit-code table is webhook.kubectlflags.EXIT_CODES, code for code and word for word;
+- GPUSHARD_FRACTION, which gpushard writes into every GPU container, is explained in the README.
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ from webhook import cli, kubectlflags
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+CLI_PAGE = (ROOT / "docs" / "cli.md").read_text()
 # Flags of the commands that are theirs alone, documented with each command, not kubectl's.
 OWN = {"-h", "--help", "--config", "--debug", "-f", "--filename", "--cluster", "--mode"}
 
 
-def table_after(heading: str) -> list[list[str]]:
-    start = README.index(heading)
+def table_after(heading: str, text: str = CLI_PAGE) -> list[list[str]]:
+    start = text.index(f"\n{heading}\n")
     rows = []
-    for line in README[start:].splitlines()[1:]:
+    for line in text[start + 1:].splitlines()[1:]:
         if line.startswith("|"):
             cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
             if not set("".join(cells)) <= set("-"):
@@ -55,7 +56,7 @@ def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 def test_every_flag_in_the_table_is_on_every_command_it_names():
     commands = subcommands()
-    rows = table_after("### As a kubectl plugin")
+    rows = table_after("## As a kubectl plugin")
     assert len(rows) >= 8
     documented: dict[str, set[str]] = {}
     for flag, _what, names in rows:
@@ -65,7 +66,7 @@ def test_every_flag_in_the_table_is_on_every_command_it_names():
         for name in (n.strip() for n in names.split(",")):
             if name not in commands:
                 # `top` comes with its own module; where it is absent there is nothing to check.
-                assert name == "top", f"README names a command the plugin lacks: {name}"
+                assert name == "top", f"docs/cli.md names a command the plugin lacks: {name}"
                 continue
             options = _options(commands[name])
             for string in strings:
@@ -76,11 +77,11 @@ def test_every_flag_in_the_table_is_on_every_command_it_names():
                 assert set(options["-o"].choices) - {kubectlflags.TABLE} == claimed, name
     for name, parser in commands.items():
         undocumented = set(_options(parser)) - OWN - documented.get(name, set())
-        assert not undocumented, f"{name}: flags missing from the README table: {sorted(undocumented)}"
+        assert not undocumented, f"{name}: flags missing from the table of docs/cli.md: {sorted(undocumented)}"
 
 
 def test_the_exit_code_table_is_the_code():
-    rows = table_after("### Exit codes")
+    rows = table_after("## Exit codes")
     assert [(int(code), text) for code, text in rows] == list(kubectlflags.EXIT_CODES)
 
 

@@ -31,7 +31,7 @@ def _settings(path: str | None):
     except settings.SettingsError as exc:
         # A bad config is bad input to every command (exit 2, webhook.kubectlflags.EXIT_CODES), never
         # a denial or a finding.
-        hint = "fix that key (README.md, \"Configuration\", lists every key)" if Path(str(path)).is_file() \
+        hint = "fix that key (docs/config.md lists every key)" if Path(str(path)).is_file() \
             else "check the path given to --config"
         print(f"gpushard: bad config: {_one_line(exc)}; {hint}", file=sys.stderr)
         raise SystemExit(kubectlflags.USAGE) from None

@@ -11,7 +11,7 @@ import argparse
 
 from webhook import connecting
 
-# The exit codes of every gpushard command (README "Exit codes" lists the same table).
+# The exit codes of every gpushard command (docs/cli.md, "Exit codes", lists the same table).
 OK = 0
 FOUND = 1
 USAGE = 2

@@ -15,7 +15,7 @@ Normalised, and only this (each is what a Helm release changes, or means the sam
   release's bookkeeping, never part of a selector;
 - the annotation helm.sh/resource-policy, which changes only what `helm uninstall` does;
 - the Namespace object: the chart installs into the release's namespace and does not own it
-  (docs/install.md, "Helm");
+  (docs/helm.md);
 - config.yaml of ConfigMap gpushard-config, compared as the settings webhook/settings.py reads from it:
   the chart writes every key out from values, an overlay writes the keys it sets, and the programs read
   the file only through settings.from_mapping (comments, order and spelled-out defaults mean nothing).

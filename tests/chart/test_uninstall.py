@@ -23,7 +23,7 @@ We test, for the chart with the values of every kustomization (tests/chart/kusto
   refuses everything the policy matches; `gpushard status` tells that state);
 - `kubectl delete -k` deletes in the order kustomize prints (the webhook configuration last), so
   docs/install.md's Kustomize uninstall deletes the webhook configuration first, by hand, and needs no
-  binding deleted by hand.
+  binding deleted by hand; docs/helm.md's Helm uninstall says what stays.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ UNINSTALL_ORDER = [
 ]
 KEEP = "helm.sh/resource-policy"
 PAGE = (helm.ROOT / "docs/install.md").read_text()
+HELM_PAGE = (helm.ROOT / "docs/helm.md").read_text()
 
 
 def rank(kind: str, order: list[str]) -> tuple[int, str]:
@@ -114,18 +115,18 @@ def test_each_policy_is_applied_before_its_binding(folder):
     _policies_before_bindings(released(folder))  # as `helm template` prints them: Helm's install order
 
 
-def section(heading: str) -> str:
-    """docs/install.md from a heading to the next heading of its level or above."""
+def section(heading: str, page: str = PAGE) -> str:
+    """A page (docs/install.md unless told) from a heading to the next heading of its level or above."""
     level = heading.split(" ", 1)[0]
-    text = PAGE[PAGE.index(f"\n{heading}\n") + 1:]
+    text = page[page.index(f"\n{heading}\n") + 1:]
     ends = [m.start() for m in re.finditer(r"^(#+) ", text, flags=re.M) if len(m.group(1)) <= len(level)]
     return text[:ends[1]] if len(ends) > 1 else text
 
 
-def commands(heading: str) -> list[str]:
+def commands(heading: str, page: str = PAGE) -> list[str]:
     """The command lines of a section's sh blocks, in order."""
     lines = []
-    for block in re.findall(r"```sh\n(.*?)```", section(heading), flags=re.S):
+    for block in re.findall(r"```sh\n(.*?)```", section(heading, page), flags=re.S):
         lines += [line.split(" #", 1)[0].strip() for line in block.replace("\\\n", " ").splitlines()]
     return [line for line in lines if line]
 
@@ -141,8 +142,8 @@ def test_kubectl_delete_k_goes_in_kustomizes_order_so_the_docs_go_first():
 
 
 def test_the_helm_uninstall_section_says_what_stays():
-    assert any(c.startswith("helm uninstall gpushard") for c in commands("### Uninstall with Helm"))
-    text = section("### Uninstall with Helm")
+    assert any(c.startswith("helm uninstall gpushard") for c in commands("## Uninstall with Helm", HELM_PAGE))
+    text = section("## Uninstall with Helm", HELM_PAGE)
     for kept in ("gpushard-device-policy", "gpushard-tls", "pod-security.kubernetes.io", "gpushard.io/mode",
                  "kind_sorter.go"):
-        assert kept in text, f"docs/install.md, Uninstall with Helm: say what happens to {kept}"
+        assert kept in text, f"docs/helm.md, Uninstall with Helm: say what happens to {kept}"

@@ -1,9 +1,9 @@
-"""docs/install.md's values table is the chart's values.yaml, value for value.
+"""docs/helm.md's values table is the chart's values.yaml, value for value.
 
 We test:
 - every value of values.yaml has a comment that says what it does and, after "Lands in:", where it goes;
 - every value appears in the table made from those comments (tests/chart/valuesdoc.py), with its default;
-- the table in docs/install.md is that table, as `make chart-docs` writes it.
+- the table in docs/helm.md is that table, as `make chart-docs` writes it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 
 from tests.chart import helm, valuesdoc
 
-PAGE = helm.ROOT / "docs" / "install.md"
+PAGE = helm.ROOT / "docs" / "helm.md"
 
 
 def leaves(node: dict, prefix: str = ""):
@@ -40,5 +40,5 @@ def test_every_value_is_in_the_table():
 
 def test_the_docs_table_is_current():
     page = PAGE.read_text()
-    assert valuesdoc.BEGIN in page and valuesdoc.END in page, "docs/install.md lost the values table's markers"
-    assert valuesdoc.written(page) == page, "docs/install.md's values table is stale: run make chart-docs"
+    assert valuesdoc.BEGIN in page and valuesdoc.END in page, "docs/helm.md lost the values table's markers"
+    assert valuesdoc.written(page) == page, "docs/helm.md's values table is stale: run make chart-docs"

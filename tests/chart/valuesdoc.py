@@ -1,4 +1,4 @@
-"""The values table of docs/install.md ("Helm"), made from the comments of charts/gpushard/values.yaml.
+"""The values table of docs/helm.md ("Values"), made from the comments of charts/gpushard/values.yaml.
 
 Each value's comment is the lines of `#` right above it; "Lands in:" starts the part that says where the
 value goes in the rendered objects. A value is a row when it is not a mapping, or a mapping whose keys have

@@ -1,17 +1,17 @@
-"""docs/install.md and the examples it walks through say what the repository does.
+"""The install pages (docs/install.md, docs/helm.md) and the examples they walk through say what the repository does.
 
 We test:
-- every deploy/ and examples/ path the page names exists, and every `kubectl apply -k` target
+- every deploy/ and examples/ path the pages name exists, and every `kubectl apply -k` target
   is a kustomization;
-- every `gpushard` command line on the page parses with the real parser;
+- every `gpushard` command line on the pages parses with the real parser;
 - the example pod and Deployment are admitted by the same decision the webhook makes, as
   shares of one card, and the example quota limits the shares resource of names.py;
 - the page says plainly that the test suite does not run the kind example;
-- walked in order, README's and the page's steps never label or use a namespace before a step
-  made it; every `rollout status` has a --timeout; node cleanup selects the shared nodes only,
-  and removes the label it selects by last;
-- /readyz is described as it behaves (ready after the grace without a view), and the missing
-  RuntimeClass and policy.runtimeClassName are explained.
+- walked in order, the README's, each install page's and docs/getting-started.md's steps never label or
+  use a namespace before a step made it; every `rollout status` has a --timeout; node cleanup selects the
+  shared nodes only, and removes the label it selects by last;
+- /readyz is described as it behaves (ready after the grace without a view) in docs/install.md and
+  docs/http.md, and the missing RuntimeClass and policy.runtimeClassName are explained.
 """
 
 from __future__ import annotations
@@ -28,29 +28,36 @@ from webhook.core import names
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs/install.md").read_text()
+HELM_PAGE = (ROOT / "docs/helm.md").read_text()
+# What the paths and command-line checks read: both install pages.
+PAGES = {"docs/install.md": PAGE, "docs/helm.md": HELM_PAGE}
 
 
-def test_named_paths_exist():
-    paths = set(re.findall(r"\b((?:deploy|examples|docs)/[A-Za-z0-9_./-]*[A-Za-z0-9_])", PAGE))
+@pytest.mark.parametrize("name", sorted(PAGES))
+def test_named_paths_exist(name):
+    page = PAGES[name]
+    paths = set(re.findall(r"\b((?:deploy|examples|docs)/[A-Za-z0-9_./-]*[A-Za-z0-9_])", page))
     assert paths
     for path in paths:
-        assert (ROOT / path).exists(), path
-    for target in re.findall(r"kubectl (?:apply|delete) -k (\S+)", PAGE):
-        assert (ROOT / target / "kustomization.yaml").is_file(), target
+        assert (ROOT / path).exists(), f"{name}: {path}"
+    for target in re.findall(r"kubectl (?:apply|delete) -k (\S+)", page):
+        assert (ROOT / target / "kustomization.yaml").is_file(), f"{name}: {target}"
 
 
 def test_gpushard_command_lines_parse():
-    blocks = "\n".join(re.findall(r"```[a-z]*\n(.*?)```", PAGE, flags=re.S))
-    lines = re.findall(r"^\s*(gpushard [^\n#]*)", blocks, flags=re.M)
-    lines += re.findall(r"`(gpushard [^`]*)`", PAGE)
-    commands = {line.strip() for line in lines}
-    assert any("certs --install" in c for c in commands)
-    for command in commands:
+    commands = set()
+    for name, page in PAGES.items():
+        blocks = "\n".join(re.findall(r"```[a-z]*\n(.*?)```", page, flags=re.S))
+        lines = re.findall(r"^\s*(gpushard [^\n#]*)", blocks, flags=re.M)
+        lines += re.findall(r"`(gpushard [^`]*)`", page)
+        commands |= {(name, line.strip()) for line in lines}
+    assert any("certs --install" in c for _, c in commands)
+    for name, command in commands:
         words = shlex.split(command)[1:]
         try:
             cli.build_parser().parse_args(words)
         except SystemExit as exc:
-            pytest.fail(f"docs/install.md: `{command}` does not parse ({exc.code})")
+            pytest.fail(f"{name}: `{command}` does not parse ({exc.code})")
 
 
 def test_examples_are_admitted_as_shares_of_one_card(capsys):
@@ -81,7 +88,8 @@ def test_the_kind_example_is_marked_as_not_run_by_the_tests():
 
 # --- the steps, walked in order ------------------------------------------------------------------
 
-DOCS = {"README.md": (ROOT / "README.md").read_text(), "docs/install.md": PAGE}
+DOCS = {"README.md": (ROOT / "README.md").read_text(), **PAGES,
+        "docs/getting-started.md": (ROOT / "docs/getting-started.md").read_text()}
 
 
 def _commands(text: str) -> list[list[str]]:
@@ -157,7 +165,8 @@ def test_readiness_and_the_runtime_class_are_described_as_they_behave():
     from webhook.admission import app
 
     grace = f"{app.SYNC_GRACE_S:g} s"
-    for name, text in DOCS.items():
+    for name in ("docs/install.md", "docs/http.md"):
+        text = (ROOT / name).read_text()
         assert "never becomes ready" not in text, name
         around = text[text.index("/readyz"):text.index("/readyz") + 300]
         assert grace in around, f"{name}: /readyz turns ready after {grace} without a view; say so"

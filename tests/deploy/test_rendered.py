@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 FOLDERS = [DEPLOY / "base", *sorted(p for p in (DEPLOY / "overlays").iterdir() if p.is_dir()), ROOT / "examples/kind",
            ROOT / "examples/device-policy"]
-DOCS = {name: (ROOT / name).read_text() for name in ("README.md", "docs/install.md")}
+DOCS = {name: (ROOT / name).read_text() for name in ("README.md", "docs/install.md", "docs/helm.md",
+                                                        "docs/getting-started.md")}
 NAMESPACE = "gpushard-system"
 KUBECTL = shutil.which("kubectl")
 

@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config, items):
     for item in TIER.ours(items):
         if "kubelet" in item.fixturenames and not NODE:
             item.add_marker(pytest.mark.skip(reason=f"gpushard e2e: {NODE_WHY_NOT}"))
-        # What gpushard supports only from a minor on (docs/install.md, "Compatibility"): skipped before it.
+        # What gpushard supports only from a minor on (docs/compatibility.md): skipped before it.
         needs = item.get_closest_marker("kubernetes")
         if needs and minor < needs.args[0]:
             item.add_marker(pytest.mark.skip(reason=f"gpushard e2e: Kubernetes 1.{minor}: {needs.args[1]}"))

@@ -49,7 +49,7 @@ def release_objects(plane: components.ControlPlane) -> list[dict]:
 
 def mark_for_helm(kubectl: components.Kubectl, rendered: Path) -> None:
     """The objects of a Kustomize install (``rendered``: `kubectl kustomize` of what was applied) made release
-    gpushard's, as docs/install.md ("Taking a Kustomize install over with Helm") says: marked with Helm's ownership
+    gpushard's, as docs/helm.md ("Taking a Kustomize install over with Helm") says: marked with Helm's ownership
     label and annotations, and their fields handed from kubectl's client-side apply to Helm's field manager."""
     kubectl.run("label", "-f", str(rendered), "app.kubernetes.io/managed-by=Helm", "--overwrite", timeout=180)
     kubectl.run("annotate", "-f", str(rendered), "meta.helm.sh/release-name=gpushard",

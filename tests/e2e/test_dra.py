@@ -35,7 +35,7 @@ from webhook.core import names as gpushard_names
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.gpushard.io"
-# The chart refuses backend dra before 1.36 (docs/install.md, "Compatibility"): consumable capacity and the
+# The chart refuses backend dra before 1.36 (docs/compatibility.md): consumable capacity and the
 # kubelet's device health are alpha and off there.
 pytestmark = pytest.mark.kubernetes(36, "backend dra needs 1.36 (DRAConsumableCapacity, ResourceHealthStatus: "
                                         "alpha before)")

@@ -7,9 +7,9 @@ tests is untouched), with the pinned helm:
   message, an audit namespace gets the warning and no change;
 - `helm upgrade` switching isolation (the webhook then denies a GPU container's unprefixed envFrom), the webhook
   replicas, and the backend (the DeviceClass appears and a fraction becomes a claim from gpushard's template);
-- `helm uninstall` leaves only what docs/install.md lists, the webhook configuration first of all: with the
+- `helm uninstall` leaves only what docs/helm.md lists, the webhook configuration first of all: with the
   webhook process gone, a pod in a namespace still labelled enforce is admitted, not refused;
-- a Kustomize install taken over by Helm as docs/install.md says: `helm install` adopts every object, and
+- a Kustomize install taken over by Helm as docs/helm.md says: `helm install` adopts every object, and
   `helm uninstall` then removes them as its own.
 """
 
@@ -126,7 +126,7 @@ def test_helm_upgrade_switches_isolation_replicas_and_backend(cluster, release):
 
     if cluster.minor < 36:
         # Refused while rendering, naming the cluster's version: nothing reaches the API server, the release
-        # stays as it was (docs/install.md, "Compatibility").
+        # stays as it was (docs/compatibility.md).
         done = helm(cluster, "upgrade", "gpushard", str(CHART), "--reuse-values", "--set", "backend=dra",
                     "--set", "isolation=none", check=False)
         assert done.returncode != 0 and "backend: dra needs Kubernetes 1.36 or newer" in done.stderr, done.stderr
@@ -146,7 +146,7 @@ def test_helm_uninstall_leaves_only_what_the_docs_list(cluster, release):
     _done, webhook = release
     kubectl = cluster.kubectl
     helm(cluster, "uninstall", "gpushard", "--wait", "--timeout", "120s")
-    assert leftovers(kubectl) == set()  # the chart keeps nothing (docs/install.md, "Uninstall with Helm")
+    assert leftovers(kubectl) == set()  # the chart keeps nothing (docs/helm.md, "Uninstall with Helm")
     assert kubectl.run("get", "mutatingwebhookconfiguration", "gpushard", check=False).returncode != 0
     # The namespace keeps its labels: it was not the chart's.
     assert kubectl.json("get", "namespace", SYSTEM)["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] \
@@ -165,7 +165,7 @@ def test_a_kustomize_install_taken_over_by_helm(cluster, release, work):
     before = kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM)["spec"]["template"]
     gpushard.mark_for_helm(kubectl, rendered)
     # Helm's field manager owns what kubectl applied: no conflict, config.yaml's other text included
-    # (docs/install.md, "Taking a Kustomize install over with Helm").
+    # (docs/helm.md, "Taking a Kustomize install over with Helm").
     done = helm(cluster, "install", "gpushard", str(CHART))
     assert "STATUS: deployed" in done.stdout
     after = kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM)["spec"]["template"]
@@ -181,4 +181,4 @@ def test_a_kustomize_install_taken_over_by_helm(cluster, release, work):
                                                    "--show-managed-fields")["metadata"]["managedFields"]}
     assert "kubectl-client-side-apply" not in managers, managers
     helm(cluster, "uninstall", "gpushard", "--wait", "--timeout", "120s")
-    assert leftovers(kubectl) == set()  # the chart keeps nothing (docs/install.md, "Uninstall with Helm")
+    assert leftovers(kubectl) == set()  # the chart keeps nothing (docs/helm.md, "Uninstall with Helm")

@@ -1,6 +1,6 @@
 """We test the chart on the install as shipped, its pods running on a real kubelet and containerd. This module runs
 last in the tier: it takes the running install over and ends by uninstalling the release.
-- the running Kustomize install taken over by Helm as docs/install.md says (the objects marked, their fields
+- the running Kustomize install taken over by Helm as docs/helm.md says (the objects marked, their fields
   handed to Helm's field manager, then `helm install`): every object adopted, and neither the webhook's nor the
   agent's pods restarted by it;
 - `helm test`: the chart's test pod runs on the node, finds the webhook's Service by its DNS name (the tier's
@@ -12,7 +12,7 @@ last in the tier: it takes the running install over and ends by uninstalling the
   role, `gpushard replace --once --dry-run` with the replacer's ServiceAccount;
 - `helm upgrade` to three webhook replicas, a value kubectl had applied: the third pod turns Ready, and `helm test`
   passes again;
-- `helm uninstall` leaves only what docs/install.md lists, and a pod in a namespace still labelled enforce is then
+- `helm uninstall` leaves only what docs/helm.md lists, and a pod in a namespace still labelled enforce is then
   admitted, not refused.
 """
 
