@@ -603,7 +603,7 @@ def read_counters(plane: components.ControlPlane, webhooks: list[components.Proc
 def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: float, seed: int,
         score_all: bool = True, backend: str = "deviceplugin", cordon: float = 0.0, partition: bool = True,
         sim_lag: int = 0, workloads: bool = False, rate: float = 0.0, policies: bool = True,
-        balancer_in_bench: bool = False) -> dict:
+        balancer_in_bench: bool = False, workers: int = 1) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpushard-scale-"))
     (work / "audit-policy.yaml").write_text(AUDIT_POLICY)
     plane = components.ControlPlane(assets, work, node_lifecycle=False, score_all_nodes=score_all, apiserver_flags=[
@@ -650,7 +650,8 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
                 ports.append(port)
                 webhooks.append(components.Process(f"webhook-{r}", [
                     gpushard.GPUSHARD, "serve", f"--cert={cert}", f"--key={key}", f"--bind=127.0.0.1:{port}",
-                    f"--config={config}", *([f"--replica={r}/{replicas}"] if partition else [])],
+                    f"--config={config}", f"--workers={workers}",
+                    *([f"--replica={r}/{replicas}"] if partition else [])],
                     work / f"webhook-{r}.log", env=env).start())
             context = components.tls_context(plane.pki.ca_path)
             for port in ports:
@@ -721,6 +722,7 @@ def run(assets: Path, nodes: int, pods: int, replicas: int, clients: int, load: 
         cpu = {name: round(seconds, 1) for name, seconds in cost.cpu.items()}
         return {
             "backend": backend, "partition": partition and replicas > 1, "cordoned_cards": len(off),
+            "workers": workers if gpushard_on else 0,
             "on_cordoned": on_cordoned(state, off),
             "nodes": nodes, "cards": nodes * CARDS, "pods": len(sizes), "load": load, "replicas": replicas,
             "scheduler": "scores every node" if score_all else "kube-scheduler's default sample",
@@ -771,21 +773,22 @@ def side_by_side(rows: list[dict], args) -> None:
     rate = f"{args.rate:g} pods/s" if args.rate else "as fast as the clients go"
     print(f"\nside by side, {args.nodes} nodes x {CARDS} cards, {base['pods']} pods to {base['load_reached']:.0%} "
           f"of the cards, {args.clients} clients, created {rate}, seed {args.seed}")
-    head = ["setup", "replicas", "bound/s", "x base", "first create to last bind s", "create p50 ms", "p99 ms",
-            "p99 - base ms", "API req/pod", "x base", "etcd writes/pod", "x base", "stranded", "packing",
-            "CPU ms/pod (apiserver, etcd, scheduler, webhooks)"]
+    head = ["setup", "replicas", "workers", "bound/s", "x base", "first create to last bind s", "create p50 ms",
+            "p99 ms", "p99 - base ms", "API req/pod", "x base", "etcd writes/pod", "x base", "stranded", "packing",
+            "CPU ms/pod (apiserver, etcd, scheduler, controllers, webhooks)", "create rate/s"]
     print(" | ".join(head))
     for r in rows:
         webhook_cpu = sum(v for k, v in r["cpu_ms_per_pod"].items() if k.startswith("webhook-"))
         cpu = r["cpu_ms_per_pod"]
         print(" | ".join(str(x) for x in [
-            r["backend"], r["replicas"] or "-", r["bound_per_s"], costs.ratio(r["bound_per_s"], base["bound_per_s"]),
+            r["backend"], r["replicas"] or "-", r["workers"] or "-", r["bound_per_s"],
+            costs.ratio(r["bound_per_s"], base["bound_per_s"]),
             r["scheduled_s"], r["create_p50_ms"], r["create_p99_ms"],
             round(r["create_p99_ms"] - base["create_p99_ms"], 1), r["requests_per_pod"],
             costs.ratio(r["requests_per_pod"], base["requests_per_pod"]), r["etcd_writes_per_pod"],
             costs.ratio(r["etcd_writes_per_pod"], base["etcd_writes_per_pod"]), r["stranded"], r["packing"],
             f"{cpu.get('kube-apiserver', 0)}, {cpu.get('etcd', 0)}, {cpu.get('kube-scheduler', 0)}, "
-            f"{round(webhook_cpu, 1)}"]))
+            f"{cpu.get('kube-controller-manager', 0)}, {round(webhook_cpu, 1)}", r["create_rate"]]))
     for policy, seen in base["timeslicing"].items():
         print(f"time-slicing ({policy} allocation): {seen['spanning']} of {base['pods'] - base['pending']} bound pods "
               f"see more than one card (at most {seen['widest']}), {seen['overcommitted_cards']} cards of "
@@ -793,11 +796,12 @@ def side_by_side(rows: list[dict], args) -> None:
               f"shares counted per card)")
     print("where a create's time went, as the API server sums it (ms per pod: " + ", ".join(costs.TIMINGS) + ")")
     for r in rows:
-        print(f"  {r['backend']} x{r['replicas']}: " + ", ".join(
+        print(f"  {r['backend']} x{r['replicas']} ({r['workers']} workers): " + ", ".join(
             f"{r['server_ms_per_pod'].get(name, 0)}" for name in costs.TIMINGS))
     print("what each pod cost the API server, by request (per pod):")
     for r in rows:
-        print(f"  {r['backend']} x{r['replicas']}: " + ", ".join(f"{k} {v}" for k, v in r["top_requests"]))
+        print(f"  {r['backend']} x{r['replicas']} ({r['workers']} workers): " + ", ".join(
+            f"{k} {v}" for k, v in r["top_requests"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -838,6 +842,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--default-scheduler", action="store_true",
                         help="kube-scheduler's own percentageOfNodesToScore (a sample past 100 nodes) instead of "
                              "docs/install.md's 100")
+    parser.add_argument("--workers", default="1",
+                        help="gunicorn workers per webhook replica, comma-separated to run each in turn (1,2,4): "
+                             "each worker tries its part of its replica's cards first")
     parser.add_argument("--plain", action="store_true",
                         help="what gpushard costs objects that ask no GPU (bench/plain.py): pods and Deployments "
                              "outside and inside an enforce namespace, gpushard off and on in turn on one control "
@@ -869,23 +876,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     partitions = {"on": (True,), "off": (False,), "both": (False, True)}[args.partition]
+    try:
+        worker_counts = [int(w) for w in args.workers.split(",")]
+    except ValueError:
+        worker_counts = [0]
+    if min(worker_counts) < 1:
+        print(f"gpushard: --workers: {args.workers!r} must be counts of 1 or more, comma-separated", file=sys.stderr)
+        return 2
     if args.side_by_side:
-        plan = [(b, r, True) for b, r in SIDE_BY_SIDE]
+        plan = [(b, r, True, w) for b, r in SIDE_BY_SIDE for w in (worker_counts if b in WEBHOOKED else [1])]
     else:
-        plan = [(b, int(r), part) for b in backends for r in args.replicas.split(",")
-                for part in (partitions if int(r) > 1 else partitions[:1])]
-        # Setups without gpushard run once, whatever the replica counts.
+        plan = [(b, int(r), part, w) for b in backends for r in args.replicas.split(",")
+                for part in (partitions if int(r) > 1 else partitions[:1]) for w in worker_counts]
+        # Setups without gpushard run once, whatever the replica and worker counts.
         plan = [step for i, step in enumerate(plan) if step[0] in WEBHOOKED
                 or step[0] not in [s[0] for s in plan[:i]]]
-    for backend, replicas, partition in plan:
+    for backend, replicas, partition, workers in plan:
         row = run(assets, args.nodes, args.pods, replicas, args.clients, args.load, args.seed,
                   score_all=not args.default_scheduler, backend=backend, cordon=args.cordon,
                   partition=partition, sim_lag=args.sim_lag, workloads=args.workloads, rate=args.rate,
-                  policies=not args.without_policies, balancer_in_bench=args.balancer_in_bench)
+                  policies=not args.without_policies, balancer_in_bench=args.balancer_in_bench, workers=workers)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    keys = ["backend", "replicas", "partition", "cordoned_cards", "on_cordoned", "pods", "load_reached", "create_rate",
-            "scheduled_s", "pending", "stranded", "api_p50", "create_p50_ms", "create_p99_ms",
+    keys = ["backend", "replicas", "workers", "partition", "cordoned_cards", "on_cordoned", "pods", "load_reached",
+            "create_rate", "scheduled_s", "pending", "stranded", "api_p50", "create_p50_ms", "create_p99_ms",
             "api_p99", "own_p50", "own_p99", "rss_mib", "view_synced_s", "requests_per_admission", "packing"]
     print(f"\n{args.nodes} nodes x {CARDS} cards, load {args.load} (of the cards not cordoned), {args.clients} "
           f"clients, seed {args.seed}, "

@@ -12,12 +12,18 @@ We test:
   N's) is even over the cards whatever N, and every card is exactly one replica's; replicas with the same view
   choose cards of their own share while those have room, and any card once they have none; a pinned pod keeps
   its pin; the share survives the view's updates;
-- admission: the app hands the replica's indexes to every choice.
+- admission: the app hands the replica's indexes to every choice;
+- a replica's workers (`serve --workers W`): worker j of W tries part r * W + j of N * W, of a fixed partition,
+  of one kept by watch (following its changes) and of none; the parts of all workers of all replicas are every
+  card exactly once; the gunicorn master hands each new worker the lowest index no live worker holds (a worker
+  started again takes the part of the one it replaces), and the worker reads it from $GPUSHARD_WORKER; one
+  worker alone keeps the replica's share.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import pytest
@@ -164,3 +170,85 @@ def test_admission_hands_the_replicas_share_to_the_choice(tmp_path):
             k = int(new["metadata"]["annotations"]["gpushard.io/card"])
             node = placement.preferred_node(new["spec"])
             assert owner(view.snapshot(), node, k, 2) == rank
+
+
+@pytest.mark.parametrize("replica, expected", [
+    (peers.Fixed(peers.Partition(1, 3)), [(2, 6), (3, 6)]),
+    (peers.Fixed(None), [(0, 2), (1, 2)]),
+])
+def test_each_worker_takes_its_part_of_the_replicas_share(replica, expected):
+    assert [peers.Workers(replica, j, 2).share() for j in range(2)] == expected
+
+
+def test_the_workers_parts_follow_a_rank_kept_by_watch(fake):
+    fake.put("endpointslices", endpoint_slice("gpushard-a", {"web-a": True, "web-b": True}))
+    replica = peers.Peers.start(environ={"POD_NAME": "web-b", "POD_NAMESPACE": "gpushard-system"},
+                                api_client=fake.api_client(), watch_timeout=5, backoff=(0.05, 0.3))
+    try:
+        worker = peers.for_worker(replica, {peers.WORKER_ENV: "2/4"})
+        o.wait_for(lambda: worker.share() == (1 * 4 + 2, 2 * 4), what="the rank of web-b, split")
+        fake.put("endpointslices", endpoint_slice("gpushard-a", {"web-b": True}))
+        o.wait_for(lambda: worker.share() == (2, 4), what="web-b alone: the workers split every card")
+    finally:
+        worker.close()
+
+
+def test_every_workers_part_of_every_replica_is_every_card_once():
+    view = empty_view(nodes=50, cards=8)
+    every = (1 << view.size) - 1
+    parts = [peers.Workers(peers.Fixed(peers.Partition(r, 3)), j, 2).share() for r in range(3) for j in range(2)]
+    assert sorted(parts) == [(i, 6) for i in range(6)]
+    seen = {(i, k): 0 for i in range(view.size) for k in range(8)}
+    for rank, count in parts:
+        for k, bits in view.share_of(every, rank, count).items():
+            for i in range(view.size):
+                seen[(i, k)] += bits >> i & 1
+    assert set(seen.values()) == {1}  # every card of every node is one worker's part
+
+
+class Arbiter:
+    """What gpushard's gunicorn hooks read of gunicorn's master: its live workers and how many it keeps."""
+
+    def __init__(self, workers: int):
+        self.WORKERS: dict[int, object] = {}
+        self.num_workers = workers
+
+
+class Worker:
+    pass
+
+
+def test_the_master_hands_each_worker_the_lowest_free_index(monkeypatch):
+    from webhook.admission import serving
+
+    master = Arbiter(3)
+    started = []
+    for pid in (10, 11, 12):
+        worker = Worker()
+        serving._pre_fork(master, worker)
+        master.WORKERS[pid] = worker
+        started.append(worker.gpushard_index)
+    assert started == [0, 1, 2]
+    del master.WORKERS[11]  # worker 1 died: the one started in its place takes its part
+    again = Worker()
+    serving._pre_fork(master, again)
+    assert again.gpushard_index == 1
+    monkeypatch.delenv(peers.WORKER_ENV, raising=False)
+    serving._post_fork(master, again)
+    assert os.environ[peers.WORKER_ENV] == "1/3"
+    assert peers.for_worker(peers.Fixed(None)).share() == (1, 3)
+
+
+def test_one_worker_keeps_the_replicas_share(monkeypatch):
+    from webhook.admission import serving
+
+    monkeypatch.delenv(peers.WORKER_ENV, raising=False)
+    master, worker = Arbiter(1), Worker()
+    serving._pre_fork(master, worker)
+    serving._post_fork(master, worker)
+    assert peers.WORKER_ENV not in os.environ
+    replica = peers.Fixed(peers.Partition(1, 2))
+    assert peers.for_worker(replica, {}) is replica
+    assert peers.for_worker(replica, {peers.WORKER_ENV: "0/1"}) is replica
+    with pytest.raises(peers.ReplicaError, match=r"\$GPUSHARD_WORKER: expected I/N"):
+        peers.for_worker(replica, {peers.WORKER_ENV: "one"})

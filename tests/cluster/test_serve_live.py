@@ -7,7 +7,8 @@ workers, no cluster file, a kubeconfig pointing at a local server that speaks th
 - a change in the cluster reaches the choice without a restart;
 - the DeviceClasses are listed once and watched: another driver's class serving gpushard.io/gpu denies a
   fraction, one serving nvidia.com/gpu instead lets it through with a warning, without a restart;
-- asking for several workers says that their choices collide.
+- asking for several workers says that each tries its part of the cards first, and each worker's choices
+  keep to its part (webhook/cluster/peers.py).
 """
 
 from __future__ import annotations
@@ -91,12 +92,12 @@ def test_serve_chooses_over_the_live_view(fake, certs_dir, tmp_path, monkeypatch
         server.stop()
 
 
-def test_several_workers_are_told_their_choices_collide(fake, certs_dir, tmp_path, monkeypatch):
+def test_several_workers_each_try_their_part_of_the_cards(fake, certs_dir, tmp_path, monkeypatch):
     fake.put("nodes", o.node("gpu-a", {0: 100}))
     server = _serve(fake, certs_dir, tmp_path, monkeypatch, "--workers", "2")
     try:
         _wait_synced(server)
-        assert "2 workers each keep their own cluster view" in server.output()
+        assert "2 workers, each with its own cluster view, each trying its part of the cards first" in server.output()
     finally:
         server.stop()
 

@@ -301,6 +301,24 @@ def _child_exit(server, worker) -> None:
     metrics.worker_exited(worker.pid)
 
 
+def _pre_fork(server, worker) -> None:
+    """In the master, before a worker forks: the lowest worker index no live worker holds, so that a worker
+    started again takes the part of the cards of the one it replaces (webhook/cluster/peers.py)."""
+    from webhook.cluster import peers
+
+    worker.gpushard_index = peers.next_worker_index({getattr(w, "gpushard_index", None)
+                                                     for w in server.WORKERS.values()})
+
+
+def _post_fork(server, worker) -> None:
+    """In the worker, after the fork: its index among the replica's workers, for its part of the cards."""
+    from webhook.cluster import peers
+
+    if server.num_workers > 1:
+        count = max(server.num_workers, worker.gpushard_index + 1)  # more workers by TTIN than configured
+        os.environ[peers.WORKER_ENV] = f"{worker.gpushard_index}/{count}"
+
+
 def gunicorn_options(args: argparse.Namespace, context: ReloadingContext) -> dict:
     """The gunicorn settings `gpushard serve` runs with."""
     return {
@@ -324,6 +342,8 @@ def gunicorn_options(args: argparse.Namespace, context: ReloadingContext) -> dic
         "proc_name": "gpushard",
         "control_socket_disable": True,
         "child_exit": _child_exit,
+        "pre_fork": _pre_fork,
+        "post_fork": _post_fork,
         "worker_tmp_dir": "/dev/shm" if os.path.isdir("/dev/shm") else None,
     }
 
@@ -345,11 +365,11 @@ def serve(args: argparse.Namespace) -> int:
         except static.ViewFileError as exc:
             raise SystemExit(f"gpushard: bad cluster file: {exc}") from None
     if args.workers > 1:
-        # Each worker is its own process with its own view and memory of choices: under a burst
-        # they pick the same nearly full card (docs/placement.md, "One view per replica").
-        log.warning("gpushard: %d workers each keep their own cluster view and memory of choices, so their "
-                    "choices collide under bursts; one worker (the default) with more --threads shares one",
-                    args.workers)
+        # Each worker is its own process with its own view and memory of choices: each tries its part of the
+        # replica's cards first, so that they collide only once their parts are full (docs/placement.md,
+        # "One view per replica").
+        log.info("gpushard: %d workers, each with its own cluster view, each trying its part of the cards first",
+                 args.workers)
     client_timeout = getattr(args, "client_timeout", None) or CLIENT_TIMEOUT
     context = ReloadingContext(args.cert, args.key, client_timeout)
     # Loaded once in the master: every worker starts from a good pair, even one whose first

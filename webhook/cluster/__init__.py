@@ -36,13 +36,14 @@ def open_device_classes(cluster_file: str | None, shares_per_card: int, settings
 
 def open_peers(cluster_file: str | None, settings=None):
     """Which replica this is, for its share of the cards: ``$GPUSHARD_REPLICA`` (``serve --replica``), else,
-    with the Kubernetes API and in a pod, its rank among the webhook Service's ready pods. Offers ``share()``."""
+    with the Kubernetes API and in a pod, its rank among the webhook Service's ready pods; split among the
+    replica's workers by ``$GPUSHARD_WORKER``. Offers ``share()``."""
     from webhook.cluster import peers
 
     if cluster_file is not None:
         fixed = os.environ.get(peers.REPLICA_ENV)
-        return peers.Fixed(peers.parse(fixed, f"${peers.REPLICA_ENV}") if fixed else None)
-    return peers.Peers.start(settings)
+        return peers.for_worker(peers.Fixed(peers.parse(fixed, f"${peers.REPLICA_ENV}") if fixed else None))
+    return peers.for_worker(peers.Peers.start(settings))
 
 
 def open_templates(settings):

@@ -17,6 +17,12 @@ The partition comes from:
   their EndpointSlices: the rank is this pod's among the ready pods' names, sorted. A replica that
   is not among them (not ready yet) tries every card alike; so does one alone.
 
+A replica's gunicorn workers (``serve --workers W``) are processes with views of their own, which lag
+each other as replicas' do: each worker ``j`` tries first its part of its replica's share (``Workers``:
+part ``r * W + j`` of ``N * W``), so that more workers neither strand pods nor lose packing. The master
+hands each worker the lowest index no live worker holds (``$GPUSHARD_WORKER``, ``J/W``), so a worker
+started again after one died takes that one's part.
+
 A partition never refuses a pod anything: a pod that fits none of its replica's cards is placed over
 all of them, as before.
 """
@@ -38,6 +44,7 @@ log = logging.getLogger(__name__)
 
 RESOURCE = "endpointslices"
 REPLICA_ENV = "GPUSHARD_REPLICA"
+WORKER_ENV = "GPUSHARD_WORKER"
 SERVICE_ENV = "GPUSHARD_SERVICE"
 POD_NAME_ENV, POD_NAMESPACE_ENV = "POD_NAME", "POD_NAMESPACE"
 DEFAULT_SERVICE = "gpushard"
@@ -64,6 +71,39 @@ def parse(text: str, where: str = "--replica") -> Partition:
     if not slash or not rank.isdigit() or not count.isdigit() or int(count) < 1 or int(rank) >= int(count):
         raise ReplicaError(f"{where}: expected I/N with 0 <= I < N (replica I of N), got {text!r}")
     return Partition(int(rank), int(count))
+
+
+class Workers:
+    """Worker ``index`` of a replica's ``count`` workers: its part of the replica's share (the replica's own
+    partition as it stands, fixed or kept by ``Peers``), so that the workers fill different cards first."""
+
+    def __init__(self, replica: Fixed | Peers, index: int, count: int):
+        self.replica, self.index, self.count = replica, index, count
+
+    def share(self) -> tuple[int, int] | None:
+        rank, count = self.replica.share() or (0, 1)
+        return (rank * self.count + self.index, count * self.count)
+
+    def close(self) -> None:
+        self.replica.close()
+
+
+def for_worker(replica: Fixed | Peers, environ: dict | None = None) -> Fixed | Peers | Workers:
+    """The partition of this worker: the replica's, split among its workers when ``$GPUSHARD_WORKER`` names
+    more than one."""
+    text = (os.environ if environ is None else environ).get(WORKER_ENV)
+    if not text:
+        return replica
+    worker = parse(text, f"${WORKER_ENV}")
+    return Workers(replica, worker.rank, worker.count) if worker.count > 1 else replica
+
+
+def next_worker_index(held: set[int | None]) -> int:
+    """The lowest worker index that no live worker holds."""
+    index = 0
+    while index in held:
+        index += 1
+    return index
 
 
 class Fixed:
