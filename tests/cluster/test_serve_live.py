@@ -97,7 +97,8 @@ def test_several_workers_each_try_their_part_of_the_cards(fake, certs_dir, tmp_p
     server = _serve(fake, certs_dir, tmp_path, monkeypatch, "--workers", "2")
     try:
         _wait_synced(server)
-        assert "2 workers, each with its own cluster view, each trying its part of the cards first" in server.output()
+        o.wait_for(lambda: all(f"worker {j} of 2 of this replica" in server.output() for j in (0, 1)),
+                   timeout=15, what="each worker's part")
     finally:
         server.stop()
 

@@ -285,13 +285,14 @@ class _Server(gunicorn.app.base.BaseApplication):
     def load(self):
         # Called in each worker after the fork (no preload): a view's watch threads and
         # connections belong to the process that uses them.
-        ours = logging.getLogger("gpushard")
-        if not ours.handlers:
-            # gpushard's own messages (tracebacks of internal errors, certificate reloads) go
-            # where gunicorn's go, in the same format.
-            ours.handlers = list(logging.getLogger("gunicorn.error").handlers)
-            ours.setLevel(logging.INFO)
-            ours.propagate = False
+        # gpushard's own messages (tracebacks of internal errors, certificate reloads, the view's and the
+        # replica's news from the modules of the webhook package) go where gunicorn's go, in the same format.
+        for name in ("gpushard", "webhook"):
+            ours = logging.getLogger(name)
+            if not ours.handlers:
+                ours.handlers = list(logging.getLogger("gunicorn.error").handlers)
+                ours.setLevel(logging.INFO)
+                ours.propagate = False
         return build_app(self.config, self.cluster)
 
 
@@ -364,12 +365,6 @@ def serve(args: argparse.Namespace) -> int:
             static.load(args.cluster, settings_mod.load(args.config).policy.shares_per_card)
         except static.ViewFileError as exc:
             raise SystemExit(f"gpushard: bad cluster file: {exc}") from None
-    if args.workers > 1:
-        # Each worker is its own process with its own view and memory of choices: each tries its part of the
-        # replica's cards first, so that they collide only once their parts are full (docs/placement.md,
-        # "One view per replica").
-        log.info("gpushard: %d workers, each with its own cluster view, each trying its part of the cards first",
-                 args.workers)
     client_timeout = getattr(args, "client_timeout", None) or CLIENT_TIMEOUT
     context = ReloadingContext(args.cert, args.key, client_timeout)
     # Loaded once in the master: every worker starts from a good pair, even one whose first

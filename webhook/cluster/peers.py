@@ -95,7 +95,13 @@ def for_worker(replica: Fixed | Peers, environ: dict | None = None) -> Fixed | P
     if not text:
         return replica
     worker = parse(text, f"${WORKER_ENV}")
-    return Workers(replica, worker.rank, worker.count) if worker.count > 1 else replica
+    if worker.count < 2:
+        return replica
+    # Each worker is its own process with its own view and memory of choices (docs/placement.md, "One view
+    # per replica"): its own part of the cards first, so that the workers collide only once theirs are full.
+    log.info("gpushard: worker %d of %d of this replica, with its own cluster view: its part of the cards first",
+             worker.rank, worker.count)
+    return Workers(replica, worker.rank, worker.count)
 
 
 def next_worker_index(held: set[int | None]) -> int:
