@@ -58,10 +58,18 @@ pod bound to a cordoned card. Under dra the card of a bound pod is its claim's a
 ``--partition`` (on by default, as in a cluster): each webhook replica tries its share of the cards first
 (``serve --replica I/N``); ``off``: every replica chooses over all cards alike.
 
+``--workers 1,2,4`` runs each webhook replica with that many gunicorn workers in turn (each worker tries its part
+of its replica's cards first, webhook/cluster/peers.py); with ``--rate 0`` (as fast as the clients go) beside
+time-slicing it is the saturation run, each component's CPU per create printed.
+
+``--plain`` measures what gpushard costs objects that ask no GPU instead (bench/plain.py: pods and Deployments
+outside and inside an enforce namespace, gpushard off and on in turn on one control plane).
+
 Run: make e2e-bench (it builds the control plane, e2e/build.py), or
      KUBEBUILDER_ASSETS=... python bench/e2e_scale.py [--nodes 100] [--pods 1000] [--replicas 1,2,3]
      [--clients 16] [--load 0.95] [--seed N] [--backends timeslicing,deviceplugin,dra,dra-nohint,dra-byhand]
-     [--side-by-side] [--rate 40] [--without-policies] [--cordon 0.1] [--partition on|off|both]
+     [--side-by-side] [--rate 40] [--without-policies] [--cordon 0.1] [--partition on|off|both] [--workers 1,2,4]
+     [--plain [--objects 300] [--rounds 3] [--only "pods outside"]]
      (as root is not needed: no kubelet runs)
 """
 
