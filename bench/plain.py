@@ -144,11 +144,14 @@ def create_all(config: Path, kind: str, namespace: str, count: int, clients: int
 
 
 class Bench:
-    def __init__(self, assets: Path, clients: int):
+    def __init__(self, assets: Path, clients: int, leave_out: tuple[str, ...] = ()):
         self.work = Path(tempfile.mkdtemp(prefix="gpushard-plain-"))
         self.plane = components.ControlPlane(assets, self.work, node_lifecycle=False,
                                              controller_flags=CONTROLLER_FLAGS)
         self.clients = clients
+        # Diagnosis: admission objects (by name) that "on" does not put back, to tell what each costs.
+        self.leave_out = leave_out
+        self.left: list[str] = []
         self.webhook: gpushard.Webhook | None = None
         self.saved: list[dict] = []
         self.own: collections.Counter = collections.Counter()
@@ -178,9 +181,22 @@ class Bench:
                 meta = item["metadata"]
                 item["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
                 item.pop("status", None)
-                self.saved.append(item)
-        if not any(o["kind"] == "MutatingWebhookConfiguration" for o in self.saved):
+                if meta["name"] not in self.leave_out:
+                    self.saved.append(item)
+                else:
+                    self.left.append(meta["name"])
+        found = {o["metadata"]["name"] for o in self.saved} | set(self.left)
+        missing = sorted(set(self.leave_out) - found)
+        if missing:
+            raise ValueError(f"--leave-out: {missing[0]!r} is none of gpushard's admission objects: "
+                             + ", ".join(sorted(found)))
+        hooks = [o for o in self.saved if o["kind"] == "MutatingWebhookConfiguration"]
+        if "gpushard" not in self.leave_out and not hooks:
             raise RuntimeError("deploy/base applied no MutatingWebhookConfiguration labelled " + PART_OF)
+        # "on" without them: taken out now, so that the first state measured is already that.
+        for name in self.leave_out:
+            for kind in ADMISSION_KINDS:
+                kubectl.run("delete", kind, name, "--ignore-not-found", check=False)
 
     def stop(self) -> None:
         if self.webhook is not None and self.webhook.process is not None:
@@ -199,8 +215,9 @@ class Bench:
             for kind in ADMISSION_KINDS:
                 kubectl.run("delete", kind, "-l", PART_OF, "--wait=true")
             self.webhook.process.stop()
+        expected = (on and "gpushard-opt-in" not in self.leave_out, on and "gpushard" not in self.leave_out)
         components.wait_for(f"gpushard {'on' if on else 'off'} as the API server sees it",
-                            lambda: self.state() == (on, on), timeout=60, interval=1.0)
+                            lambda: self.state() == expected, timeout=60, interval=1.0)
         # The API server's informers and the webhook's connections settled before anything is counted.
         time.sleep(3)
 
@@ -382,14 +399,15 @@ def _ratios(on: list[float], off: list[float]) -> str:
     return f"{statistics.mean(pairs):.3f} ({min(pairs):.3f}-{max(pairs):.3f})"
 
 
-def main(assets: Path, objects: int, rate: float, rounds: int, clients: int, only: str = "") -> int:
+def main(assets: Path, objects: int, rate: float, rounds: int, clients: int, only: str = "",
+         leave_out: tuple[str, ...] = ()) -> int:
     if objects < 1 or rate <= 0 or rounds < 1:
         raise ValueError(f"--plain needs --objects >= 1 (got {objects}), --rate > 0 (got {rate:g}) and "
                          f"--rounds >= 1 (got {rounds})")
     workloads = [w for w in WORKLOADS if not only or only in w[0]]
     if not workloads:
         raise ValueError(f"--only: {only!r} names none of: " + ", ".join(w[0] for w in WORKLOADS))
-    bench = Bench(assets, clients)
+    bench = Bench(assets, clients, leave_out)
     results: dict[tuple[str, bool], list[dict]] = collections.defaultdict(list)
     try:
         bench.start()
@@ -422,6 +440,9 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--only", default="", help="only the workloads whose name holds this (\"pods outside\")")
+    parser.add_argument("--leave-out", default="",
+                        help="diagnosis: gpushard's admission objects (ValidatingAdmissionPolicyBindings, the "
+                             "MutatingWebhookConfiguration) by name, comma-separated, that \"on\" leaves out")
     parser.add_argument("--summarize", type=Path, metavar="LOG",
                         help="print the table from the rows a run printed to LOG, and run nothing")
     args = parser.parse_args()
@@ -436,4 +457,9 @@ if __name__ == "__main__":
     if found is None:
         print(f"gpushard: plain needs the real components: {why}", file=sys.stderr)
         raise SystemExit(2)
-    raise SystemExit(main(found, args.objects, args.rate, args.rounds, args.clients, args.only))
+    try:
+        raise SystemExit(main(found, args.objects, args.rate, args.rounds, args.clients, args.only,
+                              tuple(n for n in args.leave_out.split(",") if n)))
+    except ValueError as e:
+        print(f"gpushard: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
