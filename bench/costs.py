@@ -8,10 +8,13 @@ bench/e2e_scale.py's side-by-side mode, kept apart so that tests can check them 
   the create request, each admission step, the webhooks), per pod.
 - ``timeslice``: the cards NVIDIA's device plugin gives each pod of a node under time-slicing. The node
   offers every card as ``replicas`` devices of ``nvidia.com/gpu``; the kubelet asks the plugin for its
-  preferred allocation (GetPreferredAllocation), and the plugin's ``distributed`` policy (its default,
-  ``--shared-devices-allocation-policy``) takes one replica at a time from the card with the fewest
-  allocated replicas, ties to the card this allocation has taken fewest from (NVIDIA/k8s-device-plugin,
-  internal/rm/allocate.go, ``greedyAlloc``); ``packed`` takes from the card with the most. A pod of 25
+  preferred allocation (GetPreferredAllocation), and for replicated cards the plugin (v0.19.0,
+  internal/rm/allocate.go, ``distributedAlloc``: its only policy for them) takes one replica at a time from
+  a card with the fewest allocated replicas, those it has just taken counted. On a tie it takes any of them
+  (its candidates come out of a Go map, through an unstable sort); the replay takes the card it took fewest
+  from, then the lowest index: one of the plugin's choices. tests/runtime/test_nvidia.py holds the replay
+  against the real plugin on a real kubelet. ``packed`` (the fullest card first) is no policy of the
+  plugin's: it is the other bound, a plugin that packed replicas as tightly as it could. A pod of 25
   replicas on an empty node so sees 8 cards, each of which it may use whole: nothing keeps a card's
   total at one card. ``Spread`` counts the pods that see more than one card and the cards whose pods
   may use more than one card's worth (the sum of the asks of the pods that see it).

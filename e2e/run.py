@@ -4,11 +4,13 @@
                        [--matrix] [-- PYTEST_ARGS]
 
 Tiers: ``e2e`` (tests/e2e: the control plane, and a kubelet over Kubernetes' fake CRI), ``runtime``
-(tests/runtime: containers that really start, once per containerd), ``install`` (tests/runtime_install:
+(tests/runtime: containers that really start, once per containerd, NVIDIA's device plugin and container runtime
+among them), ``install`` (tests/runtime_install:
 deploy/base as pods from gpushard's image, on Debian's containerd). ``--matrix`` runs ``e2e`` on every
 pinned Kubernetes and the runtime tiers on the default one. The variables of the tiers
 (``KUBEBUILDER_ASSETS``, ``GPUSHARD_E2E_KUBELET``, ``GPUSHARD_E2E_CRI``, ``GPUSHARD_E2E_CONTAINERD``,
-``GPUSHARD_E2E_IMAGE``) still win: with them set, nothing of theirs is built.
+``GPUSHARD_E2E_IMAGE``, ``GPUSHARD_E2E_NVIDIA_PLUGIN``, ``GPUSHARD_E2E_NVIDIA_TOOLKIT``) still win: with them
+set, nothing of theirs is built.
 """
 
 from __future__ import annotations
@@ -196,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         choice = [c.strip() for c in args.containerd.split(",")]
         if "module" in choice and not os.environ.get("GPUSHARD_E2E_CONTAINERD"):
             build.build_containerd(found)
+        if "runtime" in tiers and not os.environ.get("GPUSHARD_E2E_NVIDIA_PLUGIN"):
+            build.build_nvidia(found)
         runtimes = containerds(choice, found)
         for label, binary in runtimes:
             label = f"containerd {containerd_version(binary) or '?'}" if Path(binary).exists() else label

@@ -81,6 +81,20 @@ def test_the_fake_cri_and_containerd_modules_require_their_pins():
             in (ROOT / "e2e" / "containerd" / "go.sum").read_text())
 
 
+@pytest.mark.parametrize(("folder", "module", "pin"), [
+    ("nvidia-device-plugin", build.NVIDIA_PLUGIN_MODULE, "NVIDIA_DEVICE_PLUGIN"),
+    ("nvidia-container-toolkit", build.NVIDIA_TOOLKIT_MODULE, "NVIDIA_CONTAINER_TOOLKIT")])
+def test_nvidias_modules_require_their_pins_and_build_their_commands(folder, module, pin):
+    go_mod = (ROOT / "e2e" / folder / "go.mod").read_text()
+    assert requires(go_mod)[module] == PINS[pin]
+    assert "-" not in PINS[pin], "a release, not a beta or rc"
+    assert f"{module} {PINS[pin]} h1:" in (ROOT / "e2e" / folder / "go.sum").read_text()
+    commands = build.NVIDIA_PLUGIN_COMMANDS if folder == "nvidia-device-plugin" else build.NVIDIA_TOOLKIT_COMMANDS
+    tools = re.findall(rf"^\s*(?:tool\s+)?({re.escape(module)}/cmd/\S+)$", go_mod, flags=re.M)
+    assert sorted(tools) == sorted(f"{module}/cmd/{c}" for c in commands)
+    assert "replace" not in go_mod
+
+
 def test_the_generated_go_mod_keeps_upstreams_go_line_and_godebug():
     upstream = ("module k8s.io/kubernetes\n\ngo 1.26.0\n\ngodebug default=go1.26\n\nreplace (\n"
                 "\tk8s.io/api => ./staging/src/k8s.io/api\n\tk8s.io/kubelet => ./staging/src/k8s.io/kubelet\n)\n")
@@ -118,5 +132,7 @@ def test_components_land_outside_the_work_tree_by_version(monkeypatch, tmp_path)
     assert paths["GPUSHARD_E2E_KUBELET"].endswith("/kubelet")
     assert PINS["CRI_CLIENT"] in paths["GPUSHARD_E2E_FAKECRI"]
     assert PINS["CONTAINERD_2"] in paths["GPUSHARD_E2E_CONTAINERD2"]
+    assert PINS["NVIDIA_DEVICE_PLUGIN"] in paths["GPUSHARD_E2E_NVIDIA_PLUGIN"]
+    assert PINS["NVIDIA_CONTAINER_TOOLKIT"] in paths["GPUSHARD_E2E_NVIDIA_TOOLKIT"]
     monkeypatch.delenv("GPUSHARD_E2E_CACHE")
     assert ROOT not in Path(build.paths("1.37", PINS)["KUBEBUILDER_ASSETS"]).parents

@@ -321,3 +321,43 @@ int nvmlDeviceGetProcessUtilization(void *device, process_sample_t *samples, uns
     *count = found;
     return NVML_SUCCESS;
 }
+
+/* What NVIDIA's own k8s-device-plugin asks beyond the agent's calls (make e2e runs it on this library):
+ * card k is minor k (/dev/nvidia<k>), on PCI bus 0x1k, compute capability 8.0 (an A100's). */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} pci_info_t;
+
+int nvmlDeviceGetMinorNumber(void *device, unsigned int *minor) {
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = (unsigned int)k;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetIndex(void *device, unsigned int *index) {
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned int)k;
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetPciInfo_v3(void *device, pci_info_t *pci) {
+    int k = index_of(device);
+    if (k < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    pci->bus = 0x10u + (unsigned int)k;
+    pci->pciDeviceId = 0x20b010deu;
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", pci->bus);
+    snprintf(pci->busId, sizeof pci->busId, "00000000:%02X:00.0", pci->bus);
+    return NVML_SUCCESS;
+}
+
+int nvmlDeviceGetCudaComputeCapability(void *device, int *major, int *minor) {
+    if (index_of(device) < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *major = 8;
+    *minor = 0;
+    return NVML_SUCCESS;
+}

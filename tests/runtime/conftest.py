@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e import components, tiers
 from tests.e2e.conftest import ASSETS, WHY_NOT, install, installed, kubectl, namespace, plane, work  # noqa: F401
-from tests.runtime import images, node, seeing
+from tests.runtime import images, node, nvidia, seeing
 
 KUBELET = os.environ.get("GPUSHARD_E2E_KUBELET", "")
 CONTAINERD = os.environ.get("GPUSHARD_E2E_CONTAINERD", "")
@@ -54,6 +54,10 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter):
     TIER.summary(terminalreporter)
+    for text in nvidia.tables():
+        terminalreporter.write_line("")
+        for line in text.splitlines():
+            terminalreporter.write_line(line)
 
 
 def pytest_report_header(config):
@@ -62,8 +66,12 @@ def pytest_report_header(config):
 
 def _versions() -> str:
     runtime = node.version_of(CONTAINERD)
-    return (f"containerd {'.'.join(map(str, runtime))} ({CONTAINERD}), "
+    text = (f"containerd {'.'.join(map(str, runtime))} ({CONTAINERD}), "
             f"runc {shutil.which('runc') or '/usr/sbin/runc'}, CDI {'on' if runtime >= (2, 0, 0) else 'absent'}")
+    if nvidia.why_not():
+        return text + f"; NVIDIA's components: {nvidia.why_not()}"
+    return text + (f"; NVIDIA's device plugin {nvidia.version(nvidia.PLUGIN)}, nvidia-container-runtime "
+                   f"{nvidia.version(str(Path(nvidia.TOOLKIT) / 'nvidia-container-runtime'))}")
 
 
 @pytest.hookimpl(hookwrapper=True)

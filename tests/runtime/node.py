@@ -66,7 +66,8 @@ def version_of(binary: str) -> tuple[int, int, int]:
 
 RUNC_WRAPPER = """\
 #!{python}
-# runc, with a negative oom_score_adj raised to 0: this VM refuses negative values even to root.
+# runc, with a negative oom_score_adj raised to 0: this VM refuses negative values even to root. While {route}
+# names another runtime (NVIDIA's, which calls runc itself), that one is run instead, with its environment.
 import json, os, sys
 args = sys.argv[1:]
 if "create" in args or "run" in args:
@@ -84,6 +85,14 @@ if "create" in args or "run" in args:
         process["oomScoreAdj"] = 0
         with open(path, "w") as f:
             json.dump(spec, f)
+try:
+    with open({route!r}) as f:
+        route = json.load(f)
+except FileNotFoundError:
+    route = None
+if route:
+    os.environ.update(route["env"])
+    os.execv(route["binary"], [route["binary"]] + args)
 os.execv({runc!r}, [{runc!r}] + args)
 """
 
@@ -196,9 +205,23 @@ class Containerd:
 
     def _wrapper(self) -> Path:
         path = self.folder / "runc"
-        path.write_text(RUNC_WRAPPER.format(python=sys.executable, runc=self.runc))
+        path.write_text(RUNC_WRAPPER.format(python=sys.executable, runc=self.runc, route=str(self.route)))
         path.chmod(0o755)
         return path
+
+    @property
+    def route(self) -> Path:
+        return self.folder / "runtime-route.json"
+
+    def route_through(self, binary: str | None, env: dict[str, str] | None = None) -> None:
+        """Every handler's containers created through ``binary`` from now on (NVIDIA's runtime, which runs runc
+        itself), or through runc again with None. Containers already running keep what they were given."""
+        if binary is None:
+            self.route.unlink(missing_ok=True)
+            return
+        tmp = self.route.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"binary": binary, "env": env or {}}))
+        tmp.rename(self.route)
 
     def _cni(self) -> None:
         self.cni_conf.mkdir(parents=True, exist_ok=True)
@@ -225,6 +248,7 @@ class Containerd:
 
     def start(self) -> Containerd:
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.route.unlink(missing_ok=True)
         self.cdi_dynamic.mkdir(exist_ok=True)
         make_bridge()
         self._cni()

@@ -132,6 +132,14 @@ def clear(kubectl: components.Kubectl, timeout: float = 120) -> None:
     components.wait_for("the tests' pods gone", lambda: not ours(), timeout=timeout)
 
 
+def clear_namespace(kubectl: components.Kubectl, namespace: str, timeout: float = 120) -> None:
+    """Every pod of ``namespace`` deleted and gone, so that what they held is free for the next pods."""
+    kubectl.run("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", "--wait=false",
+                check=False)
+    components.wait_for(f"the pods of {namespace} gone", lambda: not kubectl.json(
+        "get", "pods", "-n", namespace)["items"], timeout=timeout)
+
+
 def card_of(kubectl: components.Kubectl, namespace: str, pod_name: str) -> int:
     return int(kubectl.json("get", "pod", pod_name, "-n", namespace)["metadata"]["annotations"]["gpushard.io/card"])
 

@@ -1,0 +1,242 @@
+"""We test gpushard beside NVIDIA's own components, real binaries on the real kubelet, containerd and runc, read from
+inside each container (tests/runtime/nvidia.py says how they run):
+- the seed's setup: NVIDIA's device plugin with the seed's ConfigMap (nvidia.com/gpu, 100 time-slicing
+  replicas per card) and NVIDIA's container runtime at the toolkit's defaults. Twelve pods asking 10 to 60
+  replicas, in a namespace that never opted in, are each handed replicas of several cards and see the
+  device nodes of every card named: what the seed set out to fix. The kubelet's checkpoint agrees with what
+  each container sees, and bench/costs.py's replay of the plugin's allocation, from the same loads, takes
+  from the same cards and is one of the plugin's choices (it breaks the plugin's ties its own way);
+- with ``failRequestsGreaterThanOne`` (the seed's first remedy) every ask above one replica is refused at
+  admission, and a one-replica pod sees its whole card;
+- the same asks as fractions through gpushard on the same node: each pod sees exactly one card, and no card
+  holds more than 100 shares;
+- NVIDIA's runtime in the loop for every device-list strategy of gpushard's agent, with the toolkit's
+  settings hardened (docs/install.md's node setup) and at their defaults: what each container sees is what
+  tests/agent/toolkit.py predicts from the agent's Allocate answer and the pod's env; a 0.25 pod sees its
+  card under the shipped strategy list on both; its sidecar, a container without a share, an author's
+  ``NVIDIA_VISIBLE_DEVICES=all`` and a ``kubectl debug`` container see none; a pod of a namespace that never
+  opted in, its image asking ``all``, sees no card on the hardened node and every card at the defaults.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import costs
+from tests.agent import toolkit
+from tests.e2e import components
+from tests.runtime import images, nvidia, seeing
+from tests.runtime import node as node_mod
+from webhook.agent import allocation, nvml
+
+pytestmark = pytest.mark.skipif(bool(nvidia.why_not()), reason=f"gpushard e2e: {nvidia.why_not()}")
+
+SEED_ASKS = (10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60, 10)  # 395 of the node's 400 replicas
+FRACTION_ASKS = (10, 20, 30, 40, 50, 60, 10, 20, 30, 10, 10, 10)  # 300 of its 400 shares
+IMAGE_ENV = {"NVIDIA_VISIBLE_DEVICES": "all"}  # tests/runtime/images.py: the workload image's own
+# Each strategy alone, and the shipped list (deploy/base/config.yaml, the chart's config.deviceListStrategy).
+STRATEGIES = {"envvar": ["envvar"], "volume-mounts": ["volume-mounts"], "cdi-cri": ["cdi-cri"],
+              "shipped": ["envvar", "volume-mounts", "cdi-cri"]}
+
+
+@pytest.fixture(scope="module")
+def toolkit_runtime(work, runtime, cards, agent):
+    made = nvidia.Toolkit(work, runtime, cards)
+    yield made
+    made.remove()
+
+
+@pytest.fixture(scope="module")
+def nvidia_plugin(work, agent, kubectl, kubelet):
+    made = nvidia.Plugin(work, agent, kubectl)
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def outsider(kubectl):
+    """A namespace that never opted in to gpushard."""
+    name = "e2e-outsider"
+    kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))
+    yield name
+    seeing.clear_namespace(kubectl, name)
+
+
+def replicas_of(uid: str) -> list[str]:
+    """The nvidia.com/gpu device IDs the kubelet's checkpoint holds for pod ``uid`` (``<uuid>::<replica>``)."""
+    data = json.loads((components.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").read_text())["Data"]
+    return [d for e in data.get("PodDeviceEntries") or [] if e["PodUID"] == uid and e["ResourceName"] ==
+            nvidia.RESOURCE for ids in e["DeviceIDs"].values() for d in ids]
+
+
+def card_by_uuid(uuid: str) -> int:
+    return next(k for k in range(node_mod.CARDS) if node_mod.uuid(k) == uuid)
+
+
+def seed_pod(name: str, replicas: int) -> str:
+    return seeing.pod(name, seeing.container(gpu=str(replicas)))
+
+
+def table(title: str, header: tuple[str, ...], rows: list[tuple]) -> None:
+    nvidia.record(title, header, *rows)
+
+
+def test_the_seeds_pods_see_several_cards_and_the_replay_agrees(toolkit_runtime, nvidia_plugin, runtime, kubectl,
+                                                                 outsider):
+    toolkit_runtime.install(hardened=False)
+    nvidia_plugin.start(nvidia.seed_config())
+    loads = [0] * node_mod.CARDS  # replicas held per card, from the kubelet's checkpoint
+    rows, differ = [], []
+    for n, asked in enumerate(SEED_ASKS):
+        name = f"seed-{n}"
+        kubectl.apply(seed_pod(name, asked), "-n", outsider)
+        pod = seeing.running(kubectl, outsider, name, explain=lambda: nvidia_plugin.tail() + runtime.tail())
+        held = replicas_of(pod["metadata"]["uid"])
+        assert len(held) == asked, held
+        split = [sum(1 for d in held if d.split("::")[0] == node_mod.uuid(k)) for k in range(node_mod.CARDS)]
+        view = seeing.seen(kubectl, outsider, name)
+        held_cards = {k for k in range(node_mod.CARDS) if split[k]}
+        # What the kubelet recorded and what NVIDIA's runtime gave the container are the same cards.
+        assert held_cards == view.cards(), (view, split)
+        assert len(view.cards()) > 1, f"{name} asked {asked} replicas and sees {view.cards()}"
+        # The replay, from the same loads: the plugin takes one replica at a time from a least-loaded card, any of
+        # them on a tie (its candidates come out of a Go map); the replay takes the one it took fewest from.
+        replayed = costs.allocate(list(loads), nvidia.REPLICAS, asked, costs.DISTRIBUTED)
+        after = [loads[k] + split[k] for k in range(node_mod.CARDS)]
+        greedy = all(after[k] - 1 <= min(after) for k in held_cards)
+        if not greedy or {k for k in range(node_mod.CARDS) if replayed[k]} != held_cards:
+            differ.append((name, loads, split, replayed))
+        loads = after
+        rows.append((name, asked, split, sorted(view.cards()), replayed,
+                     "same" if replayed == split else "a tie broken otherwise" if greedy else "differs"))
+    table("The seed's pods (NVIDIA's device plugin, 100 replicas per card, toolkit defaults)",
+          ("pod", "replicas asked", "replicas per card (checkpoint)", "cards seen inside",
+           "replay's split (from the same loads)", "replay"), rows)
+    assert not differ, f"bench/costs.py's replay is not what NVIDIA's plugin does: {differ}"
+    # A card is anyone's whole card: the pods that see card 0 may use the sum of their asks there.
+    assert all(sum(r[1] for r in rows if k in r[3]) > nvidia.REPLICAS for k in range(node_mod.CARDS))
+    seeing.clear_namespace(kubectl, outsider)
+
+
+def test_fail_requests_greater_than_one_refuses_every_fraction(toolkit_runtime, nvidia_plugin, runtime, kubectl,
+                                                               outsider):
+    toolkit_runtime.install(hardened=False)
+    nvidia_plugin.stop()
+    nvidia_plugin.start(nvidia.seed_config(fail_requests_greater_than_one=True))
+    kubectl.apply(seed_pod("ten", 10), "-n", outsider)
+    refused = components.wait_for("the 10-replica pod refused", lambda: (lambda p: p if p["status"].get(
+        "phase") == "Failed" else None)(kubectl.json("get", "pod", "ten", "-n", outsider)), timeout=90)
+    assert refused["status"]["reason"] == "UnexpectedAdmissionError", refused["status"]
+    assert "maximum request size for shared resources is 1" in refused["status"]["message"], refused["status"]
+    kubectl.apply(seed_pod("one", 1), "-n", outsider)
+    seeing.running(kubectl, outsider, "one", explain=nvidia_plugin.tail)
+    view = seeing.seen(kubectl, outsider, "one")
+    assert len(view.cards()) == 1, view  # one replica, and the whole card to use
+    table("failRequestsGreaterThanOne: true", ("pod", "replicas asked", "result"),
+          [("ten", 10, f"{refused['status']['reason']}: {refused['status']['message'][:90]}"),
+           ("one", 1, f"runs, sees /dev/nvidia{min(view.cards())} (the whole card)")])
+    nvidia_plugin.stop()
+    nvidia_plugin.start(nvidia.seed_config())
+    seeing.clear_namespace(kubectl, outsider)
+
+
+def test_the_same_asks_through_gpushard_see_one_card_each(toolkit_runtime, nvidia_plugin, runtime, kubectl,
+                                                         namespace):
+    toolkit_runtime.install(hardened=False)
+    rows, by_card = [], {}
+    for n, asked in enumerate(FRACTION_ASKS):
+        kubectl.apply(seeing.pod(f"frac-{n}", seeing.container(gpu=f"{asked / 100:.2f}")), "-n", namespace)
+    for n, asked in enumerate(FRACTION_ASKS):
+        seeing.running(kubectl, namespace, f"frac-{n}", explain=runtime.tail)
+        card = seeing.card_of(kubectl, namespace, f"frac-{n}")
+        view = seeing.seen(kubectl, namespace, f"frac-{n}")
+        assert view.cards() == {card}, view
+        by_card[card] = by_card.get(card, 0) + asked
+        rows.append((f"frac-{n}", f"{asked / 100:.2f}", card, sorted(view.cards())))
+    assert max(by_card.values()) <= 100, by_card
+    table("The same asks as fractions through gpushard (same node, toolkit defaults)",
+          ("pod", "nvidia.com/gpu", "card (gpushard.io/card)", "cards seen inside"), rows)
+
+
+def model_sees(strategy: tuple[str, ...], card: int | None, pod_env: dict, hardened: bool, cdi: bool,
+               extra_env: dict | None = None) -> set[int]:
+    """What tests/agent/toolkit.py says the container sees: the agent's Allocate answer for card ``card`` (None: the
+    container holds no share), merged as the kubelet merges it, through the toolkit's rules."""
+    cards = [nvml.Card(k, node_mod.uuid(k), "Fake GPU 16GB", 16384) for k in range(node_mod.CARDS)]
+    answer = allocation.Allocation()
+    if card is not None:
+        resource = allocation.Resource(f"gpushard.io/card-{card}", "x.sock", card)
+        answer = allocation.allocate(resource, [f"card-{card}-0"], cards, 100, strategy)
+    env = list(IMAGE_ENV.items()) + sorted(answer.envs.items()) + list(pod_env.items()) + list(
+        (extra_env or {}).items())
+    container = toolkit.Container(env, [(m.host_path, m.container_path) for m in answer.mounts],
+                                  list(answer.cdi_devices))
+    node = toolkit.Node(accept_envvar_unprivileged=not hardened, accept_volume_mounts=hardened, runtime_cdi=cdi)
+    return {card_by_uuid(u) for u in toolkit.visible_cards(container, node, [(c.index, c.uuid) for c in cards])}
+
+
+def pod_env(kubectl, namespace: str, name: str, container: str = "main") -> dict:
+    spec = kubectl.json("get", "pod", name, "-n", namespace)["spec"]
+    every = spec["containers"] + spec.get("initContainers", []) + spec.get("ephemeralContainers", [])
+    chosen = next(c for c in every if c["name"] == container)
+    return {e["name"]: e.get("value", "") for e in chosen.get("env") or []}
+
+
+@pytest.mark.parametrize("hardened", [True, False], ids=["hardened", "toolkit-defaults"])
+@pytest.mark.parametrize("strategy_name", list(STRATEGIES))
+def test_what_containers_see_with_nvidias_runtime(strategy_name, hardened, toolkit_runtime, nvidia_plugin, agent,
+                                                  runtime, kubectl, namespace, outsider):
+    nvidia_plugin.stop()  # NVIDIA's plugin would hand out the same cards: only gpushard's agent here
+    toolkit_runtime.install(hardened=hardened)
+    before = seeing.configure(kubectl, deviceListStrategy=STRATEGIES[strategy_name])
+    try:
+        agent.reload(expect=seeing.per_card(node_mod.CARDS))
+        strategy = tuple(STRATEGIES[strategy_name])
+        kubectl.apply(seeing.pod("quarter", seeing.container(gpu="0.25"), seeing.container("sidecar-app"),
+                                 seeing.container("greedy", env={"NVIDIA_VISIBLE_DEVICES": "all"})), "-n", namespace)
+        kubectl.apply(seeing.pod("outside", seeing.container()), "-n", outsider)
+        seeing.running(kubectl, namespace, "quarter", explain=lambda: runtime.tail() + "\n".join(
+            toolkit_runtime.errors()))
+        seeing.running(kubectl, outsider, "outside", explain=runtime.tail)
+        card = seeing.card_of(kubectl, namespace, "quarter")
+        kubectl.run("debug", "quarter", "-n", namespace, "--container=dbg", f"--image={images.WORKLOAD}",
+                    "--image-pull-policy=Never", "--profile=general", "--", "/bin/sh", "-c",
+                    seeing.REPORT + "; exec sleep 100000")
+        observed, predicted = {}, {}
+        for who, ns, pod, container, holds in (("0.25 pod", namespace, "quarter", "main", card),
+                                               ("its sidecar", namespace, "quarter", "sidecar-app", None),
+                                               ("author's all", namespace, "quarter", "greedy", None),
+                                               ("kubectl debug", namespace, "quarter", "dbg", None),
+                                               ("outsider, image all", outsider, "outside", "main", None)):
+            view = seeing.seen(kubectl, ns, pod, container, timeout=90)
+            observed[who] = view.cards()
+            predicted[who] = model_sees(strategy, holds, pod_env(kubectl, ns, pod, container), hardened, runtime.cdi)
+        row = (strategy_name, "hardened" if hardened else "defaults", runtime.label,
+               *(",".join(map(str, sorted(observed[w]))) or "none" for w in observed))
+        nvidia.record("Cards seen inside with NVIDIA's runtime (cdi mode) in the loop, gpushard's agent alone",
+                      ("strategy", "toolkit", "runtime", *observed), row)
+        assert observed == predicted, f"NVIDIA's runtime against tests/agent/toolkit.py: {observed} != {predicted}"
+        for who in ("its sidecar", "author's all", "kubectl debug"):
+            assert observed[who] == set(), (who, observed)
+        if strategy_name == "shipped":
+            assert observed["0.25 pod"] == {card}, observed
+        if hardened:
+            assert observed["outsider, image all"] == set(), observed
+        else:
+            assert observed["outsider, image all"] == set(range(node_mod.CARDS)), observed
+    finally:
+        seeing.clear_namespace(kubectl, namespace)
+        seeing.clear_namespace(kubectl, outsider)
+        seeing.set_config(kubectl, before)
+
+
+def test_the_node_goes_back_to_runc(toolkit_runtime, agent, runtime, kubectl, namespace):
+    """What the tier's other tests expect: no NVIDIA runtime, no NVIDIA plugin, gpushard's agent as shipped."""
+    toolkit_runtime.remove()
+    agent.reload(expect=seeing.per_card(node_mod.CARDS))
+    kubectl.apply(seeing.pod("after", seeing.container(gpu="0.25")), "-n", namespace)
+    seeing.running(kubectl, namespace, "after", explain=runtime.tail)
+    # The shipped strategy list names no CDI device: with runc alone nothing turns its answer into a device node.
+    assert seeing.seen(kubectl, namespace, "after").devices == {}
