@@ -819,6 +819,32 @@ def install_lines(items: list[audit.Item]) -> str:
     return "".join(f"install: {i.finding.message.removeprefix('gpushard: ')}\n  run: {i.fix}\n" for i in items)
 
 
+def toolkit_problems(nodes: list[dict], picked: set[str] | None = None) -> list[tuple[str, str]]:
+    """(node, message) for each shared node whose NVIDIA toolkit honours an outsider's NVIDIA_VISIBLE_DEVICES, as
+    its agent found it (core/audit.py toolkit_problem); only the nodes ``picked`` when a selector picked some."""
+    found = []
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        shared = names.CARDS_LABEL in (meta.get("labels") or {})  # set by gpushard's agent, as the verdict is
+        problem = audit.toolkit_problem(node) if shared and (picked is None or name in picked) else None
+        if problem:
+            found.append((name, problem))
+    return found
+
+
+def toolkit_lines(problems: list[tuple[str, str]]) -> str:
+    """Under the status table: what was found on each node, then what to do."""
+    fix = audit.FIXES[audit.TOOLKIT_ACCEPTS_ENVVAR]
+    return "".join(f"node: {message.removeprefix('gpushard: ')}\n  fix: {fix}\n" for _, message in problems)
+
+
+def kubernetes_core(conn: connecting.Client):
+    import kubernetes
+
+    return kubernetes.client.CoreV1Api(conn.api)
+
+
 def status_names(use: audit.Usage) -> str:
     return "".join(kubectlflags.resource_name("Node", n.name) + "\n" for n in use.nodes)
 
@@ -834,6 +860,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
         conn.target.rights = DRA_AUDITOR_RIGHTS if settings.policy.backend == DRA_BACKEND else AUDITOR_RIGHTS
         if settings.policy.backend == DRA_BACKEND:
             use, picked = read_dra_usage(conn, settings.policy), picked_nodes(conn, selector)
+            nodes = None
         else:
             nodes, pods, picked = read_usage_inputs(conn, selector)
             use = audit.usage(nodes, pods, settings.policy)
@@ -848,11 +875,15 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             use = audit.pods_of_namespace(use, namespace)
         capped = settings.policy.isolation != "none"
         install = installation.check(read_install(conn, err)) if output != kubectlflags.NAME else []
+        toolkit = toolkit_problems(nodes if nodes is not None else _list(
+            kubernetes_core(conn).list_node, "nodes", conn), picked) if output != kubectlflags.NAME else []
         if output in (kubectlflags.JSON, kubectlflags.YAML):
             document = status_json(use, settings.policy.shares_per_card, capped)
             if namespace is not None:
                 document = {**document, "namespace": namespace}
             document["install"] = install_json(install)
+            document["toolkit"] = [{"node": name, "message": message, "fix": audit.FIXES[audit.TOOLKIT_ACCEPTS_ENVVAR]}
+                                   for name, message in toolkit]
             text = _document(document, output)
         elif output == kubectlflags.NAME:
             text = status_names(use)
@@ -860,7 +891,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             text = status_table(use, wide=output == kubectlflags.WIDE, no_headers=getattr(args, "no_headers", False),
                                 shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
                                 shared_nodes=shared_nodes, namespace=namespace, empty=empty)
-            text += install_lines(install)
+            text += install_lines(install) + toolkit_lines(toolkit)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)

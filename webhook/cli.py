@@ -347,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "server allows get nodes/metrics of this node and to port-forwards (default: 0, none)")
     p.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
                    help="the kubelet's PodResources socket, for the shares each container holds")
+    p.add_argument("--toolkit-config", action="append", metavar="PATH",
+                   help="NVIDIA's container toolkit config to judge (repeatable; the first that exists is read; "
+                        "default: the GPU Operator's, then /etc/nvidia-container-runtime/config.toml)")
     p.add_argument("--proc-root", default="/proc",
                    help="the host's /proc, for each GPU process's cgroup (default: /proc)")
     p.add_argument("--kubelet-registry-dir", default="/var/lib/kubelet/plugins_registry",

@@ -1,6 +1,10 @@
 """What a container sees on a node, worked out as the kubelet and NVIDIA's container toolkit do it.
 
-A test peer that cannot run here (no GPU, no runtime): the rules restated from their sources.
+The rules restated from their sources, for `make test`, where no runtime runs. `make e2e` holds them
+against the real nvidia-container-runtime (v1.20.2, its cdi mode) on containerd 1.6 and 2.4: for every
+device-list strategy, with the toolkit hardened and at its defaults, the cards each container holds are what
+this model predicts (tests/runtime/test_nvidia.py). Not modelled: the toolkit takes devices from
+``cdi.k8s.io/`` annotations before everything else, which no gpushard strategy uses.
 - The kubelet: the env of every device-plugin allocation first, then the container's own env;
   the runtime keeps the last value of a name (the image's env comes before both). Mounts and
   CDI devices of every allocation are added as they are.

@@ -339,6 +339,17 @@ def test_agent_mounts_exactly_the_kubelet_folders_it_uses(base):
         read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
         assert {args.proc_root, "/var/lib/kubelet/pod-resources"} <= read_only
         assert not pod.get("hostPID")
+    # NVIDIA's container toolkit config, read-only: each file the agent judges is in a folder mounted from the
+    # host folder the toolkit reads, the GPU Operator's and a hand install's, in that order.
+    from webhook.agent import toolkitcheck
+
+    read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
+    assert len(args.toolkit_config) == len(toolkitcheck.CONFIG_PATHS)
+    for inside, on_host in zip(args.toolkit_config, toolkitcheck.CONFIG_PATHS, strict=True):
+        folder = os.path.dirname(inside)
+        assert folder in read_only and mounted[folder] == os.path.dirname(on_host), (inside, on_host)
+        assert os.path.basename(inside) == os.path.basename(on_host)
+        wanted.add(os.path.dirname(on_host))
     assert set(mounted.values()) - {"/dev/null"} == wanted
     # The one other host path: /dev/null as the device-list request for every card.
     assert {p for p, h in mounted.items() if h == "/dev/null"} == {names.DEVICE_LIST_MOUNT_ROOT + "/all"}

@@ -172,6 +172,7 @@ class Agent:
         self.pod = ""
         # Where the agent writes its per-claim CDI specs: a container runtime with CDI reads them there.
         self.cdi_dir = self.folder / "cdi"
+        self.extra_args: list[str] = []  # more of `gpushard agent`'s flags, for the next start
 
     def build_nvml(self) -> Path:
         lib = self.folder / "lib"
@@ -226,7 +227,7 @@ class Agent:
             f"--device-plugin-dir={components.DEVICE_PLUGIN_DIR}",
             f"--pod-resources-socket={self.kubelet.pod_resources_socket}",
             f"--kubelet-registry-dir={self.kubelet.registry_dir}", f"--kubelet-plugins-dir={self.kubelet.plugins_dir}",
-            f"--cdi-dir={self.cdi_dir}", "--poll-interval=0.5",
+            f"--cdi-dir={self.cdi_dir}", "--poll-interval=0.5", *self.extra_args,
         ], log, env=env).start()
         expect = expect or {"gpushard.io/card-0": "100", "gpushard.io/card-1": "100", "gpushard.io/gpu": "200"}
 

@@ -139,6 +139,11 @@ class Toolkit:
     def remove(self) -> None:
         self.runtime.route_through(None)
 
+    def calls(self) -> int:
+        """How many containers NVIDIA's runtime has created (it logs each create command it modifies)."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return text.count("Create command detected")
+
     def errors(self) -> list[str]:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         return [line for line in text.splitlines() if '"level":"error"' in line or "level=error" in line][-5:]

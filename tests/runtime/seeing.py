@@ -222,6 +222,8 @@ class HostAgent(gpushard.Agent):
     def __init__(self, plane: components.ControlPlane, kubelet: components.Kubelet, work, runtime: node.Containerd):
         super().__init__(plane, kubelet, work)
         self.cdi_dir = runtime.cdi_dynamic
+        # The toolkit config of this node's NVIDIA runtime, when the tier installs it (tests/runtime/nvidia.py).
+        self.extra_args = [f"--toolkit-config={work / 'nvidia-toolkit' / 'config.toml'}"]
 
     def start(self, expect: dict | None = None) -> HostAgent:
         if not (self.folder / "lib").exists():

@@ -21,15 +21,17 @@ inside each container (tests/runtime/nvidia.py says how they run):
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
 from bench import costs
 from tests.agent import toolkit
-from tests.e2e import components
+from tests.e2e import components, gpushard
 from tests.runtime import images, nvidia, seeing
 from tests.runtime import node as node_mod
 from webhook.agent import allocation, nvml
+from webhook.core import names
 
 pytestmark = pytest.mark.skipif(bool(nvidia.why_not()), reason=f"gpushard e2e: {nvidia.why_not()}")
 
@@ -147,8 +149,8 @@ def test_the_same_asks_through_gpushard_see_one_card_each(toolkit_runtime, nvidi
     toolkit_runtime.install(hardened=False)
     rows, by_card = [], {}
     for n, asked in enumerate(FRACTION_ASKS):
+        # One after the other, as the seed's pods reached their node: each placed on what the last left.
         kubectl.apply(seeing.pod(f"frac-{n}", seeing.container(gpu=f"{asked / 100:.2f}")), "-n", namespace)
-    for n, asked in enumerate(FRACTION_ASKS):
         seeing.running(kubectl, namespace, f"frac-{n}", explain=runtime.tail)
         card = seeing.card_of(kubectl, namespace, f"frac-{n}")
         view = seeing.seen(kubectl, namespace, f"frac-{n}")
@@ -232,11 +234,47 @@ def test_what_containers_see_with_nvidias_runtime(strategy_name, hardened, toolk
         seeing.set_config(kubectl, before)
 
 
+def test_the_agent_says_where_the_toolkit_breaks_the_promise(toolkit_runtime, agent, kubectl):
+    """The same config files NVIDIA's runtime just ran with, read by gpushard's agent: the Node's annotation, the
+    agent's log and `gpushard status` name the toolkit's defaults (each card's inventory entry says it); the
+    hardened file is named as such."""
+    seen = {}
+    for hardened in (False, True):
+        toolkit_runtime.install(hardened=hardened)
+        agent.reload(expect=seeing.per_card(node_mod.CARDS))
+        def published(want=hardened):
+            raw = kubectl.json("get", "node", components.NODE_NAME)["metadata"]["annotations"].get(
+                names.INVENTORY_ANNOTATION)
+            said = [e.get(names.INVENTORY_TOOLKIT) for e in json.loads(raw or "[]")]
+            return said[0] if said and all(s and s["hardened"] is want for s in said) else None
+        verdict = components.wait_for("the toolkit's verdict in the Node's inventory", published, timeout=60,
+                                      explain=agent.tail)
+        assert verdict["config"] == str(toolkit_runtime.config), verdict
+        assert verdict["acceptVolumeMounts"] is hardened and verdict["acceptEnvvarWhenUnprivileged"] is not hardened
+        status = subprocess.run([gpushard.GPUSHARD, "status", f"--kubeconfig={kubectl.config}"], capture_output=True,
+                                text=True, timeout=90)
+        assert status.returncode == 0, status.stderr
+        seen[hardened] = status.stdout
+    assert f'node: on shared node "{components.NODE_NAME}" NVIDIA\'s container toolkit accepts' in seen[False]
+    assert "accepts NVIDIA_VISIBLE_DEVICES from unprivileged containers" in agent.log()
+    assert "toolkit accepts" not in seen[True], seen[True]
+    nvidia.record("gpushard's agent on the toolkit's config (the files NVIDIA's runtime ran with)",
+                  ("toolkit", "inventory: toolkit.hardened", "gpushard status says"),
+                  ("defaults", False, seen[False].split("node: ", 1)[1].splitlines()[0][:110]),
+                  ("hardened", True, "nothing of the toolkit"))
+
+
 def test_the_node_goes_back_to_runc(toolkit_runtime, agent, runtime, kubectl, namespace):
     """What the tier's other tests expect: no NVIDIA runtime, no NVIDIA plugin, gpushard's agent as shipped."""
     toolkit_runtime.remove()
     agent.reload(expect=seeing.per_card(node_mod.CARDS))
+    calls = toolkit_runtime.calls()
     kubectl.apply(seeing.pod("after", seeing.container(gpu="0.25")), "-n", namespace)
     seeing.running(kubectl, namespace, "after", explain=runtime.tail)
-    # The shipped strategy list names no CDI device: with runc alone nothing turns its answer into a device node.
-    assert seeing.seen(kubectl, namespace, "after").devices == {}
+    card = seeing.card_of(kubectl, namespace, "after")
+    view = seeing.seen(kubectl, namespace, "after")
+    assert toolkit_runtime.calls() == calls, "NVIDIA's runtime still ran"
+    if runtime.cdi:
+        assert view.cards() == {card}, view  # the shipped list's cdi-cri, injected by containerd itself
+    else:
+        assert view.devices == {}, view  # nothing turns the agent's answer into a device node

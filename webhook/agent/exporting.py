@@ -79,6 +79,9 @@ class Observation:
     seconds: float = 0.0
     # Other DRA drivers offering this node's GPUs (webhook.agent.conflicting); None: not checked (yet).
     dra_conflicts: list | None = None
+    # Whether the node's NVIDIA toolkit ignores an unprivileged container's NVIDIA_VISIBLE_DEVICES (toolkitcheck);
+    # None: no config found, or none read yet.
+    toolkit_hardened: bool | None = None
 
 
 def memory_cap_for(isolation: str | None, shares_per_card: int) -> Callable[[nvml.Card, int], int | None]:
@@ -103,7 +106,7 @@ class Observer:
                  policy: policy_mod.Policy, holdings: Callable[[], list[podresources.Holding]],
                  procs: attributing.ProcReader, pods: podlisting.NodePods | None,
                  memory_cap: Callable[[nvml.Card, int], int | None] = no_cap, conflicts=None,
-                 cordoned: Callable[[], frozenset[int]] = frozenset) -> None:
+                 cordoned: Callable[[], frozenset[int]] = frozenset, toolkit=None) -> None:
         self.node = node
         self.cards = sorted(cards, key=lambda c: c.index)
         self.devices = devices
@@ -115,6 +118,7 @@ class Observer:
         self.memory_cap = memory_cap
         self.conflicts = conflicts  # a conflicting.Watcher, or None
         self.cordoned = cordoned
+        self.toolkit = toolkit  # a toolkitcheck.Checker, or None
 
     def _owner(self, pid: int, holders: dict[tuple[str, str, str], ContainerRow]) -> ContainerRow | None:
         ref = self.procs.container_of(pid)
@@ -185,7 +189,10 @@ class Observer:
             row.containers = sorted(holders.values(), key=lambda r: (r.namespace, r.pod, r.container))
             rows.append(row)
         dra = list(self.conflicts.found) if self.conflicts is not None and self.conflicts.checked else None
-        return Observation(self.node, self.policy.shares_per_card, rows, up, time.perf_counter() - started, dra)
+        verdict = self.toolkit.verdict if self.toolkit is not None else None
+        hardened = verdict.hardened if verdict is not None else None
+        return Observation(self.node, self.policy.shares_per_card, rows, up, time.perf_counter() - started, dra,
+                           hardened)
 
 
 def families(obs: Observation) -> Iterator[prom.Metric]:
@@ -281,6 +288,13 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
         for c in obs.dra_conflicts:
             devices.add_metric([obs.node, c.driver], c.devices)
         yield from (count, devices)
+    if obs.toolkit_hardened is not None:
+        hardened = gauge("gpushard_agent_toolkit_hardened",
+                         "1 when the node's NVIDIA container toolkit ignores NVIDIA_VISIBLE_DEVICES in unprivileged "
+                         "containers; 0 when a pod outside gpushard's namespaces can ask every card by it",
+                         ["node"])
+        hardened.add_metric([obs.node], 1 if obs.toolkit_hardened else 0)
+        yield hardened
 
 
 class Collector(registry.Collector):
@@ -413,7 +427,7 @@ class Server:
 def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board, api,
           node_name: str | None, conflicts=None,
           cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None,
-          cordoned: Callable[[], frozenset[int]] = frozenset) -> Server | None:
+          cordoned: Callable[[], frozenset[int]] = frozenset, toolkit=None) -> Server | None:
     """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts.
 
     ``cards_by_pod`` (backend dra: the DRA plugin's prepared claims) says which card each pod's
@@ -434,7 +448,7 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
     # Isolation, where configured, caps each container's memory; without it there is no cap to report.
     observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy, cards_by_pod),
                         attributing.ProcReader(args.proc_root), pods,
-                        memory_cap_for(policy.isolation, policy.shares_per_card), conflicts, cordoned)
+                        memory_cap_for(policy.isolation, policy.shares_per_card), conflicts, cordoned, toolkit)
     reviewer = authorizing.Reviewer(api, node_name or "", timeout=settings.agent.metrics_request_timeout) \
         if api is not None else None
     if reviewer is None:

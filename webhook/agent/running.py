@@ -28,7 +28,9 @@ from webhook.agent import (
     podresources,
     publishing,
     runtimechecking,
+    toolkitcheck,
 )
+from webhook.core import names
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,8 @@ class Agent:
                  conflicts: Callable[[Callable[[], list[nvml.Card]]], conflicting.Watcher] | None = None,
                  pod_resources: podresources.Client | None = None,
                  holders_refresh: float = holders.REFRESH_S,
-                 cordons: Callable[[], cordonwatching.Watcher] | None = None) -> None:
+                 cordons: Callable[[], cordonwatching.Watcher] | None = None,
+                 toolkit: toolkitcheck.Checker | None = None, toolkit_interval: float = 60.0) -> None:
         self.devices = devices
         self.policy = policy
         self.cards, self.excluded = _whole_cards(devices)
@@ -96,6 +99,9 @@ class Agent:
             if self.dra.runtime is not None:
                 # A new verdict on the runtime changes the slice and the Node's inventory.
                 self.dra.runtime.on_change = self._changed
+        # The node's NVIDIA container toolkit: whether it keeps outsiders' NVIDIA_VISIBLE_DEVICES from the cards.
+        self.toolkit = toolkit
+        self.toolkit_interval = toolkit_interval
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -139,7 +145,19 @@ class Agent:
         refused = self.dra.runtime.card_details() if self.dra is not None and self.dra.runtime is not None else {}
         for card in self.cards:
             per_card[card.index].update(refused)
+        if self.toolkit is not None:
+            # On every card: the toolkit decides for all of them (the Node's three keys stay the agent's only ones).
+            verdict = (self.toolkit.verdict or self.toolkit.check()).as_json()
+            for card in self.cards:
+                per_card[card.index][names.INVENTORY_TOOLKIT] = verdict
         return {"cards": per_card, "excluded": list(self.excluded)}
+
+    def _watch_toolkit(self, stop: threading.Event) -> None:
+        """The toolkit's config read again every ``toolkit_interval``: an operator who fixes it is seen."""
+        while not stop.wait(self.toolkit_interval):
+            before = self.toolkit.verdict
+            if self.toolkit.check() != before:
+                self._changed()
 
     def _thread(self, name: str, target, *args) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
@@ -165,6 +183,9 @@ class Agent:
             self._thread("gpushard-publish", self.publisher.run, self._stop)
         if self.conflicts is not None:
             self._thread("gpushard-dra-conflicts", self.conflicts.run, self._stop)
+        if self.toolkit is not None:
+            self.toolkit.check()
+            self._thread("gpushard-toolkit", self._watch_toolkit, self._stop)
 
     def stop(self) -> None:
         """Stop polling, end the streams, remove our sockets, release NVML."""
@@ -272,6 +293,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
                   mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra,
                   conflicts=conflicts, cordons=cordons,
+                  toolkit=toolkitcheck.Checker(getattr(args, "toolkit_config", None) or toolkitcheck.CONFIG_PATHS),
                   pod_resources=podresources.Client(getattr(args, "pod_resources_socket", None) or podresources.SOCKET))
     stop = threading.Event()
 
@@ -291,7 +313,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                  ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
         try:
             metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name,
-                                      conflicts=agent.conflicts, cordoned=agent.cordoned,
+                                      conflicts=agent.conflicts, cordoned=agent.cordoned, toolkit=agent.toolkit,
                                       cards_by_pod=agent.dra.plugin.preparer.cards_by_pod if agent.dra else None)
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}; pick a "

@@ -20,6 +20,7 @@ PIN_ENV_MISMATCH = "pin-env-mismatch"
 ANNOTATION_MISMATCH = "annotation-mismatch"
 NO_SUCH_CARD = "no-such-card"
 CARD_OVERSUBSCRIBED = "card-oversubscribed"
+TOOLKIT_ACCEPTS_ENVVAR = "toolkit-accepts-envvar"
 
 FIXES = {
     NOT_OPTED_IN: "label the namespace gpushard.io/mode=enforce (or audit, to try it first)",
@@ -31,6 +32,10 @@ FIXES = {
     ANNOTATION_MISMATCH: "recreate the pod so that gpushard writes its card annotation and resources together",
     NO_SUCH_CARD: "recreate the pod without a card resource so that gpushard chooses a card the node has",
     CARD_OVERSUBSCRIBED: "move or delete pods on this card until its shares fit; check the card's health",
+    TOOLKIT_ACCEPTS_ENVVAR: ("set accept-nvidia-visible-devices-envvar-when-unprivileged = false and "
+                             "accept-nvidia-visible-devices-as-volume-mounts = true in the node's NVIDIA toolkit "
+                             "config (GPU Operator: toolkit.env), then restart containerd (docs/install.md, "
+                             "\"Prerequisites\")"),
 }
 RULES = tuple(FIXES)
 
@@ -327,6 +332,22 @@ def _card_use(pods: Iterable[dict], policy: Policy) -> dict[tuple[str, int], lis
     return held
 
 
+def toolkit_problem(node: dict) -> str | None:
+    """What the Node's agent found of NVIDIA's container toolkit (each card's inventory entry, key
+    names.INVENTORY_TOOLKIT), when it breaks the shared node's promise: an unprivileged container's
+    NVIDIA_VISIBLE_DEVICES is honoured there."""
+    inventory = objects.read_inventory(_dict(_meta(node).get("annotations")).get(names.INVENTORY_ANNOTATION))
+    found = next((e.get(names.INVENTORY_TOOLKIT) for e in inventory.values()
+                  if isinstance(e.get(names.INVENTORY_TOOLKIT), dict)
+                  and e[names.INVENTORY_TOOLKIT].get("hardened") is False), None)
+    if found is None:
+        return None
+    name = _meta(node).get("name") or ""
+    return (f"gpushard: on shared node \"{name}\" NVIDIA's container toolkit accepts NVIDIA_VISIBLE_DEVICES from "
+            f"unprivileged containers ({found.get('config') or 'its config'}): a pod outside gpushard's enforce "
+            "namespaces that writes NVIDIA_VISIBLE_DEVICES=all, or runs a CUDA image, sees every card of the node")
+
+
 def audit(objects: Iterable[Located], policy: Policy) -> list[Item]:
     """Every finding over a set of objects: a cluster's, or a set of manifests.
 
@@ -355,6 +376,9 @@ def audit(objects: Iterable[Located], policy: Policy) -> list[Item]:
             items.append(Item(ref_of(located.obj), _warn(NVIDIA_PLUGIN_ON_SHARED_NODE, (
                 f"gpushard: shared node \"{node.name}\" also advertises {node.fraction_allocatable} "
                 f"{policy.resources.fraction}, so NVIDIA's device plugin still runs there")), located.source))
+        problem = toolkit_problem(located.obj) if node.shared else None
+        if problem:
+            items.append(Item(ref_of(located.obj), _warn(TOOLKIT_ACCEPTS_ENVVAR, problem), located.source))
 
     # DeviceClasses of other drivers serving extended resources: each a finding, and the context of every pod.
     classes = by_kind.get(DEVICE_CLASS_KIND, [])

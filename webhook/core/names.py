@@ -27,6 +27,9 @@ CARD_MEMORY_ANNOTATION = "gpushard.io/card-memory-mib"
 
 # What the agent writes on its Node.
 INVENTORY_ANNOTATION = "gpushard.io/inventory"
+# The key of each card's inventory entry that says what the node's NVIDIA container toolkit does with an
+# unprivileged container's NVIDIA_VISIBLE_DEVICES, as the agent read it (webhook/agent/toolkitcheck.py).
+INVENTORY_TOOLKIT = "toolkit"
 CARDS_LABEL = "gpushard.io/cards"
 # Each card's memory in MiB (NVML's total), one label per card: gpushard.io/card-3.memory-mib=81559.
 # A label key's name part is at most 63 characters of [A-Za-z0-9._-] and a value at most 63
