@@ -833,10 +833,18 @@ def toolkit_problems(nodes: list[dict], picked: set[str] | None = None) -> list[
     return found
 
 
-def toolkit_lines(problems: list[tuple[str, str]]) -> str:
+def held_cards(nodes: list[dict], picked: set[str] | None = None) -> list[tuple[str, str]]:
+    """(node, message) for each card an agent withholds because another device plugin's pods hold it."""
+    return [(str((n.get("metadata") or {}).get("name") or ""), message) for n in nodes
+            if picked is None or (n.get("metadata") or {}).get("name") in picked for message in audit.held_by_others(n)]
+
+
+def toolkit_lines(problems: list[tuple[str, str]], held: list[tuple[str, str]] = ()) -> str:
     """Under the status table: what was found on each node, then what to do."""
     fix = audit.FIXES[audit.TOOLKIT_ACCEPTS_ENVVAR]
-    return "".join(f"node: {message.removeprefix('gpushard: ')}\n  fix: {fix}\n" for _, message in problems)
+    lines = [f"node: {message.removeprefix('gpushard: ')}\n  fix: {fix}\n" for _, message in problems]
+    lines += [f"node: {message.removeprefix('gpushard: ')}\n" for _, message in held]
+    return "".join(lines)
 
 
 def kubernetes_core(conn: connecting.Client):
@@ -875,8 +883,9 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             use = audit.pods_of_namespace(use, namespace)
         capped = settings.policy.isolation != "none"
         install = installation.check(read_install(conn, err)) if output != kubectlflags.NAME else []
-        toolkit = toolkit_problems(nodes if nodes is not None else _list(
-            kubernetes_core(conn).list_node, "nodes", conn), picked) if output != kubectlflags.NAME else []
+        listed = (nodes if nodes is not None else _list(kubernetes_core(conn).list_node, "nodes", conn)) \
+            if output != kubectlflags.NAME else []
+        toolkit, held = toolkit_problems(listed, picked), held_cards(listed, picked)
         if output in (kubectlflags.JSON, kubectlflags.YAML):
             document = status_json(use, settings.policy.shares_per_card, capped)
             if namespace is not None:
@@ -884,6 +893,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             document["install"] = install_json(install)
             document["toolkit"] = [{"node": name, "message": message, "fix": audit.FIXES[audit.TOOLKIT_ACCEPTS_ENVVAR]}
                                    for name, message in toolkit]
+            document["heldByOtherPlugins"] = [{"node": name, "message": message} for name, message in held]
             text = _document(document, output)
         elif output == kubectlflags.NAME:
             text = status_names(use)
@@ -891,7 +901,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             text = status_table(use, wide=output == kubectlflags.WIDE, no_headers=getattr(args, "no_headers", False),
                                 shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
                                 shared_nodes=shared_nodes, namespace=namespace, empty=empty)
-            text += install_lines(install) + toolkit_lines(toolkit)
+            text += install_lines(install) + toolkit_lines(toolkit, held)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)

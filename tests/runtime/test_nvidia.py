@@ -15,13 +15,19 @@ inside each container (tests/runtime/nvidia.py says how they run):
   tests/agent/toolkit.py predicts from the agent's Allocate answer and the pod's env; a 0.25 pod sees its
   card under the shipped strategy list on both; its sidecar, a container without a share, an author's
   ``NVIDIA_VISIBLE_DEVICES=all`` and a ``kubectl debug`` container see none; a pod of a namespace that never
-  opted in, its image asking ``all``, sees no card on the hardened node and every card at the defaults.
+  opted in, its image asking ``all``, sees no card on the hardened node and every card at the defaults;
+- gpushard's agent reads the same toolkit config files and says where the defaults break that promise;
+- moving the node from NVIDIA's plugin to gpushard with the seed's pods running, as docs/install.md says:
+  the cards they hold are withheld from gpushard's pods until they end, none of them loses its card, and no
+  card is handed out by both plugins; back to NVIDIA's plugin, `gpushard audit` names the node while
+  gpushard's pods still hold cards, and NVIDIA's plugin takes over once they ended.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -262,6 +268,96 @@ def test_the_agent_says_where_the_toolkit_breaks_the_promise(toolkit_runtime, ag
                   ("toolkit", "inventory: toolkit.hardened", "gpushard status says"),
                   ("defaults", False, seen[False].split("node: ", 1)[1].splitlines()[0][:110]),
                   ("hardened", True, "nothing of the toolkit"))
+
+
+def cards_of_replicas(uid: str) -> set[int]:
+    return {card_by_uuid(d.split("::")[0]) for d in replicas_of(uid)}
+
+
+def gpushard_cli(kubectl, *args: str) -> str:
+    done = subprocess.run([gpushard.GPUSHARD, *args, f"--kubeconfig={kubectl.config}"], capture_output=True,
+                          text=True, timeout=90)
+    assert done.returncode in (0, 1), done.stderr  # audit exits 1 when it finds something
+    return done.stdout
+
+
+def test_moving_a_node_from_nvidias_plugin_to_gpushard_and_back(toolkit_runtime, nvidia_plugin, agent, runtime,
+                                                               kubectl, namespace, outsider):
+    """docs/install.md's move with the seed's pods running: none loses its card, no card is handed out by both."""
+    toolkit_runtime.install(hardened=False)
+    agent.stop()  # the seed's node: NVIDIA's plugin alone
+    nvidia_plugin.stop()
+    nvidia_plugin.start(nvidia.seed_config())
+    seed = {}
+    for name in ("seed-a", "seed-b"):
+        kubectl.apply(seed_pod(name, 1), "-n", outsider)
+        pod = seeing.running(kubectl, outsider, name, explain=nvidia_plugin.tail)
+        seed[name] = (pod["metadata"]["uid"], pod["status"]["containerStatuses"][0]["containerID"],
+                      seeing.seen_now(kubectl, outsider, name))
+    held = set().union(*(cards_of_replicas(uid) for uid, _, _ in seed.values()))
+    assert len(held) == 2, held  # one replica each, on the two least-loaded cards
+    free = sorted(set(range(node_mod.CARDS)) - held)
+
+    # The move: NVIDIA's plugin leaves the node, gpushard's agent comes.
+    nvidia_plugin.stop()
+    moved = time.monotonic()
+    want = seeing.per_card(node_mod.CARDS)
+    want.update({f"gpushard.io/card-{k}": "0" for k in held})
+    agent.start(expect=want)
+    offered_after = time.monotonic() - moved
+    status = gpushard_cli(kubectl, "status")
+    for k in sorted(held):
+        assert f"node: card {k} of node \"{components.NODE_NAME}\" is held by pods of another device plugin" in status
+    placed = {}
+    for n in range(2 * len(free)):  # two halves fill each free card
+        name = f"half-{n}"
+        kubectl.apply(seeing.pod(name, seeing.container(gpu="0.5")), "-n", namespace)
+        seeing.running(kubectl, namespace, name, explain=runtime.tail)
+        placed[name] = seeing.card_of(kubectl, namespace, name)
+        assert seeing.seen(kubectl, namespace, name).cards() == {placed[name]}
+    assert set(placed.values()) == set(free), placed  # no card held by a seed pod was handed out
+    kubectl.apply(seeing.pod("waiting", seeing.container(gpu="0.5")), "-n", namespace)
+    time.sleep(5)
+    assert kubectl.json("get", "pod", "waiting", "-n", namespace)["status"]["phase"] == "Pending"
+    for name, (_uid, container, view) in seed.items():
+        pod = seeing.running(kubectl, outsider, name)
+        status_now = pod["status"]["containerStatuses"][0]
+        assert (status_now["containerID"], status_now["restartCount"]) == (container, 0), name
+        assert seeing.seen_now(kubectl, outsider, name) == view, f"{name} lost its card"
+    # The seed's pods end: their cards come back, and the waiting pod gets one.
+    seeing.clear_namespace(kubectl, outsider)
+    ended = time.monotonic()
+    seeing.running(kubectl, namespace, "waiting", timeout=120, explain=agent.tail)
+    back_after = time.monotonic() - ended
+    placed["waiting"] = seeing.card_of(kubectl, namespace, "waiting")
+    assert placed["waiting"] in held
+
+    # And back: the agent leaves while gpushard's pods run; NVIDIA's plugin must wait until they end.
+    agent.stop()
+    nvidia_plugin.start(nvidia.seed_config())
+    findings = gpushard_cli(kubectl, "audit", "-A")
+    assert "nvidia-plugin-on-shared-node" in findings, findings
+    for name in placed:
+        seeing.running(kubectl, namespace, name)  # still running on their cards
+    seeing.clear_namespace(kubectl, namespace)
+    kubectl.apply(seed_pod("seed-after", 1), "-n", outsider)
+    seeing.running(kubectl, outsider, "seed-after", explain=nvidia_plugin.tail)
+    assert len(seeing.seen(kubectl, outsider, "seed-after").cards()) == 1
+    seeing.clear_namespace(kubectl, outsider)
+    nvidia_plugin.stop()
+    agent.start(expect=seeing.per_card(node_mod.CARDS))
+    table("Moving the node from NVIDIA's plugin to gpushard and back",
+          ("step", "what happened"), [
+              ("seed pods running (1 replica each)", f"cards {sorted(held)}"),
+              ("gpushard's agent in, NVIDIA's plugin out", f"cards {sorted(held)} withheld ({offered_after:.1f} s "
+               f"to registered); 0.5 pods on cards {sorted(set(placed.values()) - held)}; 5th pod Pending"),
+              ("seed pods during the move", "running throughout, same containers, same device nodes"),
+              ("seed pods deleted", f"held cards offered again; the Pending pod ran {back_after:.1f} s later on "
+               f"card {placed['waiting']}"),
+              ("back: agent out, NVIDIA's plugin in", "gpushard audit: nvidia-plugin-on-shared-node while "
+               "gpushard's pods run; after they ended a seed pod ran on 1 card"),
+              ("cards handed out by both plugins at once", "0"),
+          ])
 
 
 def test_the_node_goes_back_to_runc(toolkit_runtime, agent, runtime, kubectl, namespace):

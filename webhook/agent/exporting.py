@@ -82,6 +82,8 @@ class Observation:
     # Whether the node's NVIDIA toolkit ignores an unprivileged container's NVIDIA_VISIBLE_DEVICES (toolkitcheck);
     # None: no config found, or none read yet.
     toolkit_hardened: bool | None = None
+    # Cards other device plugins' containers hold, withheld from new pods (foreign.Watcher); None: not watched.
+    foreign_held: int | None = None
 
 
 def memory_cap_for(isolation: str | None, shares_per_card: int) -> Callable[[nvml.Card, int], int | None]:
@@ -106,7 +108,7 @@ class Observer:
                  policy: policy_mod.Policy, holdings: Callable[[], list[podresources.Holding]],
                  procs: attributing.ProcReader, pods: podlisting.NodePods | None,
                  memory_cap: Callable[[nvml.Card, int], int | None] = no_cap, conflicts=None,
-                 cordoned: Callable[[], frozenset[int]] = frozenset, toolkit=None) -> None:
+                 cordoned: Callable[[], frozenset[int]] = frozenset, toolkit=None, withheld=None) -> None:
         self.node = node
         self.cards = sorted(cards, key=lambda c: c.index)
         self.devices = devices
@@ -119,6 +121,7 @@ class Observer:
         self.conflicts = conflicts  # a conflicting.Watcher, or None
         self.cordoned = cordoned
         self.toolkit = toolkit  # a toolkitcheck.Checker, or None
+        self.withheld = withheld  # a foreign.Watcher, or None
 
     def _owner(self, pid: int, holders: dict[tuple[str, str, str], ContainerRow]) -> ContainerRow | None:
         ref = self.procs.container_of(pid)
@@ -191,8 +194,9 @@ class Observer:
         dra = list(self.conflicts.found) if self.conflicts is not None and self.conflicts.checked else None
         verdict = self.toolkit.verdict if self.toolkit is not None else None
         hardened = verdict.hardened if verdict is not None else None
+        held = len(self.withheld.withheld) if self.withheld is not None else None
         return Observation(self.node, self.policy.shares_per_card, rows, up, time.perf_counter() - started, dra,
-                           hardened)
+                           hardened, held)
 
 
 def families(obs: Observation) -> Iterator[prom.Metric]:
@@ -295,6 +299,12 @@ def families(obs: Observation) -> Iterator[prom.Metric]:
                          ["node"])
         hardened.add_metric([obs.node], 1 if obs.toolkit_hardened else 0)
         yield hardened
+    if obs.foreign_held is not None:
+        held = gauge("gpushard_agent_cards_held_by_other_plugins",
+                     "Cards of this node that containers of another device plugin hold (NVIDIA's, on a node moved "
+                     "to gpushard): their shares are not offered until those containers end", ["node"])
+        held.add_metric([obs.node], obs.foreign_held)
+        yield held
 
 
 class Collector(registry.Collector):
@@ -427,7 +437,7 @@ class Server:
 def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board, api,
           node_name: str | None, conflicts=None,
           cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None,
-          cordoned: Callable[[], frozenset[int]] = frozenset, toolkit=None) -> Server | None:
+          cordoned: Callable[[], frozenset[int]] = frozenset, toolkit=None, withheld=None) -> Server | None:
     """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts.
 
     ``cards_by_pod`` (backend dra: the DRA plugin's prepared claims) says which card each pod's
@@ -448,7 +458,8 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
     # Isolation, where configured, caps each container's memory; without it there is no cap to report.
     observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy, cards_by_pod),
                         attributing.ProcReader(args.proc_root), pods,
-                        memory_cap_for(policy.isolation, policy.shares_per_card), conflicts, cordoned, toolkit)
+                        memory_cap_for(policy.isolation, policy.shares_per_card), conflicts, cordoned, toolkit,
+                        withheld)
     reviewer = authorizing.Reviewer(api, node_name or "", timeout=settings.agent.metrics_request_timeout) \
         if api is not None else None
     if reviewer is None:

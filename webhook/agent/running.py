@@ -30,6 +30,7 @@ from webhook.agent import (
     runtimechecking,
     toolkitcheck,
 )
+from webhook.agent import foreign as foreign_mod
 from webhook.core import names
 from webhook.core import policy as policy_mod
 
@@ -53,7 +54,8 @@ class Agent:
                  pod_resources: podresources.Client | None = None,
                  holders_refresh: float = holders.REFRESH_S,
                  cordons: Callable[[], cordonwatching.Watcher] | None = None,
-                 toolkit: toolkitcheck.Checker | None = None, toolkit_interval: float = 60.0) -> None:
+                 toolkit: toolkitcheck.Checker | None = None, toolkit_interval: float = 60.0,
+                 foreign_interval: float = foreign_mod.INTERVAL_S) -> None:
         self.devices = devices
         self.policy = policy
         self.cards, self.excluded = _whole_cards(devices)
@@ -74,6 +76,12 @@ class Agent:
         self.pod_resources = pod_resources
         self.share_holders = holders.Holders(self._read_share_holders if pod_resources is not None else None,
                                              refresh=holders_refresh)
+        # Cards another device plugin handed to containers that still run (a node moved from NVIDIA's plugin):
+        # withheld from new pods, as a cordoned card is, until none holds one. Read from PodResources.
+        self.foreign = foreign_mod.Watcher(pod_resources.list, policy, self.cards, foreign_interval) \
+            if pod_resources is not None else None
+        if self.foreign is not None:
+            self.foreign.on_change = self._foreign_changed
         self.plugins = [deviceplugin.PluginServer(directory, r, self.cards, self.board, policy.shares_per_card, tick,
                                                   strategy=policy.device_list_strategy, limits=limits,
                                                   share_holders=self.share_holders if r.card_index is None else None,
@@ -115,8 +123,18 @@ class Agent:
         return [c for c in self.cards if present.get(c.index, False)]
 
     def cordoned(self) -> frozenset[int]:
+        """The card indexes whose shares are not offered: those an operator cordoned on this Node, as last
+        read, and those another device plugin's containers hold."""
+        return self.operator_cordoned() | (self.foreign.withheld if self.foreign is not None else frozenset())
+
+    def operator_cordoned(self) -> frozenset[int]:
         """The card indexes an operator cordoned on this Node, as last read."""
         return self.cordons.cordoned if self.cordons is not None else frozenset()
+
+    def _foreign_changed(self) -> None:
+        self._cordons_changed()
+        if self.publisher is not None:
+            self.publisher.changed()
 
     def _cordons_changed(self) -> None:
         # The streams list again (the card-k plugin withdraws or offers its shares); health is untouched.
@@ -145,6 +163,9 @@ class Agent:
         refused = self.dra.runtime.card_details() if self.dra is not None and self.dra.runtime is not None else {}
         for card in self.cards:
             per_card[card.index].update(refused)
+        if self.foreign is not None:
+            for index, found in self.foreign.card_details().items():
+                per_card.setdefault(index, {}).update(found)
         if self.toolkit is not None:
             # On every card: the toolkit decides for all of them (the Node's three keys stay the agent's only ones).
             verdict = (self.toolkit.verdict or self.toolkit.check()).as_json()
@@ -172,6 +193,9 @@ class Agent:
             # Daemons first: the kubelet may allocate as soon as a plugin registers.
             self.mps.start()
             self._thread("gpushard-mps", self.mps.run, self._stop)
+        if self.foreign is not None:
+            # Before the plugins register: a card another plugin's pods hold is never offered, not even at first.
+            self.foreign.check()
         self.keeper.start()
         if self.dra is not None:
             self.dra.start(lambda name, target: self._thread(name, target, self._stop))
@@ -186,6 +210,8 @@ class Agent:
         if self.toolkit is not None:
             self.toolkit.check()
             self._thread("gpushard-toolkit", self._watch_toolkit, self._stop)
+        if self.foreign is not None:
+            self._thread("gpushard-foreign", self.foreign.run, self._stop)
 
     def stop(self) -> None:
         """Stop polling, end the streams, remove our sockets, release NVML."""
@@ -313,7 +339,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                  ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
         try:
             metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name,
-                                      conflicts=agent.conflicts, cordoned=agent.cordoned, toolkit=agent.toolkit,
+                                      conflicts=agent.conflicts, cordoned=agent.operator_cordoned,
+                                      toolkit=agent.toolkit, withheld=agent.foreign,
                                       cards_by_pod=agent.dra.plugin.preparer.cards_by_pod if agent.dra else None)
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}; pick a "

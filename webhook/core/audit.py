@@ -348,6 +348,23 @@ def toolkit_problem(node: dict) -> str | None:
             "namespaces that writes NVIDIA_VISIBLE_DEVICES=all, or runs a CUDA image, sees every card of the node")
 
 
+def held_by_others(node: dict) -> list[str]:
+    """Each card the Node's agent withholds because another device plugin's containers hold it (``heldBy`` in
+    its inventory entry: a node moved from NVIDIA's plugin, whose pods still run)."""
+    inventory = objects.read_inventory(_dict(_meta(node).get("annotations")).get(names.INVENTORY_ANNOTATION))
+    name = _meta(node).get("name") or ""
+    found = []
+    for index, entry in sorted(inventory.items()):
+        held = entry.get("heldBy")
+        if not isinstance(held, dict) or not held:
+            continue
+        who = "; ".join(f"{resource} ({', '.join(map(str, pods)) if isinstance(pods, list) else pods})"
+                        for resource, pods in sorted(held.items()))
+        found.append(f"gpushard: card {index} of node \"{name}\" is held by pods of another device plugin: {who}; "
+                     "its shares are not offered to new pods until those end")
+    return found
+
+
 def audit(objects: Iterable[Located], policy: Policy) -> list[Item]:
     """Every finding over a set of objects: a cluster's, or a set of manifests.
 
