@@ -266,3 +266,48 @@ def test_memory_asks_get_a_card_of_the_size_their_shares_are_for(dra, kubectl, n
         pod = bound(kubectl, namespace, "bent")
         assert pod["spec"]["nodeName"] == "mem-l4"
         kubectl.run("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False)
+
+
+EXTENDED = "example.com/gpushard-units"
+
+
+@pytest.mark.kubernetes(37, "DeviceClass extendedResourceName is GA from 1.37 (DRAExtendedResource, KEP-5004)")
+@pytest.mark.parametrize("namespace", [""], indirect=True)
+def test_an_extended_resource_from_gpushards_class_takes_whole_distinct_cards(dra, kubectl, namespace, agent):
+    """KEP-5004 on gpushard's slice: a DeviceClass of gpushard's driver with an extendedResourceName, and pods asking
+    that resource (no claim of their own). The scheduler asks one device per unit (ExactCount, no capacity), so each
+    unit takes a whole card (the devices' default request is the card's every share), and the units of one pod are
+    always distinct cards: a fraction cannot be asked this way, and two units are the seed's two cards."""
+    kubectl.apply(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                              "metadata": {"name": "units.gpushard.example"},
+                              "spec": {"extendedResourceName": EXTENDED, "selectors": [
+                                  {"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+    try:
+        for name, units in (("units-2", "2"), ("units-25", "25")):
+            kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+                name, objects.container(gpu=units, resource=EXTENDED)))
+
+        def scheduled(name):
+            def check():
+                pod = kubectl.json("get", "pod", name, "-n", namespace)
+                if pod["spec"].get("nodeName"):
+                    return pod
+                why = [c for c in pod["status"].get("conditions", []) if c["type"] == "PodScheduled"
+                       and c.get("reason") == "Unschedulable"]
+                return pod if why else None
+            return components.wait_for(f"{name} bound or refused by the scheduler", check, timeout=90,
+                                       explain=agent.tail)
+        two, many = scheduled("units-2"), scheduled("units-25")
+        assert two["spec"].get("nodeName") == components.NODE_NAME, two["status"]
+        status = two["status"]["extendedResourceClaimStatus"]
+        claim = kubectl.json("get", "resourceclaim", status["resourceClaimName"], "-n", namespace)
+        assert claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert sorted(r["device"] for r in results) == ["card-0", "card-1"], results  # one pod, two cards
+        assert {r["consumedCapacity"]["shares"] for r in results} == {"100"}, results  # each card whole
+        assert not many["spec"].get("nodeName")
+        message = next(c["message"] for c in many["status"]["conditions"] if c["type"] == "PodScheduled")
+        assert "Insufficient" in message or "cannot allocate" in message, message
+    finally:
+        kubectl.run("delete", "pods", "--all", "-n", namespace, "--grace-period=0", "--force", check=False)
+        kubectl.run("delete", "deviceclass", "units.gpushard.example", "--ignore-not-found", check=False)
