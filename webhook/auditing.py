@@ -29,6 +29,9 @@ MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 REPORT_API_VERSION = "gpushard.io/v1"
 PAGE = 500
 FINISHED_PODS_OUT = "status.phase!=Succeeded,status.phase!=Failed"
+FAILED_PODS = "status.phase=Failed"
+# What the kubelet records on a pod it refuses at admission, as after a node reboot before the agent registered.
+REFUSED_REASON = "UnexpectedAdmissionError"
 
 
 class UsageError(Exception):
@@ -249,6 +252,13 @@ def _live_pods(core, namespace: str | None = None) -> Callable:
         if namespace is not None:
             return core.list_namespaced_pod(namespace, field_selector=FINISHED_PODS_OUT, **kwargs)
         return core.list_pod_for_all_namespaces(field_selector=FINISHED_PODS_OUT, **kwargs)
+
+    return call
+
+
+def _failed_pods(core) -> Callable:
+    def call(**kwargs):
+        return core.list_pod_for_all_namespaces(field_selector=FAILED_PODS, **kwargs)
 
     return call
 
@@ -839,6 +849,38 @@ def held_cards(nodes: list[dict], picked: set[str] | None = None) -> list[tuple[
             if picked is None or (n.get("metadata") or {}).get("name") in picked for message in audit.held_by_others(n)]
 
 
+def refused_pods(pods: list[dict], policy) -> list[dict]:
+    """The pods the kubelet refused at admission (``UnexpectedAdmissionError``) that asked gpushard's shares: after
+    a node reboot, the kubelet admits its pods again before the agent registers, and refuses every GPU pod
+    (docs/operations.md). Each with what brings it back: its controller, or nobody."""
+    res = policy.resources
+    found = []
+    for pod in pods:
+        status, meta, spec = pod.get("status") or {}, pod.get("metadata") or {}, pod.get("spec") or {}
+        if status.get("phase") != "Failed" or status.get("reason") != REFUSED_REASON:
+            continue
+        asked = {str(r) for c in (spec.get("containers") or []) + (spec.get("initContainers") or [])
+                 for r in ((c.get("resources") or {}).get("limits") or {})}
+        if not any(r == res.shares or res.card_index(r) is not None for r in asked):
+            continue
+        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+        found.append({"namespace": meta.get("namespace") or "", "name": meta.get("name") or "",
+                      "node": spec.get("nodeName") or "", "message": str(status.get("message") or "")[:200],
+                      "controller": f"{owner.get('kind')}/{owner.get('name')}" if owner else None})
+    return sorted(found, key=lambda p: (p["node"], p["namespace"], p["name"]))
+
+
+def refused_lines(refused: list[dict]) -> str:
+    lines = []
+    for p in refused:
+        again = (f"its controller {p['controller']} makes a new pod; delete this one once read" if p["controller"]
+                 else "a bare pod: nothing makes it again; create it from its own manifest (not from kubectl get "
+                      "-o yaml: that one is pinned to the old card and node), then delete this one")
+        lines.append(f"refused: {p['namespace']}/{p['name']} on {p['node']} by the kubelet ({REFUSED_REASON}: "
+                     f"{p['message']}): {again}\n")
+    return "".join(lines)
+
+
 def toolkit_lines(problems: list[tuple[str, str]], held: list[tuple[str, str]] = ()) -> str:
     """Under the status table: what was found on each node, then what to do."""
     fix = audit.FIXES[audit.TOOLKIT_ACCEPTS_ENVVAR]
@@ -886,6 +928,11 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
         listed = (nodes if nodes is not None else _list(kubernetes_core(conn).list_node, "nodes", conn)) \
             if output != kubectlflags.NAME else []
         toolkit, held = toolkit_problems(listed, picked), held_cards(listed, picked)
+        refused = [] if output == kubectlflags.NAME or settings.policy.backend == DRA_BACKEND else [
+            p for p in refused_pods(_list(_failed_pods(kubernetes_core(conn)), "pods", conn), settings.policy)
+            if picked is None or p["node"] in picked]
+        if namespace is not None:
+            refused = [p for p in refused if p["namespace"] == namespace]
         if output in (kubectlflags.JSON, kubectlflags.YAML):
             document = status_json(use, settings.policy.shares_per_card, capped)
             if namespace is not None:
@@ -894,6 +941,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             document["toolkit"] = [{"node": name, "message": message, "fix": audit.FIXES[audit.TOOLKIT_ACCEPTS_ENVVAR]}
                                    for name, message in toolkit]
             document["heldByOtherPlugins"] = [{"node": name, "message": message} for name, message in held]
+            document["refused"] = refused
             text = _document(document, output)
         elif output == kubectlflags.NAME:
             text = status_names(use)
@@ -901,7 +949,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             text = status_table(use, wide=output == kubectlflags.WIDE, no_headers=getattr(args, "no_headers", False),
                                 shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
                                 shared_nodes=shared_nodes, namespace=namespace, empty=empty)
-            text += install_lines(install) + toolkit_lines(toolkit, held)
+            text += refused_lines(refused) + install_lines(install) + toolkit_lines(toolkit, held)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)
