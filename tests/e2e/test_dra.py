@@ -278,6 +278,15 @@ def test_an_extended_resource_from_gpushards_class_takes_whole_distinct_cards(dr
     that resource (no claim of their own). The scheduler asks one device per unit (ExactCount, no capacity), so each
     unit takes a whole card (the devices' default request is the card's every share), and the units of one pod are
     always distinct cards: a fraction cannot be asked this way, and two units are the seed's two cards."""
+    # Whole cards are asked: the other tests' pods (their namespaces go away without waiting) must have let go.
+    for other in kubectl.json("get", "namespaces")["items"]:
+        name = other["metadata"]["name"]
+        if name.startswith("e2e-") and name != namespace:
+            kubectl.run("delete", "pods", "--all", "-n", name, "--grace-period=0", "--force", "--wait=false",
+                        check=False)
+    components.wait_for("no claim allocated on gpushard's cards", lambda: not [
+        c for c in kubectl.json("get", "resourceclaims", "-A")["items"] if (c.get("status") or {}).get("allocation")],
+        timeout=120, explain=agent.tail)
     kubectl.apply(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                               "metadata": {"name": "units.gpushard.example"},
                               "spec": {"extendedResourceName": EXTENDED, "selectors": [
