@@ -16,6 +16,7 @@ set, nothing of theirs is built.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
@@ -37,6 +38,8 @@ DEBIAN = {"containerd": "/usr/bin/containerd", "runc": "/usr/sbin/runc",
           "containernetworking-plugins": "/usr/lib/cni/bridge", "busybox-static": "/bin/busybox",
           "iptables": "/usr/sbin/iptables"}
 IMAGE_ARCHIVE = ROOT / "build" / "gpushard-image.tar"
+# Beside webhook/: what else goes into the image.
+IMAGE_INPUTS = ("Dockerfile", "setup.cfg", "pyproject.toml", "README.md")
 
 
 @dataclass
@@ -86,17 +89,33 @@ def debian_packages() -> str:
     return ""
 
 
+def image_sources() -> str:
+    """What the image is built from (the Dockerfile, the package's metadata and sources): a digest."""
+    digest = hashlib.sha256()
+    paths = [ROOT / name for name in IMAGE_INPUTS]
+    paths += sorted(p for p in (ROOT / "webhook").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for path in paths:
+        if path.is_file():
+            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def image_archive() -> str:
-    """gpushard's image as an OCI archive (make image-archive), made once; returns why not, or ''."""
+    """gpushard's image as an OCI archive (make image-archive), made again when its sources changed since the
+    archive was made (its digest beside it); returns why not, or ''."""
     if os.environ.get("GPUSHARD_E2E_IMAGE"):
         return ""
-    if IMAGE_ARCHIVE.exists():
+    stamp = IMAGE_ARCHIVE.with_name(IMAGE_ARCHIVE.name + ".sources")
+    sources = image_sources()
+    if IMAGE_ARCHIVE.exists() and stamp.exists() and stamp.read_text().strip() == sources:
         os.environ["GPUSHARD_E2E_IMAGE"] = str(IMAGE_ARCHIVE)
         return ""
-    say("building gpushard's image for the shipped-install tier (make image-archive, a few minutes)")
+    why = "its sources changed since" if IMAGE_ARCHIVE.exists() else "none yet"
+    say(f"building gpushard's image for the shipped-install tier ({why}; make image-archive, a few minutes)")
     started = time.monotonic()
     if subprocess.run(["make", "--no-print-directory", "image-archive"], cwd=ROOT).returncode != 0:
         return "make image-archive failed (above)"
+    stamp.write_text(sources + "\n")
     say(f"built {IMAGE_ARCHIVE} in {time.monotonic() - started:.0f} s")
     os.environ["GPUSHARD_E2E_IMAGE"] = str(IMAGE_ARCHIVE)
     return ""
