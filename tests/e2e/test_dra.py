@@ -287,6 +287,14 @@ def test_an_extended_resource_from_gpushards_class_takes_whole_distinct_cards(dr
     components.wait_for("no claim allocated on gpushard's cards", lambda: not [
         c for c in kubectl.json("get", "resourceclaims", "-A")["items"] if (c.get("status") or {}).get("allocation")],
         timeout=120, explain=agent.tail)
+    # ... and both cards in the slice: an earlier test's Xid keeps its card out until the agent starts again.
+    agent.reload(expect={"gpushard.io/gpu": "200"})
+
+    def both_cards():
+        slices = kubectl.json("get", "resourceslices", "--field-selector", f"spec.driver={DRIVER}")["items"]
+        return {d["name"] for s in slices if s["spec"].get("nodeName") == components.NODE_NAME
+                for d in s["spec"]["devices"]} == {"card-0", "card-1"}
+    components.wait_for("both cards in the agent's slice", both_cards, timeout=60, explain=agent.tail)
     kubectl.apply(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
                               "metadata": {"name": "units.gpushard.example"},
                               "spec": {"extendedResourceName": EXTENDED, "selectors": [
@@ -307,7 +315,8 @@ def test_an_extended_resource_from_gpushards_class_takes_whole_distinct_cards(dr
             return components.wait_for(f"{name} bound or refused by the scheduler", check, timeout=90,
                                        explain=agent.tail)
         two, many = scheduled("units-2"), scheduled("units-25")
-        assert two["spec"].get("nodeName") == components.NODE_NAME, two["status"]
+        assert two["spec"].get("nodeName") == components.NODE_NAME, [
+            c.get("message") for c in two["status"].get("conditions", [])]
         status = two["status"]["extendedResourceClaimStatus"]
         claim = kubectl.json("get", "resourceclaim", status["resourceClaimName"], "-n", namespace)
         assert claim["metadata"]["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
