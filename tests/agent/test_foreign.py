@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from tests.agent import fakekubelet, fakepodresources
+from tests.agent.test_drabackend import eventually
 from webhook import settings
 from webhook.agent import exporting, foreign, nvml, podresources, publishing, running
 from webhook.agent.proto import deviceplugin_pb2 as pb
@@ -38,17 +39,6 @@ def pod(name: str, *containers: prpb.ContainerResources, namespace: str = "ml") 
 
 def nvidia(*ids: str) -> prpb.ContainerResources:
     return fakepodresources.container("cuda", **{"nvidia.com/gpu": list(ids)})
-
-
-def eventually(check, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never saw {what}")
-        time.sleep(0.02)
 
 
 def test_held_names_the_cards_of_other_resources_only():
