@@ -881,7 +881,7 @@ def refused_lines(refused: list[dict]) -> str:
     return "".join(lines)
 
 
-def toolkit_lines(problems: list[tuple[str, str]], held: list[tuple[str, str]] = ()) -> str:
+def node_lines(problems: list[tuple[str, str]], held: list[tuple[str, str]] = ()) -> str:
     """Under the status table: what was found on each node, then what to do."""
     fix = audit.FIXES[audit.TOOLKIT_ACCEPTS_ENVVAR]
     lines = [f"node: {message.removeprefix('gpushard: ')}\n  fix: {fix}\n" for _, message in problems]
@@ -949,7 +949,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             text = status_table(use, wide=output == kubectlflags.WIDE, no_headers=getattr(args, "no_headers", False),
                                 shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
                                 shared_nodes=shared_nodes, namespace=namespace, empty=empty)
-            text += refused_lines(refused) + install_lines(install) + toolkit_lines(toolkit, held)
+            text += refused_lines(refused) + install_lines(install) + node_lines(toolkit, held)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)

@@ -25,7 +25,7 @@ from webhook import settings
 from webhook.agent import exporting, foreign, nvml, podresources, publishing, running
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import podresources_pb2 as prpb
-from webhook.auditing import held_cards, toolkit_lines
+from webhook.auditing import held_cards, node_lines
 from webhook.core import audit, names
 
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559), nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)]
@@ -140,7 +140,7 @@ def test_status_says_which_card_is_held_and_by_whom():
     assert audit.held_by_others(node) == [
         'gpushard: card 1 of node "gpu-1" is held by pods of another device plugin: nvidia.com/gpu (ml/seed-a, '
         "ml/seed-b); its shares are not offered to new pods until those end"]
-    lines = toolkit_lines([], held_cards([node]))
+    lines = node_lines([], held_cards([node]))
     assert lines == ('node: card 1 of node "gpu-1" is held by pods of another device plugin: nvidia.com/gpu '
                      "(ml/seed-a, ml/seed-b); its shares are not offered to new pods until those end\n")
     assert held_cards([node], picked={"other"}) == []

@@ -18,7 +18,7 @@ import logging
 import pytest
 
 from webhook.agent import exporting, nvml, publishing, running, toolkitcheck
-from webhook.auditing import toolkit_lines, toolkit_problems
+from webhook.auditing import node_lines, toolkit_problems
 from webhook.core import audit, names
 from webhook.core.policy import Policy
 
@@ -150,7 +150,7 @@ def test_audit_and_status_name_the_shared_node_whose_toolkit_accepts_the_variabl
     problems = toolkit_problems(nodes)
     assert [name for name, _ in problems] == ["open"]
     assert toolkit_problems(nodes, picked={"closed"}) == []
-    lines = toolkit_lines(problems[:1])
+    lines = node_lines(problems[:1])
     assert lines.startswith('node: on shared node "open" NVIDIA\'s container toolkit accepts')
     assert "/etc/nvidia-container-runtime/config.toml" in lines
     assert "fix: set accept-nvidia-visible-devices-envvar-when-unprivileged = false" in lines

@@ -50,6 +50,7 @@ class Verdict:
     accept_envvar_unprivileged: bool | None = None
     accept_volume_mounts: bool | None = None
     error: str = ""
+    envvar_key_set: bool = False  # the file sets the key itself (else the toolkit's default applies)
 
     @property
     def hardened(self) -> bool | None:
@@ -75,12 +76,10 @@ class Verdict:
             return (f"gpushard: NVIDIA's container toolkit ignores NVIDIA_VISIBLE_DEVICES in unprivileged "
                     f"containers ({self.path}: {ENVVAR_KEY} = false; {MOUNTS_KEY} = "
                     f"{str(self.accept_volume_mounts).lower()})")
-        said = "= true" if self._set_in_file else "not set, the toolkit's default: true"
+        said = "= true" if self.envvar_key_set else "not set, the toolkit's default: true"
         return (f"gpushard: NVIDIA's container toolkit on this node accepts NVIDIA_VISIBLE_DEVICES from unprivileged "
                 f"containers ({self.path}: {ENVVAR_KEY} {said}): a pod outside gpushard's enforce namespaces that "
                 f"writes NVIDIA_VISIBLE_DEVICES=all, or runs a CUDA image, sees every card of this node; {FIX}")
-
-    _set_in_file: bool = False
 
 
 def parse(text: str, path: str) -> Verdict:
@@ -95,7 +94,7 @@ def parse(text: str, path: str) -> Verdict:
         if not isinstance(value, bool):
             return Verdict(path, error=f"{key} is {value!r}, not true or false")
         values[key] = value
-    return Verdict(path, values[ENVVAR_KEY], values[MOUNTS_KEY], _set_in_file=ENVVAR_KEY in data)
+    return Verdict(path, values[ENVVAR_KEY], values[MOUNTS_KEY], envvar_key_set=ENVVAR_KEY in data)
 
 
 def read(candidates: Sequence[str] = CONFIG_PATHS) -> Verdict:
