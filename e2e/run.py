@@ -6,7 +6,8 @@
 Tiers: ``e2e`` (tests/e2e: the control plane, and a kubelet over Kubernetes' fake CRI), ``runtime``
 (tests/runtime: containers that really start, once per containerd, NVIDIA's device plugin and container runtime
 among them), ``install`` (tests/runtime_install:
-deploy/base as pods from gpushard's image, on Debian's containerd). ``--matrix`` runs ``e2e`` on every
+deploy/base as pods from gpushard's image, on Debian's containerd), ``install-dra`` (tests/runtime_install_dra:
+deploy/overlays/dra as pods, on the module's containerd 2.x, which applies CDI devices). ``--matrix`` runs ``e2e`` on every
 pinned Kubernetes and the runtime tiers on the default one. The variables of the tiers
 (``KUBEBUILDER_ASSETS``, ``GPUSHARD_E2E_KUBELET``, ``GPUSHARD_E2E_CRI``, ``GPUSHARD_E2E_CONTAINERD``,
 ``GPUSHARD_E2E_IMAGE``, ``GPUSHARD_E2E_NVIDIA_PLUGIN``, ``GPUSHARD_E2E_NVIDIA_TOOLKIT``) still win: with them
@@ -31,8 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build  # noqa: E402  (e2e/build.py, beside this file)
 
 ROOT = Path(__file__).resolve().parents[1]
-TIERS = {"e2e": "tests/e2e", "runtime": "tests/runtime", "install": "tests/runtime_install"}
-TIMEOUTS = {"e2e": 600, "runtime": 900, "install": 900}
+TIERS = {"e2e": "tests/e2e", "runtime": "tests/runtime", "install": "tests/runtime_install",
+         "install-dra": "tests/runtime_install_dra"}
+TIMEOUTS = {"e2e": 600, "runtime": 900, "install": 900, "install-dra": 900}
+INSTALLS = ("install", "install-dra")
 # What the runtime tiers take from Debian (containerd 1.6, runc, the CNI plugins, busybox for the images).
 DEBIAN = {"containerd": "/usr/bin/containerd", "runc": "/usr/sbin/runc",
           "containernetworking-plugins": "/usr/lib/cni/bridge", "busybox-static": "/bin/busybox",
@@ -175,11 +178,17 @@ def containerd_version(binary: str) -> str:
     return words[0].removeprefix("v") if words else ""
 
 
+def containerd_major(binary: str) -> int:
+    version = containerd_version(binary)
+    return int(version.split(".")[0]) if version[:1].isdigit() else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="e2e/run.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--kubernetes", action="append", default=[], metavar="MINOR",
                         help="a pinned minor (default: KUBERNETES_DEFAULT of e2e/versions.env), or 'all'")
-    parser.add_argument("--tiers", default="e2e,runtime,install", help="e2e, runtime, install (comma-separated)")
+    parser.add_argument("--tiers", default="e2e,runtime,install,install-dra",
+                        help="e2e, runtime, install, install-dra (comma-separated)")
     parser.add_argument("--containerd", default="debian,module", help="debian, module: the runtime tiers' runtimes")
     parser.add_argument("--matrix", action="store_true", help="e2e on every pinned minor, runtime tiers on the default")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to every pytest run")
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             if not env.get("GPUSHARD_E2E_CRI") and not os.environ.get("GPUSHARD_E2E_FAKECRI"):
                 build.build_fakecri(found)
             rows.append(run_tier(Row(version, "fake CRI", "e2e"), env, args.pytest_args))
-        if minor not in runtime_minors or not {"runtime", "install"} & set(tiers):
+        if minor not in runtime_minors or not {"runtime", *INSTALLS} & set(tiers):
             continue
         why = debian_packages()
         choice = [c.strip() for c in args.containerd.split(",")]
@@ -226,10 +235,12 @@ def main(argv: list[str] | None = None) -> int:
                 row = Row(version, label, "runtime", why=why)
                 rows.append(row if why else run_tier(row, dict(env, GPUSHARD_E2E_CONTAINERD=binary),
                                                      args.pytest_args))
-        if "install" in tiers and runtimes:
-            label, binary = runtimes[0]
+        for tier in (t for t in INSTALLS if t in tiers and runtimes):
+            # deploy/base on the first containerd (Debian's 1.6 unless told); the DRA install where CDI is applied.
+            label, binary = runtimes[0] if tier == "install" else next(
+                ((lab, b) for lab, b in runtimes if containerd_major(b) >= 2), runtimes[-1])
             label = f"containerd {containerd_version(binary) or '?'}" if Path(binary).exists() else label
-            row = Row(version, label, "install", why=why or image_archive())
+            row = Row(version, label, tier, why=why or image_archive())
             rows.append(row if row.why else run_tier(
                 row, dict(env, GPUSHARD_E2E_CONTAINERD=binary,
                           GPUSHARD_E2E_IMAGE=os.environ.get("GPUSHARD_E2E_IMAGE", "")), args.pytest_args))

@@ -3,7 +3,8 @@
 - policy.exempt and deviceListStrategy load, default to nothing exempt and [envvar, volume-mounts];
 - policy.runtimeClassName: unset, empty or null leaves pods alone; a name loads;
 - every bad key or value stops the program with a message naming the key and the value;
-- the replacement section (gpushard replace): defaults, values, and its off switch;
+- the replacement section (gpushard replace): defaults, values, its off switch, and cleanupRefused (off
+  unless set);
 - the view and agent sections (API timeouts): defaults equal to the components' own, values, and bad
   values (negative, zero, not a number, an unknown key) named with the key and the value;
 - the static cluster file reads into a view, and its errors name the field.
@@ -89,6 +90,8 @@ def test_runtime_class_name(value, loaded):
     ({"policy": {"runtimeClassName": "NVIDIA"}}, "policy.runtimeClassName: 'NVIDIA'"),
     ({"policy": {"runtimeClassName": 7}}, "policy.runtimeClassName: 7"),
     ({"replacement": {"enabled": "no"}}, "replacement.enabled: must be true or false, got 'no'"),
+    ({"replacement": {"cleanupRefused": "yes"}}, "replacement.cleanupRefused: must be true or false, got 'yes'"),
+    ({"replacement": {"cleanupRefused": 1}}, "replacement.cleanupRefused: must be true or false, got 1"),
     ({"replacement": {"pendingSeconds": -1}}, "replacement.pendingSeconds: must be an integer of seconds >= 0"),
     ({"replacement": {"interval": 0}}, "replacement.interval: must be an integer of seconds >= 1, got 0"),
     ({"replacement": {"interval": 1.5}}, "replacement.interval"),
@@ -106,6 +109,9 @@ def test_the_replacement_section():
     assert settings.from_mapping({}).replacement == settings.Replacement(True, 0, 5)
     loaded = settings.from_mapping({"replacement": {"enabled": False, "pendingSeconds": 300, "interval": 60}})
     assert loaded.replacement == settings.Replacement(False, 300, 60)
+    assert not settings.from_mapping({}).replacement.cleanup_refused
+    assert settings.from_mapping({"replacement": {"cleanupRefused": True}}).replacement == settings.Replacement(
+        cleanup_refused=True)
 
 
 def test_the_view_and_agent_timeouts():

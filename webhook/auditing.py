@@ -17,7 +17,7 @@ from typing import IO
 import yaml
 
 from webhook import connecting, kubectlflags
-from webhook.core import audit, installation, isolation, names
+from webhook.core import audit, installation, isolation, names, refusals
 from webhook.core import findings as f
 
 EXIT_CLEAN = kubectlflags.OK
@@ -30,8 +30,6 @@ REPORT_API_VERSION = "gpushard.io/v1"
 PAGE = 500
 FINISHED_PODS_OUT = "status.phase!=Succeeded,status.phase!=Failed"
 FAILED_PODS = "status.phase=Failed"
-# What the kubelet records on a pod it refuses at admission, as after a node reboot before the agent registered.
-REFUSED_REASON = "UnexpectedAdmissionError"
 
 
 class UsageError(Exception):
@@ -850,24 +848,11 @@ def held_cards(nodes: list[dict], picked: set[str] | None = None) -> list[tuple[
 
 
 def refused_pods(pods: list[dict], policy) -> list[dict]:
-    """The pods the kubelet refused at admission (``UnexpectedAdmissionError``) that asked gpushard's shares: after
-    a node reboot, the kubelet admits its pods again before the agent registers, and refuses every GPU pod
-    (docs/operations.md). Each with what brings it back: its controller, or nobody."""
-    res = policy.resources
-    found = []
-    for pod in pods:
-        status, meta, spec = pod.get("status") or {}, pod.get("metadata") or {}, pod.get("spec") or {}
-        if status.get("phase") != "Failed" or status.get("reason") != REFUSED_REASON:
-            continue
-        asked = {str(r) for c in (spec.get("containers") or []) + (spec.get("initContainers") or [])
-                 for r in ((c.get("resources") or {}).get("limits") or {})}
-        if not any(r == res.shares or res.card_index(r) is not None for r in asked):
-            continue
-        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
-        found.append({"namespace": meta.get("namespace") or "", "name": meta.get("name") or "",
-                      "node": spec.get("nodeName") or "", "message": str(status.get("message") or "")[:200],
-                      "controller": f"{owner.get('kind')}/{owner.get('name')}" if owner else None})
-    return sorted(found, key=lambda p: (p["node"], p["namespace"], p["name"]))
+    """The pods the kubelet refused at admission (``UnexpectedAdmissionError``) that asked gpushard's shares, as
+    core/refusals.py reads them (docs/operations.md): each with its node, the kubelet's message and what brings
+    it back: its controller, or nobody."""
+    return [{"namespace": r.namespace, "name": r.name, "node": r.node, "message": r.message[:200],
+             "controller": r.controller} for r in refusals.found(pods, policy)]
 
 
 def refused_lines(refused: list[dict]) -> str:
@@ -876,8 +861,8 @@ def refused_lines(refused: list[dict]) -> str:
         again = (f"its controller {p['controller']} makes a new pod; delete this one once read" if p["controller"]
                  else "a bare pod: nothing makes it again; create it from its own manifest (not from kubectl get "
                       "-o yaml: that one is pinned to the old card and node), then delete this one")
-        lines.append(f"refused: {p['namespace']}/{p['name']} on {p['node']} by the kubelet ({REFUSED_REASON}: "
-                     f"{p['message']}): {again}\n")
+        lines.append(f"refused: {p['namespace']}/{p['name']} on {p['node']} by the kubelet "
+                     f"({refusals.KUBELET_REASON}: {p['message']}): {again}\n")
     return "".join(lines)
 
 

@@ -375,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="say what would be evicted; evict nothing")
     p.add_argument("--health-port", type=int, default=0, metavar="PORT",
                    help="serve GET /healthz on PORT: 200 while the loop comes round, 503 once it stalls "
-                        "(the liveness probe; default: 0, none)")
+                        "(the liveness probe), and GET /metrics (default: 0, none)")
     p.add_argument("--stall-seconds", type=float, default=300.0, metavar="SECONDS",
                    help="with --health-port: how long the loop may not come round before /healthz fails "
                         "(default: 300)")

@@ -34,6 +34,9 @@ class Replacement:
     enabled: bool = True
     pending_seconds: int = 0  # how long a pod waits before gpushard re-places it (0: once provably stranded)
     interval: int = 5  # seconds between passes
+    # Delete, through the Eviction API, the pods the kubelet refused at admission (core/refusals.py) that a
+    # controller makes again; off, the replacer only records an Event on each. A bare pod is never deleted.
+    cleanup_refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -238,18 +241,21 @@ def _agent(value: Any) -> Agent:
 
 def _replacement(value: Any) -> Replacement:
     data = _mapping("replacement", value)
-    _check_keys("replacement.", data, {"enabled", "pendingSeconds", "interval"})
+    _check_keys("replacement.", data, {"enabled", "pendingSeconds", "interval", "cleanupRefused"})
     defaults = Replacement()
-    enabled = data.get("enabled", defaults.enabled)
-    if not isinstance(enabled, bool):
-        raise SettingsError(f"replacement.enabled: must be true or false, got {enabled!r}")
+    switches = {}
+    for key, default in (("enabled", defaults.enabled), ("cleanupRefused", defaults.cleanup_refused)):
+        switches[key] = data.get(key, default)
+        if not isinstance(switches[key], bool):
+            raise SettingsError(f"replacement.{key}: must be true or false, got {switches[key]!r}")
     numbers = {}
     for key, default, low in (("pendingSeconds", defaults.pending_seconds, 0), ("interval", defaults.interval, 1)):
         number = data.get(key, default)
         if isinstance(number, bool) or not isinstance(number, int) or number < low:
             raise SettingsError(f"replacement.{key}: must be an integer of seconds >= {low}, got {number!r}")
         numbers[key] = number
-    return Replacement(enabled, numbers["pendingSeconds"], numbers["interval"])
+    return Replacement(switches["enabled"], numbers["pendingSeconds"], numbers["interval"],
+                       cleanup_refused=switches["cleanupRefused"])
 
 
 def read_yaml(path: Path, what: str, error: type[Exception], formats: str = "YAML") -> object:

@@ -144,6 +144,15 @@ def card_of(kubectl: components.Kubectl, namespace: str, pod_name: str) -> int:
     return int(kubectl.json("get", "pod", pod_name, "-n", namespace)["metadata"]["annotations"]["gpushard.io/card"])
 
 
+def claim_card(kubectl: components.Kubectl, namespace: str, pod: str) -> tuple[dict, int]:
+    """The pod's gpushard claim (backend dra) and the card it was allocated."""
+    status = kubectl.json("get", "pod", pod, "-n", namespace)["status"].get("resourceClaimStatuses", [])
+    name = next(s["resourceClaimName"] for s in status if s["name"] == "gpushard-gpu")
+    claim = kubectl.json("get", "resourceclaim", name, "-n", namespace)
+    result = claim["status"]["allocation"]["devices"]["results"][0]
+    return claim, int(result["device"].removeprefix("card-"))
+
+
 def per_card(cards: int, shares: int = 100) -> dict:
     want = {f"gpushard.io/card-{k}": str(shares) for k in range(cards)}
     want["gpushard.io/gpu"] = str(shares * cards)

@@ -42,14 +42,6 @@ def dra(kubectl, installed, agent, kubelet):
     return kubectl
 
 
-def claim_device(kubectl, namespace: str, pod: str) -> tuple[dict, int]:
-    status = kubectl.json("get", "pod", pod, "-n", namespace)["status"].get("resourceClaimStatuses", [])
-    name = next(s["resourceClaimName"] for s in status if s["name"] == "gpushard-gpu")
-    claim = kubectl.json("get", "resourceclaim", name, "-n", namespace)
-    result = claim["status"]["allocation"]["devices"]["results"][0]
-    return claim, int(result["device"].removeprefix("card-"))
-
-
 def test_dra_claim_gives_its_card_or_none_is_taken(dra, runtime, agent, kubectl, namespace):
     kubectl.apply(seeing.pod("quarter", seeing.container(gpu="0.25"), seeing.container("helper")), "-n", namespace)
     if not runtime.cdi:
@@ -76,7 +68,7 @@ def test_dra_claim_gives_its_card_or_none_is_taken(dra, runtime, agent, kubectl,
     components.wait_for("every card in the slice", lambda: slice_devices(kubectl) == [
         f"card-{k}" for k in range(node.CARDS)], timeout=60, explain=agent.tail)
     seeing.running(kubectl, namespace, "quarter", explain=runtime.tail)
-    claim, card = claim_device(kubectl, namespace, "quarter")
+    claim, card = seeing.claim_card(kubectl, namespace, "quarter")
     view = seeing.seen(kubectl, namespace, "quarter")
     assert view.cards() == {card}, view.devices
     assert set(view.devices) == {f"/dev/nvidia{card}", "/dev/nvidiactl", "/dev/nvidia-uvm"}, view.devices
@@ -105,7 +97,7 @@ def test_unresolvable_cdi_device_fails_the_container_visibly(dra, runtime, cards
             return next((e for e in events if "unresolvable CDI devices" in e.get("message", "")), None)
         event = components.wait_for("the runtime's refusal in the pod's events", refused, timeout=120,
                                     explain=runtime.tail)
-        _claim, card = claim_device(kubectl, namespace, "orphan")
+        _claim, card = seeing.claim_card(kubectl, namespace, "orphan")
         assert f"nvidia.com/gpu={node.uuid(card)}" in event["message"], event["message"]
         statuses = kubectl.json("get", "pod", "orphan", "-n", namespace)["status"].get("containerStatuses") or []
         assert statuses and not statuses[0]["state"].get("running"), statuses

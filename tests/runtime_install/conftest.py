@@ -205,39 +205,63 @@ def service_route(kubectl: components.Kubectl, name: str, namespace: str) -> nod
                              masquerade=True).add()
 
 
-@contextlib.contextmanager
-def pod_resources_at_the_usual_path(kubelet_root: Path):
-    """The kubelet's pod-resources folder, kept in the run's folder, bind-mounted where the agent's DaemonSet (of
-    deploy/ and of the chart alike) mounts it from; undone afterwards."""
-    folder = kubelet_root / "pod-resources"
-    folder.mkdir(parents=True, exist_ok=True)
-    made = not POD_RESOURCES.exists()
-    POD_RESOURCES.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "--bind", str(folder), str(POD_RESOURCES)], check=True, capture_output=True, timeout=30)
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(POD_RESOURCES)], capture_output=True, timeout=30)
-        if made:
-            with contextlib.suppress(OSError):
-                POD_RESOURCES.rmdir()
+@pytest.fixture(scope="session")
+def install() -> Path:
+    """What the tier installs, as docs/install.md applies it (the DRA install tier: deploy/overlays/dra)."""
+    return ROOT / "deploy" / "base"
 
 
 @pytest.fixture(scope="session")
-def kubelet(plane, runtime, work, nvml, dns):
+def advertised() -> dict[str, str]:
+    """The node's allocatable once the agent serves: each card's shares (the DRA install tier: the count)."""
+    return {f"gpushard.io/card-{k}": "100" for k in range(node.CARDS)}
+
+
+@pytest.fixture(scope="session")
+def usual_paths():
+    """(folder of the run, host path the install's pods mount it from): the kubelet's pod-resources folder, kept in
+    the run's folder, where the agent's DaemonSet (of deploy/ and of the chart alike) mounts it from."""
+    return lambda kubelet, runtime: [(kubelet.root / "pod-resources", POD_RESOURCES)]
+
+
+@contextlib.contextmanager
+def at_their_usual_paths(pairs: list[tuple[Path, Path]]):
+    """Each folder of the run bind-mounted at the host path the install's pods mount it from; undone afterwards
+    (and a host folder made for it removed again)."""
+    made, mounted = [], []
+    try:
+        for folder, target in pairs:
+            folder.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                target.mkdir(parents=True)
+                made.append(target)
+            subprocess.run(["mount", "--bind", str(folder), str(target)], check=True, capture_output=True,
+                           timeout=30)
+            mounted.append(target)
+        yield
+    finally:
+        for target in reversed(mounted):
+            subprocess.run(["umount", "-l", str(target)], capture_output=True, timeout=30)
+        for target in reversed(made):
+            with contextlib.suppress(OSError):
+                target.rmdir()
+
+
+@pytest.fixture(scope="session")
+def kubelet(plane, runtime, work, nvml, dns, install, usual_paths):
     kubectl = plane.kubectl
     kubelet = components.Kubelet(KUBELET, runtime.endpoint, plane, work, address=node.NODE_IP,
                                  cluster_dns=dns.address)
-    # deploy/base as docs/install.md applies it, then what the node provides (before the node, and so any agent
+    # The install as docs/install.md applies it, then what the node provides (before the node, and so any agent
     # pod, exists).
-    done = kubectl.run("apply", "-k", str(ROOT / "deploy" / "base"), check=False, timeout=180)
+    done = kubectl.run("apply", "-k", str(install), check=False, timeout=180)
     assert done.returncode == 0, done.stderr
     done = kubectl.run("apply", "--server-side", "--field-manager=gpushard-e2e-node", "-f", "-",
                        input=json.dumps(node_overlay(nvml)), check=False, timeout=60)
     assert done.returncode == 0, done.stderr
     kubectl.apply(json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
                               "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
-    with pod_resources_at_the_usual_path(kubelet.root):
+    with at_their_usual_paths(usual_paths(kubelet, runtime)):
         try:
             TIER.started("kubelet", kubelet, lambda: (kubelet.start(), kubectl.run(
                 "label", "node", components.NODE_NAME, "gpushard.io/shared-node=true", "--overwrite")), lines=80)
@@ -251,7 +275,7 @@ def kubelet(plane, runtime, work, nvml, dns):
 
 
 @pytest.fixture(scope="session")
-def installed(kubectl, kubelet):
+def installed(kubectl, kubelet, advertised):
     """The install up as pods: the certificate Job done, the webhook Deployment available, the agent advertising."""
     system = gpushard.SYSTEM
     components.wait_for("the certificate Job complete", lambda: (kubectl.json(
@@ -259,10 +283,9 @@ def installed(kubectl, kubelet):
         explain=kubelet.tail)
     kubectl.run("rollout", "status", "deployment/gpushard-webhook", "-n", system, "--timeout=240s", timeout=260)
     kubectl.run("rollout", "status", "daemonset/gpushard-agent", "-n", system, "--timeout=240s", timeout=260)
-    want = {f"gpushard.io/card-{k}": "100" for k in range(node.CARDS)}
-    components.wait_for(f"node allocatable {want}", lambda: all(
+    components.wait_for(f"node allocatable {advertised}", lambda: all(
         kubectl.json("get", "node", components.NODE_NAME)["status"].get("allocatable", {}).get(k) == v
-        for k, v in want.items()), timeout=120, explain=kubelet.tail)
+        for k, v in advertised.items()), timeout=120, explain=kubelet.tail)
     return kubectl
 
 

@@ -29,8 +29,9 @@ import pytest
 
 from tests.e2e import components, gpushard, objects
 from tests.e2e.conftest import ASSETS
-from tests.runtime import images, node, seeing
+from tests.runtime import images, seeing
 from tests.runtime_install import bursts
+from tests.runtime_install.faults import container_of, ready_webhooks, reboot, seeing_ready
 from webhook.core import names
 
 SYSTEM = gpushard.SYSTEM
@@ -57,18 +58,6 @@ def every_pod_rewritten(kubectl, namespace: str) -> int:
                                                                                     or {})]
     assert not unchanged, f"admitted without gpushard: {unchanged}"
     return len(pods)
-
-
-def container_of(kubectl, component: str) -> tuple[str, str]:
-    pods = kubectl.json("get", "pods", "-n", SYSTEM, "-l", f"app.kubernetes.io/component={component}")["items"]
-    running = [p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get(
-        "deletionTimestamp")]
-    pod = sorted(running, key=lambda p: p["metadata"]["name"])[0]
-    return pod["metadata"]["name"], pod["status"]["containerStatuses"][0]["containerID"].split("://")[1]
-
-
-def ready_webhooks(kubectl) -> int:
-    return kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM)["status"].get("readyReplicas", 0)
 
 
 def report(what: str, burst: bursts.Burst, extra: str = "") -> None:
@@ -301,18 +290,6 @@ def test_the_replacement_leader_killed_while_it_evicts(installed, plane, runtime
     cards_within_shares(kubectl)
 
 
-def reboot(kubelet, runtime) -> None:
-    """The node powered off and on: the kubelet, containerd, every container and shim killed at once, their mounts
-    and the runtime's state gone; the kubelet's folder (its checkpoints) and containerd's root kept, as on a disk.
-    Then containerd and the kubelet start again, as the node's init system starts them."""
-    os.killpg(kubelet.process.proc.pid, signal.SIGKILL)
-    kubelet.process.proc.wait(10)
-    runtime.power_cut()
-    node.unmount_under(kubelet.root)
-    runtime.start()
-    kubelet.process.start()
-
-
 def test_a_node_reboot_with_gpu_pods_running(installed, plane, runtime, kubelet, namespace):
     """GPU pods running (two bare pods and a Deployment's two) when the node reboots. Each pod either comes back on
     the card it had, seeing that card only, or is refused by the kubelet with UnexpectedAdmissionError (its card's
@@ -392,6 +369,3 @@ def test_a_node_reboot_with_gpu_pods_running(installed, plane, runtime, kubelet,
     cards_within_shares(kubectl)
 
 
-def seeing_ready(pod: dict) -> bool:
-    statuses = pod["status"].get("containerStatuses") or []
-    return bool(statuses) and all(s.get("state", {}).get("running") for s in statuses)

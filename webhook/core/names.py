@@ -188,10 +188,12 @@ def _card_key_index(key: str, prefix: str, suffix: str) -> int | None:
         return None
     return int(middle)
 
-# Re-placement (`gpushard replace`): its Lease, and what its Events on evicted pods say.
+# Re-placement (`gpushard replace`): its Lease, and what its Events on evicted pods say, and on the pods the
+# kubelet refused at admission (core/refusals.py).
 REPLACER_LEASE = "gpushard-replacer"
 REPLACER_COMPONENT = "gpushard-replacer"
 REPLACED_REASON = "GpushardReplaced"
+REFUSED_AT_ADMISSION_REASON = "GpushardRefusedAtAdmission"
 # Downward-API env of the replacer's pod: its identity in the Lease and the Lease's namespace.
 POD_NAME_ENV = "POD_NAME"
 POD_NAMESPACE_ENV = "POD_NAMESPACE"

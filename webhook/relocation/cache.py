@@ -1,4 +1,5 @@
-"""What the re-placement leader plans over: shared nodes and pinned pods, listed once, then followed by watch."""
+"""What the re-placement leader plans over: shared nodes and pinned pods, listed once, then followed by watch;
+and the pinned pods the kubelet refused at admission, which the same watch shows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import threading
 from webhook import settings as settings_mod
 from webhook.cluster import informing, kube
 from webhook.core import findings as f
-from webhook.core import names, objects, placement, replacement
+from webhook.core import names, objects, placement, refusals, replacement
 from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,9 @@ def assemble(nodes, pinned, now: float) -> tuple[placement.View, list[replacemen
 class Cache:
     """The shared nodes and pinned pods, listed once and then followed by watch: what the leader plans over.
 
+    The pods' watch (gpushard's label) also carries the pods that ended; of those it keeps the ones the
+    kubelet refused at admission (as ``refusals.Refused``), so that the leader finds them with no list of its own.
+
     A sink of one ``informing.Informer`` (``informer``: pages of 500, bookmarks, resume from the
     last resourceVersion, 410 Gone means list again), as the live view is; it keeps only what a
     pass reads (nodes as placement reads them, pods as ``Pinned``). It is *current* while both
@@ -108,7 +112,7 @@ class Cache:
         self._changed = threading.Condition(self._lock)
         self._listed: set[str] = set()
         self._nodes: dict[str, placement.Node] = {}
-        self._pinned: dict[str, Pinned] = {}
+        self._pods: dict[str, Pinned | refusals.Refused] = {}  # by uid: each pod is one or the other, or neither
         self._following: set[str] = set()
         self.lists = self.informer.lists  # lists made, by resource
 
@@ -141,7 +145,14 @@ class Cache:
     def contents(self) -> tuple[list[placement.Node], list[Pinned], set[str]]:
         """The nodes, the pinned pods, and the uids of the pods, as the cache holds them now."""
         with self._lock:
-            return list(self._nodes.values()), list(self._pinned.values()), set(self._pinned)
+            pinned = {k: p for k, p in self._pods.items() if isinstance(p, Pinned)}
+            return list(self._nodes.values()), list(pinned.values()), set(pinned)
+
+    def refused(self) -> list[refusals.Refused]:
+        """The pinned pods the kubelet refused at admission, as the cache holds them now."""
+        with self._lock:
+            found = [p for p in self._pods.values() if isinstance(p, refusals.Refused)]
+        return sorted(found, key=lambda r: (r.node, r.namespace, r.name))
 
     # --- the informer's sink: what a list page or a watch event leaves in the cache ------------
 
@@ -158,13 +169,17 @@ class Cache:
             return into
         for obj in items:
             try:
-                pod = read_pinned(obj, self._policy)
+                pod = self._read_pod(obj)
             except Exception:  # noqa: BLE001 - one odd object must not keep the cache from syncing
                 log.exception("gpushard: the replacer skipped a pod it could not read")
                 continue
             if pod is not None:
                 into[objects.key(obj)] = pod
         return into
+
+    def _read_pod(self, obj: dict) -> Pinned | refusals.Refused | None:
+        pinned = read_pinned(obj, self._policy)
+        return pinned if pinned is not None else refusals.read(obj, self._policy)
 
     def apply_list(self, resource: str, fresh: dict | list) -> None:
         """Replace what is held of ``resource`` with ``fresh``: as ``reduce`` reads it, or the raw objects."""
@@ -174,7 +189,7 @@ class Cache:
             if resource == informing.NODES:
                 self._nodes = fresh
             else:
-                self._pinned = fresh
+                self._pods = fresh
             self._listed.add(resource)
             self._following.add(resource)
             self._changed.notify_all()
@@ -186,7 +201,7 @@ class Cache:
             table, key, value = self._nodes, name, node
         else:
             key = objects.key(obj)
-            table, value = self._pinned, None if kind == "DELETED" else read_pinned(obj, self._policy)
+            table, value = self._pods, None if kind == "DELETED" else self._read_pod(obj)
         with self._lock:
             if value is None:
                 table.pop(key, None)

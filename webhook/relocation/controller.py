@@ -10,6 +10,12 @@ pinned pods once, then follows them by watch (``cache.Cache``, a sink of the inf
 cache, looks up the owners it names, evicts through the Eviction API (``policy/v1``; a 429 from
 a disruption budget means skip) and records a core/v1 Event on each evicted pod that says why.
 A standby holds no watch; a new leader plans only once its cache is in sync.
+
+The same pass finds the pinned pods the kubelet refused at admission (``core.refusals``: after a node reboot,
+before the agent registered its cards) in the same cache, records one Warning Event on each and, with
+``replacement.cleanupRefused``, deletes those a controller makes again, through the Eviction API too (a
+Failed pod is deleted at once, whatever its disruption budget). ``/metrics`` on the health port says how
+many there are and whether this replica leads.
 """
 
 
@@ -34,7 +40,8 @@ import kubernetes
 from webhook import connecting, kubectlflags
 from webhook import settings as settings_mod
 from webhook.cluster import kube
-from webhook.core import names, placement, replacement
+from webhook.core import names, placement, refusals, replacement
+from webhook.relocation import metrics
 from webhook.relocation.cache import Cache, assemble, read_pinned
 from webhook.relocation.lease import REQUEST_TIMEOUT_S, Elector, json_body, now_text
 
@@ -48,6 +55,8 @@ DEFAULT_NAMESPACE = "gpushard-system"
 # The liveness endpoint fails once the loop has not come round for this long: a pass stuck
 # on a call has timed out well before (every call is bounded by --request-timeout).
 STALL_S = 300.0
+# Why an eviction found no pod to evict.
+GONE, CHANGED = "the pod is gone", "the pod changed since it was listed"
 # What grants the replacer's calls, told with a 403.
 RIGHTS = ("the ServiceAccount gpushard-system/gpushard-replacer has it (deploy/base/rbac-replacer.yaml): run the "
           "replacer as that account, or bind its roles to this one")
@@ -61,6 +70,11 @@ class Outcome:
     evicted: list[replacement.Move] = dataclasses.field(default_factory=list)
     refused: list[tuple[replacement.Move, str]] = dataclasses.field(default_factory=list)  # (move, why)
     synced: bool = True  # False: the cache was not in sync, nothing was planned
+    # The pods the kubelet refused at admission: all that the pass found, those it recorded an Event on
+    # (the first pass to see each), and those it deleted (replacement.cleanupRefused).
+    admission_refused: list[refusals.Refused] = dataclasses.field(default_factory=list)
+    reported: list[refusals.Refused] = dataclasses.field(default_factory=list)
+    cleaned: list[refusals.Refused] = dataclasses.field(default_factory=list)
 
 
 class Replacer:
@@ -96,7 +110,10 @@ class Replacer:
         self._sync_wait = duration / 3 if sync_wait is None else sync_wait
         self.cache: Cache | None = None
         self._evicted: set[str] = set()  # uids evicted that the cache may still show
+        # uids of the refused pods an Event was recorded on (or, in a dry run, logged): one each, not one a pass.
+        self._reported: set[str] = set()
         self._sync_waited = 0.0
+        self.metrics = metrics.Metrics()
 
     # --- reading the cluster -------------------------------------------------------------------
 
@@ -112,11 +129,13 @@ class Replacer:
 
     def read(self) -> tuple[placement.View, list[replacement.Waiting]]:
         """The cards' usage by bound pods, and the pinned pods no node has taken yet."""
-        view, waiting, _ending = self.read_all()
+        view, waiting, _ending, _refused = self.read_all()
         return view, waiting
 
-    def read_all(self) -> tuple[placement.View, list[replacement.Waiting], collections.Counter]:
-        """As ``read``, and the shares that terminating bound pods still hold, by (node, card)."""
+    def read_all(self) -> tuple[placement.View, list[replacement.Waiting], collections.Counter,
+                                list[refusals.Refused]]:
+        """As ``read``, the shares that terminating bound pods still hold, by (node, card), and the pinned pods
+        the kubelet refused at admission."""
         policy = self._settings.policy
         # Only nodes the agent published cards on, as the webhook's view lists them.
         with self._reaching("list nodes"):
@@ -124,11 +143,16 @@ class Replacer:
                                  for obj in self._pages(self._core.list_node, label_selector=names.CARDS_LABEL)) if n]
         now = self._wall()
         selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
+        pinned, refused = [], []
         with self._reaching("list pods"):
-            pinned = [p for p in (read_pinned(obj, policy) for obj in
-                                  self._pages(self._core.list_pod_for_all_namespaces, label_selector=selector))
-                      if p is not None]
-        return assemble(nodes, pinned, now)
+            for obj in self._pages(self._core.list_pod_for_all_namespaces, label_selector=selector):
+                pod = read_pinned(obj, policy)
+                if pod is not None:
+                    pinned.append(pod)
+                elif (refusal := refusals.read(obj, policy)) is not None:
+                    refused.append(refusal)
+        view, waiting, ending = assemble(nodes, pinned, now)
+        return view, waiting, ending, sorted(refused, key=lambda r: (r.node, r.namespace, r.name))
 
     def _reaching(self, what: str):
         if self._target is None:
@@ -176,7 +200,8 @@ class Replacer:
         if cache is not None:
             cache.close()
 
-    def _read_cache(self) -> tuple[placement.View, list[replacement.Waiting], collections.Counter] | None:
+    def _read_cache(self) -> tuple[placement.View, list[replacement.Waiting], collections.Counter,
+                                   list[refusals.Refused]] | None:
         """The cache's state as a pass plans over it; None while it is not current."""
         cache = self.follow()
         began = self._clock()
@@ -192,21 +217,23 @@ class Replacer:
         view, waiting, ending = assemble(nodes, pinned, self._wall())
         if self._evicted:
             waiting = [w for w in waiting if w.uid not in self._evicted]
-        return view, waiting, ending
+        return view, waiting, ending, cache.refused()
 
     def pass_once(self) -> Outcome | None:
         """One pass if this process leads (None if another does, and this one then holds no watch)."""
         self._sync_waited = 0.0
-        if not self.elector.lead():
+        leads = self.elector.lead()
+        self.metrics.lead(leads)
+        if not leads:
             self.stand_by()
             return None
         if self._follow:
             read = self._read_cache()
             if read is None:
                 return Outcome(replacement.Plan(), synced=False)
-            view, waiting, ending = read
+            view, waiting, ending, refused = read
         else:
-            view, waiting, ending = self.read_all()
+            view, waiting, ending, refused = self.read_all()
         pending = self._settings.replacement.pending_seconds
         required = self._settings.policy.node_affinity == "required"
         plan = replacement.plan(view, waiting, pending, ending=ending, required_node=required)
@@ -230,7 +257,95 @@ class Replacer:
                 self._record(move)
             else:
                 outcome.refused.append((move, why))
+        self._tend_refused(refused, outcome)
         return outcome
+
+    # --- pods the kubelet refused at admission ---------------------------------------------------
+
+    def _tend_refused(self, refused: list[refusals.Refused], outcome: Outcome) -> None:
+        """One Event on each refused pod; with cleanupRefused, those a controller makes again deleted instead.
+
+        A bare pod is never deleted: nothing would make it again, and its Failed object is what is
+        left of its spec for the operator to read.
+        """
+        outcome.admission_refused = list(refused)
+        self._reported &= {pod.uid for pod in refused}
+        cleanup = self._settings.replacement.cleanup_refused
+        left = []
+        for pod in refused:
+            if cleanup and pod.controller is not None:
+                if self._dry_run:
+                    if pod.uid not in self._reported:
+                        self._reported.add(pod.uid)
+                        log.info("gpushard: would delete %s/%s: %s", pod.namespace, pod.name,
+                                 refusals.event_message(pod, deleted=True).removeprefix("gpushard: "))
+                    left.append(pod)
+                    continue
+                why = self._delete_refused(pod)
+                if why is None:
+                    outcome.cleaned.append(pod)
+                    self.metrics.cleaned()
+                    self._report(pod, deleted=True)
+                    continue
+                if why in (GONE, CHANGED):
+                    continue  # its controller deleted it first (a StatefulSet's, a DaemonSet's)
+            left.append(pod)
+            if pod.uid in self._reported:
+                continue
+            if self._dry_run:
+                self._reported.add(pod.uid)
+                log.info("gpushard: would record an Event on %s/%s: %s", pod.namespace, pod.name,
+                         refusals.event_message(pod).removeprefix("gpushard: "))
+                continue
+            if self._report(pod):
+                outcome.reported.append(pod)
+        self.metrics.saw_refused(left)
+
+    def _delete_refused(self, pod: refusals.Refused) -> str | None:
+        """None once deleted; else why the API refused (the pod is reported instead, or is gone)."""
+        try:
+            self._post_eviction(pod.namespace, pod.name, {"uid": pod.uid})
+        except kubernetes.client.ApiException as exc:
+            reason = {404: GONE, 409: CHANGED}.get(exc.status, f"HTTP {exc.status}")
+            log.info("gpushard: did not delete %s/%s, refused at admission: %s", pod.namespace, pod.name, reason)
+            return reason
+        log.info("gpushard: deleted %s/%s: %s", pod.namespace, pod.name,
+                 refusals.event_message(pod, deleted=True).removeprefix("gpushard: "))
+        return None
+
+    def _report(self, pod: refusals.Refused, deleted: bool = False) -> bool:
+        """Record the Event on a refused pod; False where another leader had (409) or the API refused.
+
+        The Event's name is made of the pod's name and uid, so that a replica that takes over and sees the
+        same pod gets 409 and records no second one.
+        """
+        tail = f".{pod.uid}.{'deleted' if deleted else 'refused'}"
+        name = pod.name[:253 - len(tail)].rstrip(".-") + tail
+        message = refusals.event_message(pod, deleted)
+        body = self._event(pod.namespace, pod.name, pod.uid, name, reason=names.REFUSED_AT_ADMISSION_REASON,
+                           message=message, event_type="Warning", action="Delete" if deleted else "Report")
+        try:
+            json_body(self._core.create_namespaced_event(pod.namespace, body, _preload_content=False,
+                                                     _request_timeout=self._timeout))
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 409:
+                self._reported.add(pod.uid)  # recorded before, by this leader's predecessor
+                return False
+            log.warning("gpushard: could not record the Event on %s/%s, refused at admission (%s); trying again "
+                        "next pass", pod.namespace, pod.name, exc.status)
+            return False
+        self._reported.add(pod.uid)
+        if not deleted:
+            log.info("gpushard: recorded an Event on %s/%s: %s", pod.namespace, pod.name,
+                     message.removeprefix("gpushard: "))
+        return True
+
+    def _post_eviction(self, namespace: str, name: str, preconditions: dict) -> None:
+        """Evict one pod through the Eviction API; raises the API's refusal."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"preconditions": preconditions}}
+        json_body(self._core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
+                                                        _request_timeout=self._timeout))
 
     def _evict(self, move: replacement.Move) -> str | None:
         """None once evicted; else why the API refused (the pod is skipped this pass)."""
@@ -238,32 +353,31 @@ class Replacer:
         preconditions = {"uid": pod.uid}
         if pod.version:
             preconditions["resourceVersion"] = pod.version  # bound or changed since listed: refused
-        body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": pod.name, "namespace": pod.namespace},
-                "deleteOptions": {"preconditions": preconditions}}
         try:
-            json_body(self._core.create_namespaced_pod_eviction(pod.name, pod.namespace, body, _preload_content=False,
-                                                            _request_timeout=self._timeout))
+            self._post_eviction(pod.namespace, pod.name, preconditions)
         except kubernetes.client.ApiException as exc:
-            reason = {429: "a disruption budget allows no eviction now", 404: "the pod is gone",
-                      409: "the pod changed since it was listed"}.get(exc.status, f"HTTP {exc.status}")
+            reason = {429: "a disruption budget allows no eviction now", 404: GONE,
+                      409: CHANGED}.get(exc.status, f"HTTP {exc.status}")
             log.info("gpushard: did not evict %s/%s: %s", pod.namespace, pod.name, reason)
             return reason
         log.info("gpushard: evicted %s/%s: %s", pod.namespace, pod.name, replacement.event_message(move))
         return None
 
+    def _event(self, namespace: str, pod: str, uid: str, name: str, *, reason: str, message: str,
+               event_type: str, action: str) -> dict:
+        """A core/v1 Event on a pod, as the replacer records it (the API server keeps at most 1 kB of message)."""
+        stamp = now_text(self._wall)[:19] + "Z"
+        return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name, "namespace": namespace},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace, "uid": uid},
+                "reason": reason, "message": message[:1024], "type": event_type, "action": action, "count": 1,
+                "firstTimestamp": stamp, "lastTimestamp": stamp, "source": {"component": names.REPLACER_COMPONENT},
+                "reportingComponent": names.REPLACER_COMPONENT, "reportingInstance": self.identity}
+
     def _record(self, move: replacement.Move) -> None:
         pod = move.pod
-        stamp = now_text(self._wall)
-        body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{pod.name}.{uuid.uuid4().hex[:16]}", "namespace": pod.namespace},
-                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
-                                   "uid": pod.uid},
-                "reason": names.REPLACED_REASON, "message": replacement.event_message(move)[:1024],
-                "type": "Normal", "action": "Evict", "count": 1,
-                "firstTimestamp": stamp[:19] + "Z", "lastTimestamp": stamp[:19] + "Z",
-                "source": {"component": names.REPLACER_COMPONENT},
-                "reportingComponent": names.REPLACER_COMPONENT, "reportingInstance": self.identity}
+        body = self._event(pod.namespace, pod.name, pod.uid, f"{pod.name}.{uuid.uuid4().hex[:16]}",
+                           reason=names.REPLACED_REASON, message=replacement.event_message(move), event_type="Normal",
+                           action="Evict")
         try:
             json_body(self._core.create_namespaced_event(pod.namespace, body, _preload_content=False,
                                                      _request_timeout=self._timeout))
@@ -283,6 +397,7 @@ class Replacer:
             log.warning("gpushard: cannot renew Lease %s/%s: %s; standing by until it can", self.elector.namespace,
                         self.elector.name, connecting.failure_text(exc))
             leads = False
+        self.metrics.lead(leads)
         if not leads:
             self.stand_by()
 
@@ -301,6 +416,7 @@ class Replacer:
             if not self._settings.replacement.enabled:
                 self.stand_by()
                 self.elector.release()
+                self.metrics.lead(False)
             else:
                 try:
                     self.pass_once()
@@ -324,6 +440,7 @@ class Replacer:
                     self._still_leads()
         self.stand_by()
         self.elector.release()
+        self.metrics.lead(False)
 
 
 BUSY_SHARE = 0.2  # at most this share of the time spent in passes, however large the cluster
@@ -382,19 +499,25 @@ class Reloader:
 
 
 def serve_health(port: int, replacer: Replacer, stall_s: float = STALL_S) -> http.server.ThreadingHTTPServer:
-    """``GET /healthz`` on ``port``: 200 while the loop comes round, 503 once it has stalled for ``stall_s``.
+    """``GET /healthz`` on ``port``: 200 while the loop comes round, 503 once it has stalled for ``stall_s``;
+    and ``GET /metrics``, the replacer's Prometheus metrics (``relocation.metrics``).
 
-    The Deployment's liveness probe reads it, so a loop stuck for good is restarted.
+    The Deployment's liveness probe reads /healthz, so a loop stuck for good is restarted.
     """
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the name http.server calls
+            path = self.path.split("?")[0]
+            if path == "/metrics":
+                return self._answer(200, metrics.text(replacer.metrics), metrics.CONTENT_TYPE)
             since = replacer.since_beat()
-            ok = self.path.split("?")[0] in ("/healthz", "/livez") and since < stall_s
+            ok = path in ("/healthz", "/livez") and since < stall_s
             body = (f"ok: the loop came round {since:.0f}s ago\n" if ok else
                     f"stalled: the loop last came round {since:.0f}s ago (limit {stall_s:.0f}s)\n").encode()
-            self.send_response(200 if ok else (404 if self.path.split("?")[0] not in ("/healthz", "/livez")
-                                               else 503))
-            self.send_header("Content-Type", "text/plain")
+            self._answer(200 if ok else (404 if path not in ("/healthz", "/livez") else 503), body, "text/plain")
+
+        def _answer(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
@@ -427,7 +550,9 @@ def _once(replacer: Replacer, client: connecting.Client, namespace: str) -> int:
         print(f"gpushard: another replacer holds Lease {namespace}/{names.REPLACER_LEASE}; nothing done")
         return 0
     print(f"gpushard: evicted {len(outcome.evicted)}, refused {len(outcome.refused)}, "
-          f"not re-placed {len(outcome.plan.stuck)}, waiting for room {outcome.plan.waiting_for_room}")
+          f"not re-placed {len(outcome.plan.stuck)}, waiting for room {outcome.plan.waiting_for_room}; "
+          f"refused at admission by the kubelet {len(outcome.admission_refused)} (Events recorded "
+          f"{len(outcome.reported)}, deleted {len(outcome.cleaned)})")
     return 0
 
 
