@@ -355,6 +355,14 @@ def test_a_node_reboot_with_gpu_pods_running(installed, plane, runtime, kubelet,
         came_back.append(name)
     for name, reason in refused.items():
         assert reason in ("UnexpectedAdmissionError", "gone"), (name, reason)
+    # The replacer says so on each refused pod still there: one Event, naming what brings it back.
+    told = components.wait_for("the replacer's Event on each refused pod", lambda: (lambda e: e if set(e) >= {
+        n for n, r in refused.items() if r != "gone"} else None)(refusal_events(kubectl, namespace)), timeout=120,
+        explain=lambda: kubectl.run("logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=replacer",
+                                    "--tail=20", "--prefix", check=False).stdout) if refused else {}
+    for name, (count, message) in told.items():
+        assert count == 1, (name, count)
+        assert ("nothing makes it again" if name.startswith("alone-") else "its controller ReplicaSet/") in message
     new = [n for n, p in after.items() if n not in before and p["status"].get("phase") == "Running"]
     for name in new:
         seeing.expect_card(seeing.seen_now(kubectl, namespace, name), seeing.card_of(kubectl, namespace, name),
@@ -365,7 +373,16 @@ def test_a_node_reboot_with_gpu_pods_running(installed, plane, runtime, kubelet,
           "after power-on, "
           f"shares advertised {advertised_at:.1f} s, settled {settled_at:.1f} s; back on their cards: "
           f"{sorted(came_back) or 'none'}; refused by the kubelet: {refused or 'none'}; replacements running: "
-          f"{sorted(new) or 'none'}")
+          f"{sorted(new) or 'none'}; the replacer's Events on them: {len(told)}")
     cards_within_shares(kubectl)
+
+
+def refusal_events(kubectl, namespace: str) -> dict[str, tuple[int, str]]:
+    counted: dict[str, tuple[int, str]] = {}
+    for event in kubectl.json("get", "events", "-n", namespace)["items"]:
+        if event.get("reason") == names.REFUSED_AT_ADMISSION_REASON:
+            name = event["involvedObject"]["name"]
+            counted[name] = (counted.get(name, (0, ""))[0] + event.get("count", 1), event.get("message", ""))
+    return counted
 
 

@@ -99,9 +99,7 @@ def test_the_agent_killed_with_claims_prepared(dra, runtime, namespace):
     kubectl.apply(seeing.pod("meanwhile", seeing.container(gpu="0.25")), "-n", namespace)
     components.wait_for("the agent's container restarted", lambda: kubectl.json(
         "get", "pod", agent, "-n", SYSTEM)["status"]["containerStatuses"][0]["restartCount"] >= 1, timeout=120)
-    meanwhile = components.wait_for("the pod created meanwhile running, or refused", lambda: (
-        lambda p: p if seeing_running(p) or p["status"].get("phase") == "Failed" else None)(
-        kubectl.json("get", "pod", "meanwhile", "-n", namespace)), timeout=180, explain=runtime.tail)
+    meanwhile = running_or_refused(kubectl, namespace, "meanwhile", runtime)
     ran = time.monotonic() - killed
     reasons = {r: n for r, n in events_by_reason(kubectl, namespace).items() if r.startswith("Failed")
                or r == REFUSED}
@@ -109,23 +107,38 @@ def test_the_agent_killed_with_claims_prepared(dra, runtime, namespace):
     assert container_id(after) == container_id(steady)
     assert after["status"]["containerStatuses"][0]["restartCount"] == 0
     expect_claims_card(kubectl, namespace, "steady", card, "0.5")
-    if meanwhile["status"].get("phase") == "Failed":
-        assert meanwhile["status"].get("reason") == REFUSED, meanwhile["status"]
-        assert "gpushard.io/gpu" in meanwhile["status"].get("message", ""), meanwhile["status"]
-        fate = f"was refused by the kubelet {ran:.1f} s after the kill ({meanwhile['status']['message'][:160]})"
-    else:
-        _claim, other = seeing.claim_card(kubectl, namespace, "meanwhile")
-        expect_claims_card(kubectl, namespace, "meanwhile", other, "0.25")
-        fate = f"ran {ran:.1f} s after the kill, on card {other}"
     print(f"\ngpushard fault (dra): the agent killed with a claim prepared: the running pod kept its container and "
-          f"card {card}; a pod created meanwhile {fate}; its events: {reasons or 'none'}")
+          f"card {card}; a pod created meanwhile {fate(kubectl, namespace, meanwhile, '0.25', ran)}; its events: "
+          f"{reasons or 'none'}")
     claims_within_shares(kubectl)
     seeing.clear_namespace(kubectl, namespace)
 
 
+def running_or_refused(kubectl, namespace: str, name: str, runtime, timeout: float = 180) -> dict:
+    """The pod once it runs, or once the kubelet refused it (UnexpectedAdmissionError, naming the count
+    ``gpushard.io/gpu`` whose device plugin had not registered yet): nothing else may become of it."""
+    pod = components.wait_for(f"pod {namespace}/{name} running, or refused", lambda: (
+        lambda p: p if seeing_running(p) or p["status"].get("phase") == "Failed" else None)(
+        kubectl.json("get", "pod", name, "-n", namespace)), timeout=timeout, explain=runtime.tail)
+    if pod["status"].get("phase") == "Failed":
+        assert pod["status"].get("reason") == REFUSED, pod["status"]
+        assert "gpushard.io/gpu" in pod["status"].get("message", ""), pod["status"]
+    return pod
+
+
+def fate(kubectl, namespace: str, pod: dict, fraction: str, seconds: float) -> str:
+    """What became of a pod: the card it runs on (checked from inside), or the kubelet's refusal."""
+    if pod["status"].get("phase") == "Failed":
+        return f"was refused by the kubelet ({pod['status']['message'][:150]})"
+    name = pod["metadata"]["name"]
+    _claim, card = seeing.claim_card(kubectl, namespace, name)
+    expect_claims_card(kubectl, namespace, name, card, fraction)
+    return f"ran {seconds:.1f} s after, on card {card}"
+
+
 def restarted_under_pods(kubectl, runtime, namespace: str, what: str, restart) -> None:
-    """Two GPU pods running, ``restart`` done: the same containers keep running on their cards, and a pod created
-    after runs on its claim's card."""
+    """Two GPU pods running, ``restart`` done: the same containers keep running on their cards; a pod created
+    right after runs on its claim's card, or is refused by the kubelet."""
     for name, gpu in (("first", "0.5"), ("second", "0.25")):
         kubectl.apply(seeing.pod(name, seeing.container(gpu=gpu)), "-n", namespace)
     before = {}
@@ -135,16 +148,14 @@ def restarted_under_pods(kubectl, runtime, namespace: str, what: str, restart) -
     began = time.monotonic()
     restart()
     kubectl.apply(seeing.pod("after", seeing.container(gpu="0.25")), "-n", namespace)
-    seeing.running(kubectl, namespace, "after", timeout=180, explain=runtime.tail)
+    after = running_or_refused(kubectl, namespace, "after", runtime)
     ran = time.monotonic() - began
     for name, (container, card, gpu) in before.items():
         pod = kubectl.json("get", "pod", name, "-n", namespace)
         assert (container_id(pod), pod["status"]["containerStatuses"][0]["restartCount"]) == (container, 0), name
         expect_claims_card(kubectl, namespace, name, card, gpu)
-    _claim, card = seeing.claim_card(kubectl, namespace, "after")
-    expect_claims_card(kubectl, namespace, "after", card, "0.25")
     print(f"\ngpushard fault (dra): {what} with 2 GPU pods running: both kept their containers and cards; a pod "
-          f"created after ran {ran:.1f} s after the restart began")
+          f"created right after {fate(kubectl, namespace, after, '0.25', ran)}")
     claims_within_shares(kubectl)
     seeing.clear_namespace(kubectl, namespace)
 
