@@ -7,8 +7,8 @@ Tiers: ``e2e`` (tests/e2e: the control plane, and a kubelet over Kubernetes' fak
 (tests/runtime: containers that really start, once per containerd, NVIDIA's device plugin and container runtime
 among them), ``install`` (tests/runtime_install:
 deploy/base as pods from gpushard's image, on Debian's containerd), ``install-dra`` (tests/runtime_install_dra:
-deploy/overlays/dra as pods, on the module's containerd 2.x, which applies CDI devices). ``--matrix`` runs ``e2e`` on every
-pinned Kubernetes and the runtime tiers on the default one. The variables of the tiers
+deploy/overlays/dra as pods, on the module's containerd 2.x, which applies CDI devices). ``--matrix`` runs
+``e2e`` on every pinned Kubernetes and the runtime tiers on the default one. The variables of the tiers
 (``KUBEBUILDER_ASSETS``, ``GPUSHARD_E2E_KUBELET``, ``GPUSHARD_E2E_CRI``, ``GPUSHARD_E2E_CONTAINERD``,
 ``GPUSHARD_E2E_IMAGE``, ``GPUSHARD_E2E_NVIDIA_PLUGIN``, ``GPUSHARD_E2E_NVIDIA_TOOLKIT``) still win: with them
 set, nothing of theirs is built.
