@@ -200,15 +200,20 @@ def leader(kubectl) -> str | None:
     return kubectl.json("get", "lease", "gpushard-replacer", "-n", SYSTEM)["spec"].get("holderIdentity")
 
 
-def replaced_events(kubectl, namespace: str) -> dict[str, tuple[int, str]]:
-    """Re-placement Events per pod name, with how many there were and the last one's message: one per eviction (the
-    replacer records one on each pod it evicts, naming the card the pod waited on)."""
+def events_of(kubectl, namespace: str, reason: str) -> dict[str, tuple[int, str]]:
+    """The Events of one reason per pod name, with how many there were and the last one's message: the
+    replacer records one on each pod it evicts (naming the card the pod waited on), and one on each pod the
+    kubelet refused at admission."""
     counted: dict[str, tuple[int, str]] = {}
     for event in kubectl.json("get", "events", "-n", namespace)["items"]:
-        if event.get("reason") == names.REPLACED_REASON:
+        if event.get("reason") == reason:
             name = event["involvedObject"]["name"]
             counted[name] = (counted.get(name, (0, ""))[0] + event.get("count", 1), event.get("message", ""))
     return counted
+
+
+def replaced_events(kubectl, namespace: str) -> dict[str, tuple[int, str]]:
+    return events_of(kubectl, namespace, names.REPLACED_REASON)
 
 
 def gpushard_cli(plane, *args: str) -> subprocess.CompletedProcess:
@@ -356,8 +361,12 @@ def test_a_node_reboot_with_gpu_pods_running(installed, plane, runtime, kubelet,
     for name, reason in refused.items():
         assert reason in ("UnexpectedAdmissionError", "gone"), (name, reason)
     # The replacer says so on each refused pod still there: one Event, naming what brings it back.
-    told = components.wait_for("the replacer's Event on each refused pod", lambda: (lambda e: e if set(e) >= {
-        n for n, r in refused.items() if r != "gone"} else None)(refusal_events(kubectl, namespace)), timeout=120,
+    still_there = {n for n, r in refused.items() if r != "gone"}
+
+    def told_each():
+        found = events_of(kubectl, namespace, names.REFUSED_AT_ADMISSION_REASON)
+        return found if set(found) >= still_there else None
+    told = components.wait_for("the replacer's Event on each refused pod", told_each, timeout=120,
         explain=lambda: kubectl.run("logs", "-n", SYSTEM, "-l", "app.kubernetes.io/component=replacer",
                                     "--tail=20", "--prefix", check=False).stdout) if refused else {}
     for name, (count, message) in told.items():
@@ -375,14 +384,5 @@ def test_a_node_reboot_with_gpu_pods_running(installed, plane, runtime, kubelet,
           f"{sorted(came_back) or 'none'}; refused by the kubelet: {refused or 'none'}; replacements running: "
           f"{sorted(new) or 'none'}; the replacer's Events on them: {len(told)}")
     cards_within_shares(kubectl)
-
-
-def refusal_events(kubectl, namespace: str) -> dict[str, tuple[int, str]]:
-    counted: dict[str, tuple[int, str]] = {}
-    for event in kubectl.json("get", "events", "-n", namespace)["items"]:
-        if event.get("reason") == names.REFUSED_AT_ADMISSION_REASON:
-            name = event["involvedObject"]["name"]
-            counted[name] = (counted.get(name, (0, ""))[0] + event.get("count", 1), event.get("message", ""))
-    return counted
 
 
