@@ -37,8 +37,9 @@ def reserved(claim: dict, pod: str, pod_uid: str) -> dict:
     return claim
 
 
-def holder(namespace: str, pod: str, pod_uid: str, *container_shares: int) -> dict:
-    """A pod as gpushard's webhook (backend dra) leaves it: each GPU container's gpushard.io/gpu and the claim."""
+def holder(namespace: str, pod: str, pod_uid: str, *container_shares: int, node: str | None = None) -> dict:
+    """A pod as gpushard's webhook (backend dra) leaves it: each GPU container's gpushard.io/gpu and the claim;
+    with ``node``, as the scheduler bound it there."""
     containers = [{"name": f"c{i}", "image": "cuda:12", "resources": {
         "limits": {names.SHARES_RESOURCE: str(n)}, "requests": {names.SHARES_RESOURCE: str(n)},
         "claims": [{"name": names.DRA_POD_CLAIM}]}} for i, n in enumerate(container_shares)]
@@ -46,4 +47,5 @@ def holder(namespace: str, pod: str, pod_uid: str, *container_shares: int) -> di
             "spec": {"containers": containers or [{"name": "c", "image": "busybox"}],
                      "resourceClaims": [{"name": names.DRA_POD_CLAIM,
                                          "resourceClaimTemplateName": draobjects.template_name(
-                                             sum(container_shares) or 1)}]}}
+                                             sum(container_shares) or 1)}],
+                     **({"nodeName": node} if node else {})}}

@@ -1,7 +1,8 @@
-"""We test the agent's per-container metrics under backend dra, where PodResources names no card (no
-per-card resource; the node-wide gpushard.io/gpu IDs may come from any card): the DRA plugin, prepared over
-its real socket by the kubelet's side with claims read from a local API server, says which card each pod's
-claim is on, and the stand-in PodResources server says how many of the node-wide shares each container holds:
+"""We test the agent's per-container metrics under backend dra, where PodResources names no card and no share
+(gpushard.io/gpu is a count in the Node's status, which no device plugin serves): the DRA plugin, prepared
+over its real socket by the kubelet's side with claims read from a local API server, says which card each
+pod's claim is on, the stand-in PodResources server which containers the kubelet runs, and the node's pods
+as the local API server lists them how many shares each container asks:
 - each container holding shares gets its series on the card of its pod's claim, and the card's shares
   allocated add them up; a container without shares, and a pod with no claim prepared here, get none;
 - the checkpoint keeps the pod a claim is reserved for, so a restarted agent attributes the same;
@@ -21,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import fakekube
 from tests.agent import drakubelet, draworld, fakekubelet, fakepodresources
 from webhook import top
-from webhook.agent import attributing, draplugin, exporting, health, nvml, podresources
+from webhook.agent import attributing, draplugin, exporting, health, nvml, podlisting, podresources
 from webhook.core import policy as policy_mod
 
 NODE = "node-a"
@@ -45,9 +46,17 @@ def held(found) -> dict[tuple[str, str, str], float]:
             for (n, ls), v in found.items() if n == "gpushard_container_shares"}
 
 
-def aggregate(name: str, count: int, from_card: int = 0) -> podresources.pb.ContainerResources:
-    """A container holding ``count`` of the node-wide shares, whose IDs the kubelet took from any card."""
-    return fakepodresources.container(name, **{"gpushard.io/gpu": fakepodresources.shares(from_card, 0, count)})
+def running(api, namespace: str, pod: str, **shares: int) -> podresources.pb.PodResources:
+    """A pod the scheduler bound here asking ``shares`` per container (its spec, in the API server), as
+    PodResources lists it: its containers, with no device of gpushard.io/gpu."""
+    obj = draworld.holder(namespace, pod, f"pod-{pod}", *shares.values(), node=NODE)
+    for container, name in zip(obj["spec"]["containers"], shares, strict=True):
+        container["name"] = name
+        if not shares[name]:
+            container["resources"] = {}
+    api.put("pods", obj)
+    return podresources.pb.PodResources(namespace=namespace, name=pod, containers=[
+        fakepodresources.container(name) for name in shares])
 
 
 @pytest.fixture
@@ -72,10 +81,12 @@ def world(tmp_path):
         peer.register(started.registration_path)
         return started, peer
 
+    pods = podlisting.NodePods(api.api_client(), NODE, policy=POLICY, min_interval=0)
+
     def scrape(started: draplugin.DraPlugin) -> dict:
         observer = exporting.Observer(NODE, list(CARDS.values()), nvml.FakeDevices(list(CARDS.values())),
                                       health.Board(list(CARDS.values())), POLICY,
-                                      lambda: client.holdings(POLICY, started.preparer.cards_by_pod),
+                                      lambda: client.holdings(POLICY, started.preparer.cards_by_pod, pods.shares),
                                       attributing.ProcReader(str(tmp_path)), None)
         return exporting.text(exporting.new_registry(observer))
 
@@ -97,12 +108,10 @@ def test_containers_are_attributed_to_their_pods_claim(world):
     answer = kubelet.prepare(("ml", "uid-t", "train-gpu"), ("ml", "uid-i", "infer-gpu"))
     assert [answer.claims[u].error for u in ("uid-t", "uid-i")] == ["", ""]
     world.lister.set([
-        # The node-wide IDs name card 0 for a pod on card 1: only the claim says where it runs.
-        podresources.pb.PodResources(namespace="ml", name="train", containers=[
-            aggregate("trainer", 20), aggregate("loader", 10, from_card=1), aggregate("log", 0)]),
-        podresources.pb.PodResources(namespace="ml", name="infer", containers=[aggregate("server", 25)]),
-        # Shares held without a claim prepared here (the plugin has not been asked yet): no card to put them on.
-        podresources.pb.PodResources(namespace="ml", name="early", containers=[aggregate("app", 10)]),
+        running(world.api, "ml", "train", trainer=20, loader=10, log=0),
+        running(world.api, "ml", "infer", server=25),
+        # Shares asked without a claim prepared here (the plugin has not been asked yet): no card to put them on.
+        running(world.api, "ml", "early", app=10),
     ])
 
     text = world.scrape(started)
@@ -141,7 +150,7 @@ def test_a_claim_prepared_without_its_pod_recorded_is_left_out(world):
     started, kubelet = world.plugin()
     assert kubelet.prepare(("ml", "uid-l", "loose-gpu")).claims["uid-l"].error == ""
     assert started.preparer.cards_by_pod() == {}
-    world.lister.set([podresources.pb.PodResources(namespace="ml", name="old", containers=[aggregate("app", 10)])])
+    world.lister.set([running(world.api, "ml", "old", app=10)])
     found = samples(world.scrape(started))
     assert held(found) == {}
     assert value(found, "gpushard_card_shares_allocated", gpu="0") == 0

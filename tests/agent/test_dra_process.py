@@ -1,8 +1,9 @@
 """We test `gpushard agent` with backend dra as a real process, against the local API server, a fake
 device-plugin kubelet and the kubelet's DRA side from the published protos:
-- it serves only the sum as a device plugin, publishes the node's ResourceSlice, registers the DRA plugin and
-  prepares a claim allocated on one of its cards, writing the claim's CDI spec; its metrics then put the pod's
-  container (its gpushard.io/gpu in PodResources) on the claim's card;
+- it registers no device plugin and writes the sum (gpushard.io/gpu, cards x shares) into the Node's status,
+  publishes the node's ResourceSlice, registers the DRA plugin and prepares a claim allocated on one of its
+  cards, writing the claim's CDI spec; its metrics then put the pod's container (listed by PodResources, its
+  gpushard.io/gpu from its spec) on the claim's card;
 - SIGTERM ends it with status 0 and its sockets removed; the checkpoint stays for the next start;
 - with --no-publish it refuses to start with backend dra (status 2, naming the flag).
 """
@@ -68,7 +69,7 @@ def test_the_agent_publishes_registers_prepares_and_stops(setup, plugin_dir):
     kubelet = fakekubelet.FakeKubelet(plugin_dir).start()
     lister = fakepodresources.FakePodResources(os.path.join(root, "pod-resources.sock")).start()
     lister.set([fakepodresources.pb.PodResources(namespace="ml", name="p", containers=[fakepodresources.container(
-        "c0", **{names.SHARES_RESOURCE: fakepodresources.shares(0, 0, 25)})])])
+        "c0")])])
     folders = [os.path.join(root, d) for d in ("reg", "plugins", "cdi")]
     port = _free_port()
     proc = agent_process("--config", str(tmp / "config.yaml"), "--fake-inventory", str(tmp / "inventory.yaml"),
@@ -78,7 +79,10 @@ def test_the_agent_publishes_registers_prepares_and_stops(setup, plugin_dir):
                          env={"KUBECONFIG": str(tmp / "kubeconfig")})
     registration = os.path.join(folders[0], f"{names.DRA_DRIVER}-reg.sock")
     try:
-        kubelet.wait_for({names.SHARES_RESOURCE}, timeout=30)
+        def counted():
+            status = api.get("nodes", "node-a").get("status") or {}
+            return [(status.get(k) or {}).get(names.SHARES_RESOURCE) for k in ("capacity", "allocatable")]
+        eventually(lambda: counted() == ["200", "200"], "the count in the Node's status", proc)
 
         def published():
             try:
@@ -91,13 +95,13 @@ def test_the_agent_publishes_registers_prepares_and_stops(setup, plugin_dir):
         peer.register(registration)
         api.put("resourceclaims", draworld.reserved(draworld.claim("ml", "c", "uid-1", "node-a", "card-1", 25), "p",
                                                     "pod-1"))
-        api.put("pods", draworld.holder("ml", "p", "pod-1", 25))
+        api.put("pods", draworld.holder("ml", "p", "pod-1", 25, node="node-a"))
         entry = peer.prepare(("ml", "uid-1", "c")).claims["uid-1"]
         assert entry.error == "" and list(entry.devices[0].cdi_device_ids)[0] == "nvidia.com/gpu=GPU-bbbb"
         with open(os.path.join(folders[2], "gpushard.io-claim_uid-1.json")) as spec:
             assert f"NVIDIA_GPU_MEMORY_LIMIT={25 * 81559 // 100}" in spec.read()
-        assert {r.resource_name for r in kubelet.requests} == {names.SHARES_RESOURCE}
-        # The IDs of gpushard.io/gpu name card 0; the pod's claim is on card 1, and so are its container's shares.
+        assert kubelet.requests == []  # no device plugin
+        # The pod's claim is on card 1, and so are its container's shares.
         found = {(s.name, s.labels.get("gpu"), s.labels.get("container")): s.value
                  for family in text_string_to_metric_families(_metrics(port)) for s in family.samples}
         assert found[("gpushard_container_shares", "1", "c0")] == 25

@@ -1,6 +1,9 @@
 """We test the agent with backend dra, as `gpushard agent` runs it (a fake kubelet for device plugins, the
 kubelet's DRA side from the published protos, the local API server):
-- only the quota-able sum gpushard.io/gpu is a device plugin; no per-card resource is registered;
+- no device plugin registers: the quota-able sum gpushard.io/gpu (cards x shares) is in the Node's status,
+  written by merge patch of nodes/status beside what the kubelet keeps there, and written again when the
+  kubelet zeroes it (as it does once for a device plugin of that name that went away) or it goes; a card
+  that turns Unhealthy leaves the slice but not the count;
 - the node's ResourceSlice lists its cards, loses a card that turns Unhealthy and gets it back on recovery;
 - the kubelet registers the DRA plugin and prepares a claim allocated on a card, with the card's memory cap;
 - a claim allocated before its card turned Unhealthy can still be prepared.
@@ -12,12 +15,16 @@ import time
 import pytest
 
 from tests.agent import drakubelet, draworld, fakekubelet
-from webhook.agent import drabackend, nvml, running
+from webhook.agent import cordonwatching, drabackend, nodecount, nvml, running
 from webhook.core import draobjects, names
 from webhook.core import policy as policy_mod
 
 NODE = "node-a"
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559), nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)]
+# What a kubelet writes into its Node's status, which the agent's count must leave as it is.
+KUBELET_STATUS = {"capacity": {"cpu": "16", "memory": "131900000Ki", "pods": "110"},
+                  "allocatable": {"cpu": "15800m", "memory": "129800000Ki", "pods": "110"},
+                  "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
 
 
 
@@ -36,9 +43,12 @@ def world(api, plugin_dir, kubelet):
     devices = nvml.FakeDevices(CARDS)
     policy = policy_mod.Policy(backend=policy_mod.DRA, isolation="memory")
     client = api.api_client()
+    api.put("nodes", {"metadata": {"name": NODE}, "status": KUBELET_STATUS})
     agent = running.Agent(devices, policy, plugin_dir, poll=0.05, tick=0.2, register_timeout=2,
                           dra=lambda a: drabackend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
-                                                              folders, poll=0.05))
+                                                              folders, poll=0.05),
+                          cordons=lambda: cordonwatching.Watcher(client, NODE, watch_timeout=5, backoff=(0.05, 0.2)),
+                          count=lambda name, shares: nodecount.Keeper(client, NODE, name, shares, retry=(0.05, 0.2)))
     agent.start()
     yield agent, devices, folders
     agent.stop()
@@ -53,12 +63,33 @@ def slice_devices(api):
     return [d["name"] for d in obj["spec"]["devices"]]
 
 
-def test_only_the_sum_is_a_device_plugin(world, kubelet, plugin_dir):
-    agent = world[0]
-    kubelet.wait_for({names.SHARES_RESOURCE})
-    assert [r.name for r in agent.resources] == [names.SHARES_RESOURCE]
-    assert sorted(n for n in os.listdir(plugin_dir) if n.endswith(".sock")) == ["gpushard-io-gpu.sock",
-                                                                                 "kubelet.sock"]
+def counted(api) -> tuple[object, object]:
+    return nodecount.advertised(api.get("nodes", NODE), names.SHARES_RESOURCE)
+
+
+def test_the_sum_is_in_the_node_status_and_no_device_plugin_registers(api, world, kubelet, plugin_dir):
+    agent, devices, _folders = world
+    whole = str(len(CARDS) * policy_mod.Policy().shares_per_card)
+    eventually(lambda: counted(api) == (whole, whole), "the count in the Node's status")
+    status = api.get("nodes", NODE)["status"]
+    # Beside what the kubelet keeps there, untouched.
+    assert status["conditions"] == KUBELET_STATUS["conditions"]
+    assert {k: v for k, v in status["capacity"].items() if k != names.SHARES_RESOURCE} == KUBELET_STATUS["capacity"]
+    assert agent.resources == [] and agent.plugins == []
+    assert agent.count.writes == 1
+    # The kubelet zeroes a device-plugin resource once after its plugin went: the agent writes it back.
+    capacity = {**status["capacity"], names.SHARES_RESOURCE: "0"}
+    api.put("nodes", {"metadata": {"name": NODE}, "status": {**status, "capacity": capacity,
+                                                              "allocatable": capacity}})
+    eventually(lambda: counted(api) == (whole, whole), "the count written again")
+    assert agent.count.writes == 2
+    # A card that turns Unhealthy leaves the slice, not the count (pods on it still hold their part of it).
+    devices.inject(nvml.HealthEvent("GPU-bbbb", healthy=False, reason="Xid 79"))
+    eventually(lambda: slice_devices(api) == ["card-0"], "the Unhealthy card leave the slice")
+    assert counted(api) == (whole, whole)
+    # Nothing ever registered with the kubelet, and no plugin socket is served.
+    assert kubelet.requests == []
+    assert [n for n in os.listdir(plugin_dir) if n.endswith(".sock")] == ["kubelet.sock"]
 
 
 def test_the_slice_follows_health(api, world):

@@ -3,8 +3,8 @@
 - the list: sharesPerCard IDs per card; held IDs take their container's card's health (Healthy when not known);
   the others are Healthy lowest first until sharesPerCard x healthy cards are; a held ID from outside the pool
   stays listed; the preferred allocation takes the lowest by number;
-- PodResources to holders: a container's card from its card resource (device plugin) or its pod's claim (dra);
-  none when a container holds shares of no card or of several;
+- PodResources to holders: a container's card from its card resource; none when a container holds shares of
+  no card or of several (under backend dra there is no such resource: its count is in the Node's status);
 - when PodResources is read: once per board version, again when Allocate hands out an ID not listed Healthy,
   every refresh only while the list depends on the holders; recent Allocate IDs count as held for the grace;
   while it fails, every ID handed out since start counts as held on no known card.
@@ -95,12 +95,6 @@ def test_holders_from_pod_resources_under_the_device_plugin():
                "none": {"gpushard.io/card-0": ["card-0-1"], "nvidia.com/gpu": ["GPU-x"]}}))
     assert podresources.share_holders(answer, policy()) == {
         "share-0": 1, "share-1": 1, "share-2": 1, "share-3": None, "share-4": None}
-
-
-def test_holders_from_pod_resources_under_dra():
-    answer = response(("a", {"main": {"gpushard.io/gpu": ["share-0"]}}), ("b", {"c": {"gpushard.io/gpu": ["share-1"]}}))
-    dra = policy_mod.Policy(backend=policy_mod.DRA)
-    assert podresources.share_holders(answer, dra, {("ns", "a"): 1}) == {"share-0": 1, "share-1": None}
 
 
 class Clock:

@@ -43,6 +43,8 @@ class Watcher:
         self.backoff = backoff
         self.timeout = timeout
         self.on_change: Callable[[], None] | None = None
+        # Given every Node as read or watched (None: deleted), whatever changed on it (backend dra's count).
+        self.on_node: Callable[[dict | None], None] | None = None
         self.read = False  # the Node was read at least once
         self._cordons: dict[int, objects.Cordon] = {}
         self._lock = threading.Lock()
@@ -62,6 +64,8 @@ class Watcher:
 
     def apply(self, node: dict | None) -> bool:
         """Take the cordons of a Node as the API server sent it (None: the Node is gone); True on a change."""
+        if self.on_node is not None:
+            self.on_node(node)
         found = objects.read_cordons(objects.meta(node or {}).get("annotations"))
         with self._lock:
             self.read = True

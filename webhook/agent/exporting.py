@@ -453,10 +453,14 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
             log.warning("gpushard: no Kubernetes API credentials (%s); GPU processes are not tied to pods",
                         connecting.config_reason(exc))
     if api is not None and node_name:
-        pods = podlisting.NodePods(api, node_name, timeout=settings.agent.metrics_request_timeout)
+        # Backend dra: a container's shares are its spec's (PodResources lists no ID of the count).
+        pods = podlisting.NodePods(api, node_name, timeout=settings.agent.metrics_request_timeout,
+                                   policy=policy if cards_by_pod is not None else None)
     client = podresources.Client(args.pod_resources_socket)
+    shares_of = pods.shares if pods is not None and cards_by_pod is not None else None
     # Isolation, where configured, caps each container's memory; without it there is no cap to report.
-    observer = Observer(node_name or "", cards, devices, board, policy, lambda: client.holdings(policy, cards_by_pod),
+    observer = Observer(node_name or "", cards, devices, board, policy,
+                        lambda: client.holdings(policy, cards_by_pod, shares_of),
                         attributing.ProcReader(args.proc_root), pods,
                         memory_cap_for(policy.isolation, policy.shares_per_card), conflicts, cordoned, toolkit,
                         withheld)

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 import kubernetes
 
-from webhook.core import objects
+from webhook.core import asks as req
+from webhook.core import findings, objects
+from webhook.core import policy as policy_mod
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,12 @@ class PodName:
     pod: str
     containers: tuple[str, ...]
     memory_asked_mib: int = 0  # a pod placed by its memory ask: what it asked (gpushard.io/memory-mib)
+    # Each container's gpushard.io/gpu as its spec asks it (read with a policy only): (name, shares) pairs.
+    asked: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def shares(self) -> dict[str, int]:
+        return dict(self.asked)
 
 
 def strip_runtime(container_id: str) -> str:
@@ -46,8 +54,19 @@ def strip_runtime(container_id: str) -> str:
     return container_id.partition("://")[2] or container_id
 
 
-def index_pods(items: list[dict]) -> tuple[dict[str, ContainerName], dict[str, PodName]]:
-    """(container ID -> names, pod UID -> pod) from a pod list's items; odd items are skipped."""
+def asked_shares(pod: dict, policy: policy_mod.Policy) -> tuple[tuple[str, int], ...]:
+    """Each container's shares as the pod's spec asks them (a spec gpushard could not read: none)."""
+    try:
+        asks = req.read_spec(objects.mapping(pod.get("spec")), policy)
+    except findings.ObjectError:
+        return ()
+    return tuple((a.name, a.shares) for a in asks if a.shares > 0 and not a.passthrough)
+
+
+def index_pods(items: list[dict], policy: policy_mod.Policy | None = None
+               ) -> tuple[dict[str, ContainerName], dict[str, PodName]]:
+    """(container ID -> names, pod UID -> pod) from a pod list's items; odd items are skipped. With a
+    ``policy``, each pod's containers' asked shares too (backend dra's metrics)."""
     by_id: dict[str, ContainerName] = {}
     by_uid: dict[str, PodName] = {}
     for pod in items:
@@ -70,7 +89,8 @@ def index_pods(items: list[dict]) -> tuple[dict[str, ContainerName], dict[str, P
                     if isinstance(cid, str) and cid:
                         by_id[strip_runtime(cid)] = ContainerName(namespace, name, cname)
         if isinstance(uid, str):
-            by_uid[uid] = PodName(namespace, name, tuple(containers), objects.memory_asked_mib(pod))
+            by_uid[uid] = PodName(namespace, name, tuple(containers), objects.memory_asked_mib(pod),
+                                  asked_shares(pod, policy) if policy is not None else ())
     return by_id, by_uid
 
 
@@ -79,9 +99,10 @@ class NodePods:
 
     def __init__(self, api: kubernetes.client.ApiClient, node_name: str, *, min_interval: float = MIN_INTERVAL_S,
                  max_age: float = MAX_AGE_S, timeout: float = TIMEOUT_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, policy: policy_mod.Policy | None = None) -> None:
         self.core = kubernetes.client.CoreV1Api(api)
         self.node_name = node_name
+        self.policy = policy  # given: each pod's asked shares are read too
         self.min_interval = min_interval
         self.max_age = max_age
         self.timeout = timeout
@@ -109,7 +130,7 @@ class NodePods:
             self.errors += 1
             log.warning("gpushard: cannot list the pods on node %r: %s", self.node_name, exc)
             return
-        self._by_id, self._by_uid = index_pods(body.get("items") or [])
+        self._by_id, self._by_uid = index_pods(body.get("items") or [], self.policy)
         self._by_name = {(p.namespace, p.pod): p for p in self._by_uid.values()}
 
     def _fresh(self, unknown: bool = False) -> None:
@@ -136,3 +157,8 @@ class NodePods:
         with self._lock:
             self._fresh((namespace, pod) not in self._by_name)
             return self._by_name.get((namespace, pod))
+
+    def shares(self, namespace: str, pod: str) -> dict[str, int] | None:
+        """Each container's asked shares of the pod of this name (None: not listed); needs ``policy``."""
+        found = self.named(namespace, pod)
+        return found.shares if found is not None else None

@@ -50,41 +50,39 @@ def holdings(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy) -
     return found
 
 
-def dra_holdings(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy,
-                 cards_by_pod: Mapping[tuple[str, str], int]) -> list[Holding]:
-    """The card shares in a List answer under backend dra: each container's count of the node-wide
-    ``gpushard.io/gpu`` (its own shares: the device plugin still serves that count), on the card of the
-    claim prepared for its pod (``cards_by_pod``, from the DRA plugin's checkpoint). The IDs name no card
-    and there is no per-card resource; a pod with no claim prepared here holds nothing we can place."""
+def dra_holdings(response: pb.ListPodResourcesResponse, cards_by_pod: Mapping[tuple[str, str], int],
+                 shares_of: Callable[[str, str], Mapping[str, int] | None]) -> list[Holding]:
+    """The card shares in a List answer under backend dra: each listed container's shares as its pod asks
+    them (``shares_of``: container name -> its gpushard.io/gpu, from the pod's spec; the count is in the Node's
+    status, served by no device plugin, so PodResources lists no ID of it), on the card of the claim prepared
+    for its pod (``cards_by_pod``, from the DRA plugin's checkpoint). A pod with no claim prepared here holds
+    nothing we can place."""
     found = []
     for pod in response.pod_resources:
         card = cards_by_pod.get((pod.namespace, pod.name))
         if card is None:
             continue
+        asked = shares_of(pod.namespace, pod.name) or {}
         for container in pod.containers:
-            shares = sum(len(d.device_ids) for d in container.devices if d.resource_name == policy.resources.shares)
+            shares = asked.get(container.name, 0)
             if shares > 0:
                 found.append(Holding(pod.namespace, pod.name, container.name, card, shares))
     return found
 
 
-def share_holders(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy,
-                  cards_by_pod: Mapping[tuple[str, str], int] | None = None) -> dict[str, int | None]:
+def share_holders(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy) -> dict[str, int | None]:
     """Each ID of the node-wide ``gpushard.io/gpu`` that a container holds, with that container's card: the
-    card of its ``<cardPrefix><k>`` IDs, or under backend dra (``cards_by_pod``) of its pod's prepared claim.
-    None where no single card is known (a container holding shares of no card, or of several)."""
+    card of its ``<cardPrefix><k>`` IDs. None where no single card is known (a container holding shares of no
+    card, or of several)."""
     found: dict[str, int | None] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             ids = [i for d in container.devices if d.resource_name == policy.resources.shares for i in d.device_ids]
             if not ids:
                 continue
-            if cards_by_pod is not None:
-                card = cards_by_pod.get((pod.namespace, pod.name))
-            else:
-                cards = {policy.resources.card_index(d.resource_name) for d in container.devices if d.device_ids}
-                cards.discard(None)
-                card = cards.pop() if len(cards) == 1 else None
+            cards = {policy.resources.card_index(d.resource_name) for d in container.devices if d.device_ids}
+            cards.discard(None)
+            card = cards.pop() if len(cards) == 1 else None
             found.update(dict.fromkeys(ids, card))
     return found
 
@@ -112,17 +110,17 @@ class Client:
                 from None
 
     def holdings(self, policy: policy_mod.Policy,
-                 cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None) -> list[Holding]:
-        """The card shares held on the node; with ``cards_by_pod`` (backend dra), from the prepared claims."""
+                 cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None,
+                 shares_of: Callable[[str, str], Mapping[str, int] | None] | None = None) -> list[Holding]:
+        """The card shares held on the node; with ``cards_by_pod`` and ``shares_of`` (backend dra), from the
+        prepared claims and the pods' asks (:func:`dra_holdings`)."""
         if cards_by_pod is not None:
-            return dra_holdings(self.list(), policy, cards_by_pod())
+            return dra_holdings(self.list(), cards_by_pod(), shares_of or (lambda _namespace, _pod: None))
         return holdings(self.list(), policy)
 
-    def share_holders(self, policy: policy_mod.Policy,
-                      cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None
-                      ) -> dict[str, int | None]:
+    def share_holders(self, policy: policy_mod.Policy) -> dict[str, int | None]:
         """Who holds which ID of the node-wide resource, on which card (:func:`share_holders`)."""
-        return share_holders(self.list(), policy, cards_by_pod() if cards_by_pod is not None else None)
+        return share_holders(self.list(), policy)
 
     def close(self) -> None:
         with self._lock:

@@ -24,6 +24,7 @@ from webhook.agent import (
     isolation,
     kubelet,
     mps,
+    nodecount,
     nvml,
     podresources,
     publishing,
@@ -55,15 +56,21 @@ class Agent:
                  holders_refresh: float = holders.REFRESH_S,
                  cordons: Callable[[], cordonwatching.Watcher] | None = None,
                  toolkit: toolkitcheck.Checker | None = None, toolkit_interval: float = 60.0,
-                 foreign_interval: float = foreign_mod.INTERVAL_S) -> None:
+                 foreign_interval: float = foreign_mod.INTERVAL_S,
+                 count: Callable[[str, int], nodecount.Keeper] | None = None) -> None:
         self.devices = devices
         self.policy = policy
         self.cards, self.excluded = _whole_cards(devices)
         self.board = health.Board(self.cards)
         self.resources = allocation.resources(self.cards, policy)
+        # Backend dra: the scheduler picks the card from the ResourceSlice, and the quota-able sum (the pods'
+        # gpushard.io/gpu) is in the Node's status (nodecount: no device plugin, so nothing for the kubelet's
+        # device manager to refuse a pod over when it admits pods before the agent is back).
+        self.count = None
         if policy.backend == policy_mod.DRA:
-            # The scheduler picks the card from the ResourceSlice; only the quota-able sum stays a device plugin.
-            self.resources = self.resources[:1]
+            if count is not None:
+                self.count = count(self.resources[0].name, len(self.cards) * policy.shares_per_card)
+            self.resources = []
         root = isolation.MpsRoot(mps_root)
         limits = isolation.Limits(policy.isolation, policy.shares_per_card, root) \
             if policy.isolation != "none" else None
@@ -71,6 +78,8 @@ class Agent:
         self.cordons = cordons() if cordons is not None else None
         if self.cordons is not None:
             self.cordons.on_change = self._cordons_changed
+            if self.count is not None:
+                self.cordons.on_node = self.count.seen
         # The node-wide resource's IDs take the health of the card their container is on, which the kubelet's
         # PodResources tells; without it they stay Healthy.
         self.pod_resources = pod_resources
@@ -114,9 +123,7 @@ class Agent:
         self._threads: list[threading.Thread] = []
 
     def _read_share_holders(self) -> dict[str, int | None]:
-        # Under backend dra no container holds a card's resource: its card is its pod's prepared claim's.
-        cards_by_pod = self.dra.plugin.preparer.cards_by_pod if self.dra is not None else None
-        return self.pod_resources.share_holders(self.policy, cards_by_pod)
+        return self.pod_resources.share_holders(self.policy)
 
     def present_cards(self) -> list[nvml.Card]:
         present = self.board.snapshot().present
@@ -196,13 +203,17 @@ class Agent:
         if self.foreign is not None:
             # Before the plugins register: a card another plugin's pods hold is never offered, not even at first.
             self.foreign.check()
-        self.keeper.start()
+        if self.count is not None:
+            # Before the DRA plugin: a pod the scheduler binds here counts on it.
+            self._thread("gpushard-count", self.count.run, self._stop)
+        if self.plugins:
+            self.keeper.start()
+            self._thread("gpushard-kubelet", self.keeper.run, self._stop)
         if self.dra is not None:
             self.dra.start(lambda name, target: self._thread(name, target, self._stop))
         on_change = self._changed if self.publisher is not None or self.dra is not None else None
         self._thread("gpushard-health", health.watch, self.devices, self.board, self._stop, on_change,
                      min(self.tick, 0.5))
-        self._thread("gpushard-kubelet", self.keeper.run, self._stop)
         if self.publisher is not None:
             self._thread("gpushard-publish", self.publisher.run, self._stop)
         if self.conflicts is not None:
@@ -298,6 +309,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
     dra = None
     conflicts = None
     cordons = None
+    count = None
     if api is not None:
         def conflicts(cards):
             return conflicting.Watcher(api, node_name, cards, timeout=timeout)
@@ -311,6 +323,9 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
             plugins=getattr(args, "kubelet_plugins_dir", None) or drabackend.Folders.plugins,
             cdi=getattr(args, "cdi_dir", None) or drabackend.Folders.cdi)
 
+        def count(resource, shares):
+            return nodecount.Keeper(api, node_name, resource, shares, timeout=timeout)
+
         def dra(agent):
             runtime = runtimechecking.Checker(api, node_name, settings.agent.runtime_cdi, timeout=timeout)
             return drabackend.DraBackend(api, node_name, agent.devices, agent.cards, agent.board, agent.policy,
@@ -318,7 +333,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                          runtime=runtime)
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
                   mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra,
-                  conflicts=conflicts, cordons=cordons,
+                  conflicts=conflicts, cordons=cordons, count=count,
                   toolkit=toolkitcheck.Checker(getattr(args, "toolkit_config", None) or toolkitcheck.CONFIG_PATHS),
                   pod_resources=podresources.Client(getattr(args, "pod_resources_socket", None) or podresources.SOCKET))
     stop = threading.Event()
@@ -335,8 +350,12 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve the device plugins in {args.device_plugin_dir}: "
                                      f"{exc} (the agent needs that host folder mounted read-write)")
-        log.info("gpushard: %d card(s); serving %s in %s", len(agent.cards),
-                 ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
+        if agent.count is not None:
+            log.info("gpushard: %d card(s); %s=%d in node %r's status, the cards in its ResourceSlice",
+                     len(agent.cards), agent.count.resource, agent.count.count, node_name)
+        else:
+            log.info("gpushard: %d card(s); serving %s in %s", len(agent.cards),
+                     ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
         try:
             metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name,
                                       conflicts=agent.conflicts, cordoned=agent.operator_cordoned,
