@@ -233,10 +233,11 @@ class Agent:
 
         # The node's allocatable can still show the last agent's shares while the kubelet holds their devices
         # unhealthy (their plugin went away): a pod bound then is refused by the kubelet (UnexpectedAdmissionError).
-        # Registered again, the devices are listed healthy at once.
+        # Registered again, the devices are listed healthy at once. Under backend dra the count is no device plugin:
+        # the agent writes it into the Node's status ("published ... at node").
         def registered():
             text = log.read_bytes()[offset:].decode(errors="replace")
-            return all(f"registered {name} at" in text for name in expect)
+            return all(f"registered {name} at" in text or f"published {name} at" in text for name in expect)
         components.wait_for(f"the agent registering {sorted(expect)}", registered, timeout=60, explain=self.tail)
         self.wait_allocatable(expect)
         return self

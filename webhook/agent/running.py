@@ -324,7 +324,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
             cdi=getattr(args, "cdi_dir", None) or drabackend.Folders.cdi)
 
         def count(resource, shares):
-            return nodecount.Keeper(api, node_name, resource, shares, timeout=timeout)
+            return nodecount.Keeper(api, node_name, resource, shares, timeout=timeout,
+                                    device_plugin_dir=args.device_plugin_dir)
 
         def dra(agent):
             runtime = runtimechecking.Checker(api, node_name, settings.agent.runtime_cdi, timeout=timeout)
