@@ -31,6 +31,9 @@ SYSTEM = "gpushard-system"
 GPUSHARD = str(Path(sys.executable).with_name("gpushard"))
 FAKE_NVML = ROOT / "tests" / "agent" / "fakenvml.c"
 CHART = ROOT / "charts" / "gpushard"
+# What the agent says while the kubelet still counts its count as a device plugin's (webhook/agent/nodecount.py).
+NODECOUNT_HELD = "still counts gpushard.io/gpu as a device plugin's"
+KUBELET_CHECKPOINT = "kubelet_internal_checkpoint"  # the kubelet's device manager's, in DEVICE_PLUGIN_DIR
 
 
 def helm(plane: components.ControlPlane, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -173,6 +176,7 @@ class Agent:
         # Where the agent writes its per-claim CDI specs: a container runtime with CDI reads them there.
         self.cdi_dir = self.folder / "cdi"
         self.extra_args: list[str] = []  # more of `gpushard agent`'s flags, for the next start
+        self.started_at = 0  # where the log of the latest start begins
 
     def build_nvml(self) -> Path:
         lib = self.folder / "lib"
@@ -214,7 +218,7 @@ class Agent:
         token = self.plane.kubectl.token("gpushard-agent", SYSTEM, pod=self.pod)
         return self.plane.token_config("agent", token)
 
-    def start(self, expect: dict | None = None) -> Agent:
+    def start(self, expect: dict | None = None, wait: bool = True) -> Agent:
         lib = self.folder / "lib" if (self.folder / "lib").exists() else self.build_nvml()
         self.pod = self.daemonset_pod()
         config = shipped_config(self.plane.kubectl, self.folder)
@@ -229,6 +233,9 @@ class Agent:
             f"--kubelet-registry-dir={self.kubelet.registry_dir}", f"--kubelet-plugins-dir={self.kubelet.plugins_dir}",
             f"--cdi-dir={self.cdi_dir}", "--poll-interval=0.5", *self.extra_args,
         ], log, env=env).start()
+        self.started_at = offset
+        if not wait:
+            return self
         expect = expect or {"gpushard.io/card-0": "100", "gpushard.io/card-1": "100", "gpushard.io/gpu": "200"}
 
         # The node's allocatable can still show the last agent's shares while the kubelet holds their devices
@@ -246,6 +253,31 @@ class Agent:
         """Started again on the ConfigMap's config now, with a token bound to the DaemonSet's current pod."""
         self.stop()
         self.start(expect)
+
+    def since_start(self) -> str:
+        log = self.work / "agent.log"
+        return log.read_bytes()[self.started_at:].decode(errors="replace") if log.exists() else ""
+
+    def reload_dra(self, count: str) -> None:
+        """Started again on backend dra (the ConfigMap's config now) on a kubelet that ran the device-plugin
+        backend. Its device manager still counts gpushard.io/gpu as that plugin's for five minutes (its checkpoint
+        lists it; pkg/kubelet/cm/devicemanager), writing none allocatable: the agent must see that and leave the
+        count alone (webhook/agent/nodecount.py). Then the kubelet starts again without that checkpoint, as on a
+        node that never ran the device-plugin backend, and the agent writes ``count``."""
+        self.stop()
+        self.start(wait=False)
+        components.wait_for("the agent seeing the kubelet hold gpushard.io/gpu as a device plugin's",
+                            lambda: NODECOUNT_HELD in self.since_start(), timeout=60, explain=self.tail)
+        self.wait_allocatable({"gpushard.io/gpu": "0"}, timeout=60)
+        assert "published gpushard.io/gpu at" not in self.since_start(), self.tail()
+        self.kubelet.process.stop()
+        (components.DEVICE_PLUGIN_DIR / KUBELET_CHECKPOINT).unlink(missing_ok=True)
+        self.kubelet.process.start()
+        components.wait_for(f"node {components.NODE_NAME} Ready", lambda: self.kubelet.ready(self.plane.kubectl),
+                            timeout=90, explain=self.kubelet.tail)
+        components.wait_for("the agent writing its count", lambda: "published gpushard.io/gpu at" in self.since_start(),
+                            timeout=60, explain=self.tail)
+        self.wait_allocatable({"gpushard.io/gpu": count})
 
     def allocatable(self) -> dict:
         return self.plane.kubectl.json("get", "node", components.NODE_NAME)["status"].get("allocatable", {})

@@ -1,6 +1,9 @@
 """We test the DRA backend end to end on a real scheduler and kubelet (deploy/overlays/dra applied on top of base):
 - the overlay applies, and the agent restarted on its config publishes one ResourceSlice device per card with
-  a `shares` capacity, registers its DRA kubelet plugin, and still serves gpushard.io/gpu for quota;
+  a `shares` capacity, registers its DRA kubelet plugin, and writes gpushard.io/gpu (for quota) into the Node's
+  status, as the agent-own-count policy lets it: first it sees the real kubelet still count gpushard.io/gpu as
+  the device-plugin backend's (its checkpoint lists it; none allocatable) and writes nothing, then, the kubelet
+  started again without that checkpoint, it writes the count;
 - a fractional pod gets a claim from the webhook's template, the real scheduler allocates it on a card,
   consuming the pod's shares of it, and binds the pod; the real kubelet has the agent prepare the claim
   (its CDI spec written with the pod's fraction);
@@ -46,7 +49,8 @@ def dra(kubectl, installed, agent):
     done = installed.apply(ROOT / "deploy" / "overlays" / "dra")
     assert done.returncode == 0, f"kubectl apply -k deploy/overlays/dra:\n{done.stderr}"
     installed.reload()
-    agent.reload(expect={"gpushard.io/gpu": "200"})
+    # The kubelet ran the device-plugin backend: the agent waits out its hold on gpushard.io/gpu, then writes it.
+    agent.reload_dra("200")
 
     def slice_devices():
         slices = kubectl.json("get", "resourceslices", "--field-selector", f"spec.driver={DRIVER}")["items"]

@@ -234,11 +234,11 @@ class HostAgent(gpushard.Agent):
         # The toolkit config of this node's NVIDIA runtime, when the tier installs it (tests/runtime/nvidia.py).
         self.extra_args = [f"--toolkit-config={work / 'nvidia-toolkit' / 'config.toml'}"]
 
-    def start(self, expect: dict | None = None) -> HostAgent:
+    def start(self, expect: dict | None = None, wait: bool = True) -> HostAgent:
         if not (self.folder / "lib").exists():
             self.build_nvml()
             self.put("cards", str(node.CARDS))
-        super().start(expect or per_card(node.CARDS))
+        super().start(expect or per_card(node.CARDS), wait=wait)
         return self
 
     def daemonset_pod(self) -> str:

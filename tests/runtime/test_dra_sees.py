@@ -36,7 +36,7 @@ def dra(kubectl, installed, agent, kubelet):
     done = installed.apply(ROOT / "deploy" / "overlays" / "dra", leave=seeing.IMAGE_WORKLOADS)
     assert done.returncode == 0, f"kubectl apply -k deploy/overlays/dra:\n{done.stderr}"
     installed.reload()
-    agent.reload(expect={"gpushard.io/gpu": str(100 * node.CARDS)})
+    agent.reload_dra(str(100 * node.CARDS))
     components.wait_for("the agent's ResourceSlice", lambda: slice_devices(kubectl) is not None, timeout=60,
                         explain=agent.tail)
     return kubectl
