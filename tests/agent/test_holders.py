@@ -15,7 +15,6 @@ import pytest
 from webhook import settings
 from webhook.agent import allocation, holders, nvml, podresources
 from webhook.agent.proto import podresources_pb2 as pb
-from webhook.core import policy as policy_mod
 
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559),
          nvml.Card(1, "GPU-bbbb", "NVIDIA H100 80GB HBM3", 81559)]

@@ -141,7 +141,7 @@ def test_a_node_seen_without_its_count_is_written_again(api, running):
         writes = keeper.writes
         node = {"metadata": {"name": NODE}, "status": zeroed}
         keeper.seen(node)
-        eventually(lambda: keeper.writes == writes + 1, f"a write after {zeroed}")
+        eventually(lambda wanted=writes + 1: keeper.writes == wanted, f"a write after {zeroed}")
     keeper.seen(None)  # a Node deleted: the kubelet registers it anew, and that one is seen
     time.sleep(0.2)
     assert keeper.writes == 4
