@@ -1,8 +1,8 @@
 """The agent's DRA side as one piece: the node's ResourceSlice and the kubelet plugin, fed by the card board.
 
-With ``backend: dra`` the agent still serves the aggregate shares resource through a device
-plugin (the count ResourceQuota sees), but no per-card resource: the scheduler picks the card
-from the slice, and the kubelet asks this plugin to prepare each claim.
+With ``backend: dra`` the agent serves no device plugin: the count ResourceQuota sees is in the
+Node's status (nodecount.py), the scheduler picks the card from the slice, and the kubelet asks this
+plugin to prepare each claim.
 """
 
 from __future__ import annotations

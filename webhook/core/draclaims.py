@@ -4,8 +4,8 @@ The pod's shares (max of the largest init container and the sum of the others, a
 counts them) become a claim from the namespace's template ``gpushard-shares-<n>``, which asks one
 device of gpushard's DeviceClass consuming ``n`` of its ``shares`` capacity. The scheduler picks
 the card when it places the pod, among cards with room. Every GPU container names that claim
-in ``resources.claims`` and keeps its own ``gpushard.io/gpu`` count, which the agent still serves
-as a device plugin, so ResourceQuota keeps counting shares. Every container gets
+in ``resources.claims`` and keeps its own ``gpushard.io/gpu`` count, which the agent writes into
+its Node's status, so ResourceQuota keeps counting shares. Every container gets
 ``NVIDIA_VISIBLE_DEVICES=void``: the card reaches the GPU containers by CDI, never by that env,
 so an image's ``all`` cannot widen what a container sees. Only gpushard names its claim, its
 templates and its class in a pod (``claim_findings``); the policy gpushard-dra-claims of the dra
