@@ -39,7 +39,8 @@ KUBERNETES_CLIENTS = {
     "webhook.installing", "webhook.top", "webhook.relocation.controller", "webhook.relocation.lease",
     "webhook.agent.authorizing", "webhook.agent.conflicting", "webhook.agent.cordonwatching",
     "webhook.agent.drabackend", "webhook.agent.draplugin",
-    "webhook.agent.draslices", "webhook.agent.podlisting", "webhook.agent.publishing", "webhook.agent.runtimechecking",
+    "webhook.agent.draslices", "webhook.agent.nodecount", "webhook.agent.podlisting", "webhook.agent.publishing",
+    "webhook.agent.runtimechecking",
 }
 
 

@@ -17,6 +17,7 @@ from a local API server:
 """
 
 import json
+import logging
 import os
 
 import pytest
@@ -262,3 +263,39 @@ def test_a_claim_that_did_not_come_from_gpushards_template_for_its_pod_is_refuse
     assert not entry.devices
     assert not os.path.exists(cdi.spec_path(dirs["cdi"], "uid-z"))
     assert "uid-z" not in draplugin.Checkpoint(dirs["checkpoint"]).claims
+
+
+def test_a_spec_gone_with_a_reboot_is_written_again_at_start(api, dirs, plugin, kubelet, caplog):
+    """/var/run/cdi is a tmpfs: a reboot empties it, and the kubelet, whose own checkpoint still holds the claim
+    prepared, starts its containers again without asking: the agent writes the spec back from its checkpoint."""
+    api.put("resourceclaims", draworld.claim("team-a", "c", "uid-b", NODE, "card-1", 40))
+    assert kubelet.prepare(("team-a", "uid-b", "c")).claims["uid-b"].error == ""
+    path = cdi.spec_path(dirs["cdi"], "uid-b")
+    with open(path) as source:
+        before = json.load(source)
+    plugin.stop()
+    os.unlink(path)  # the reboot
+    api.delete("resourceclaims", "c", "team-a")  # nor can the API server help
+    with open(dirs["checkpoint"]) as source:  # a claim an older agent prepared keeps no spec
+        kept = json.load(source)
+    kept["claims"]["uid-old"] = {**kept["claims"]["uid-b"], "name": "old"}
+    del kept["claims"]["uid-old"]["cdi"]
+    with open(dirs["checkpoint"], "w") as out:
+        json.dump(kept, out)
+    caplog.set_level(logging.INFO, logger="webhook.agent.draplugin")
+    again = make_plugin(api, dirs)
+    try:
+        with open(path) as source:
+            assert json.load(source) == before
+        assert not os.path.exists(cdi.spec_path(dirs["cdi"], "uid-old"))
+        said = [r.getMessage() for r in caplog.records]
+        assert any("wrote the CDI spec of claim team-a/c (uid-b) again" in m for m in said), said
+        assert any("team-a/old (uid-old) is gone" in m and "made again" in m for m in said), said
+        # Asked again (the kubelet preparing after its own restart), the same: the spec stays.
+        os.unlink(path)
+        peer = drakubelet.DraKubelet()
+        peer.register(again.registration_path)
+        assert peer.prepare(("team-a", "uid-b", "c")).claims["uid-b"].error == ""
+        assert os.path.exists(path)
+    finally:
+        again.stop()

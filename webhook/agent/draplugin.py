@@ -163,7 +163,9 @@ class Preparer:
         with self._lock:
             done = self.checkpoint.devices(uid)
             if done is not None:
-                # Prepared before (a restarted kubelet asks again): the same answer, from the checkpoint.
+                # Prepared before (a restarted kubelet asks again): the same answer, from the checkpoint, with
+                # its CDI spec there for the runtime.
+                self._restore(uid, self.checkpoint.claims[uid])
                 return done
             named = f"{namespace}/{name}"
             refused = self.refusal() if self.refusal is not None else None
@@ -198,15 +200,44 @@ class Preparer:
                 devices.append(Prepared((result.request,) if result.request else (), result.pool, result.device,
                                         (f"{names.NVIDIA_CDI_KIND}={card.uuid}", cdi.qualified(own))))
             try:
-                cdi.write(self.cdi_dir, uid, cdi.spec(cdi_devices))
+                written = cdi.spec(cdi_devices)
+                cdi.write(self.cdi_dir, uid, written)
             except (OSError, cdi.CdiError) as exc:
                 raise PrepareError(f"gpushard: cannot write the CDI spec for claim {named}: {exc}") from None
+            # The spec is kept too: the CDI folder is often a tmpfs (/var/run/cdi), gone at a reboot, while the
+            # kubelet, whose own checkpoint still holds the claim prepared, starts the pod's containers again
+            # without asking (restore_specs).
             self.checkpoint.claims[uid] = {"namespace": namespace, "name": name,
-                                           "devices": [_listed(d) for d in devices], **_holder_of(claim)}
+                                           "devices": [_listed(d) for d in devices], "cdi": written,
+                                           **_holder_of(claim)}
             self.checkpoint.save()
             log.info("gpushard: prepared claim %s (%s): %s", named, uid,
                      ", ".join(f"{r.device} x{r.shares}" for r in results))
             return devices
+
+    def restore_specs(self) -> int:
+        """Write again the CDI spec of every prepared claim whose spec is gone (a node reboot empties a tmpfs
+        /var/run/cdi; the kubelet then starts the claim's containers again from its own checkpoint, naming
+        the spec's devices without preparing again); the number written."""
+        with self._lock:
+            return sum(self._restore(uid, entry) for uid, entry in list(self.checkpoint.claims.items()))
+
+    def _restore(self, uid: str, entry: dict) -> bool:
+        if os.path.exists(cdi.spec_path(self.cdi_dir, uid)):
+            return False
+        named = f"{entry.get('namespace')}/{entry.get('name')} ({uid})"
+        written = entry.get("cdi")
+        if not isinstance(written, dict):
+            log.error("gpushard: the CDI spec of claim %s is gone and the checkpoint, written by an older agent, "
+                      "does not keep it: its containers cannot start until the pod is made again", named)
+            return False
+        try:
+            cdi.write(self.cdi_dir, uid, written)
+        except OSError as exc:
+            log.error("gpushard: cannot write the CDI spec of claim %s again: %s", named, exc)
+            return False
+        log.info("gpushard: wrote the CDI spec of claim %s again (it was gone, as after a reboot)", named)
+        return True
 
     def _check_holder(self, claim: dict, named: str, consumed: int) -> None:
         reserved = (claim.get("status") or {}).get("reservedFor")
@@ -415,6 +446,8 @@ class DraPlugin:
         return self._registry.path
 
     def start(self) -> None:
+        # The specs of the claims prepared before, first: the kubelet may be starting their containers already.
+        self.preparer.restore_specs()
         # Serve before announcing: the kubelet calls the endpoint as soon as it sees the registration socket.
         self._plugin.start()
         self._registry.start()
