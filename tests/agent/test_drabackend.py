@@ -71,18 +71,18 @@ def test_the_sum_is_in_the_node_status_and_no_device_plugin_registers(api, world
     agent, devices, _folders = world
     whole = str(len(CARDS) * policy_mod.Policy().shares_per_card)
     eventually(lambda: counted(api) == (whole, whole), "the count in the Node's status")
+    eventually(lambda: agent.count.writes == 1, "the agent count its write")
     status = api.get("nodes", NODE)["status"]
     # Beside what the kubelet keeps there, untouched.
     assert status["conditions"] == KUBELET_STATUS["conditions"]
     assert {k: v for k, v in status["capacity"].items() if k != names.SHARES_RESOURCE} == KUBELET_STATUS["capacity"]
     assert agent.resources == [] and agent.plugins == []
-    assert agent.count.writes == 1
     # The kubelet zeroes a device-plugin resource once after its plugin went: the agent writes it back.
     capacity = {**status["capacity"], names.SHARES_RESOURCE: "0"}
     api.put("nodes", {"metadata": {"name": NODE}, "status": {**status, "capacity": capacity,
                                                               "allocatable": capacity}})
     eventually(lambda: counted(api) == (whole, whole), "the count written again")
-    assert agent.count.writes == 2
+    eventually(lambda: agent.count.writes == 2, "the agent count its second write")  # after the answer
     # A card that turns Unhealthy leaves the slice, not the count (pods on it still hold their part of it).
     devices.inject(nvml.HealthEvent("GPU-bbbb", healthy=False, reason="Xid 79"))
     eventually(lambda: slice_devices(api) == ["card-0"], "the Unhealthy card leave the slice")
