@@ -69,7 +69,7 @@ class Agent:
         self.count = None
         if policy.backend == policy_mod.DRA:
             if count is not None:
-                self.count = count(self.resources[0].name, len(self.cards) * policy.shares_per_card)
+                self.count = count(policy.resources.shares, len(self.cards) * policy.shares_per_card)
             self.resources = []
         root = isolation.MpsRoot(mps_root)
         limits = isolation.Limits(policy.isolation, policy.shares_per_card, root) \
