@@ -335,8 +335,24 @@ def volumes_for(pod_spec: dict, ctr: dict, base: Path, secrets: dict[str, dict[s
             folder.mkdir()
             os.chmod(folder, 0o777)  # as the kubelet makes an emptyDir
         elif "hostPath" in volume:
-            path = volume["hostPath"]["path"]
-            folder = Path(host_paths.get(path, path))
+            path, kind = volume["hostPath"]["path"], volume["hostPath"].get("type", "")
+            if path in host_paths:
+                folder = Path(host_paths[path])
+            elif kind in ("DirectoryOrCreate", "FileOrCreate"):
+                # The kubelet makes it on a node that lacks it: made empty in this run's scratch root,
+                # never the host's own folder (a fresh machine has none, and what one holds is not ours).
+                folder = base / "host" / path.lstrip("/")
+                if kind == "DirectoryOrCreate":
+                    folder.mkdir(parents=True, mode=0o755)
+                else:
+                    folder.parent.mkdir(parents=True, mode=0o755, exist_ok=True)
+                    folder.touch(mode=0o644)
+            else:
+                # Directory, CharDevice and the like must exist on a node: the host's own (/proc, /dev/null).
+                folder = Path(path)
+                if not folder.exists():
+                    pytest.fail(f"gpushard: hostPath {path} ({kind or 'no type'}) of volume {mount['name']} "
+                                "is not on this host; the check cannot stand in for it", pytrace=False)
         else:
             pytest.fail(f"gpushard: volume {mount['name']} is of a kind the check does not emulate: {volume}",
                         pytrace=False)
