@@ -31,6 +31,7 @@ import base64
 import copy
 import hashlib
 import json
+import re
 import socket
 import struct
 import sys
@@ -101,8 +102,26 @@ def _matches_selector(labels: dict, selector: str) -> bool:
     return True
 
 
+# A string value standing for raw JSON text (FakeKube.raw): sent in its place, as an API server sends what
+# it stored (a ResourceClaim's opaque parameters, nested deeper than Python's json writes or reads).
+_RAW = re.compile(rb'"fakekube-raw-(\d+)"')
+_RAWS: dict[int, bytes] = {}
+
+
+def dumps(body: object) -> bytes:
+    """The JSON an answer carries, with each FakeKube.raw stand-in replaced by its text."""
+    data = json.dumps(body).encode()
+    return _RAW.sub(lambda m: _RAWS[int(m.group(1))], data) if _RAWS else data
+
+
 class FakeKube:
     """The server and its store; use as a context manager or call start()/stop()."""
+
+    @staticmethod
+    def raw(text: bytes) -> str:
+        """A value to store in an object that is sent as the JSON ``text`` itself."""
+        _RAWS[len(_RAWS)] = text
+        return f"fakekube-raw-{len(_RAWS) - 1}"
 
     def __init__(self):
         self.lock = threading.Condition()
@@ -241,7 +260,7 @@ class FakeKube:
                 pass
 
             def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
+                data = dumps(body)
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -467,7 +486,7 @@ class FakeKube:
                                     old, resource, namespace, query):
                                 continue
                             kind = "DELETED"
-                        send(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+                        send(dumps({"type": kind, "object": obj}) + b"\n")
                     self.wfile.flush()
 
             def do_PATCH(self):

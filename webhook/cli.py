@@ -316,8 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "each further worker keeps its own)")
     p.add_argument("--threads", type=int, default=8, help="threads per worker (default: 8)")
     p.add_argument("--timeout", type=int, default=30, help="seconds before a stuck worker is restarted")
-    p.add_argument("--client-timeout", type=float, default=10.0,
-                   help="seconds a client may stall mid-handshake or mid-request (default: 10)")
+    p.add_argument("--client-timeout", type=float, default=4.0,
+                   help="seconds a client may stall mid-handshake or mid-request; keep it under the webhook "
+                        "entries' timeoutSeconds (default: 4)")
     p.add_argument("--graceful-timeout", type=int, default=20,
                    help="seconds to finish reviews in flight after SIGTERM (default: 20)")
     p.add_argument("--replica", type=_replica, metavar="I/N",

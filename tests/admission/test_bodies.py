@@ -2,7 +2,10 @@
 - bodies that are no AdmissionReview (not JSON, bad UTF-8, a JSON list or number, NaN or an infinite
   number, wrong apiVersion or kind, no request, no uid, a uid that is no string, nesting deeper than JSON
   decoding goes, integers over Python's digit limit) get HTTP 400 and a short `gpushard:` reason;
-- a body over the size limit gets HTTP 413, chunked or not;
+- an AdmissionReview the webhook cannot read (nested deeper than Python's parser goes, an integer over its
+  digit limit, NaN, over the size limit, chunked or not) is answered by its uid: a denial that says why in
+  enforce mode (so that the hide entry's failurePolicy Ignore never turns it into an admission without the
+  hiding), a warning in audit mode; a body over the limit that names no uid gets HTTP 400;
 - any garbage body (hypothesis) gets 200 or 400, never a 500, and a 200 is an AdmissionReview with the uid.
 """
 
@@ -54,8 +57,6 @@ BAD_BODIES = {
     "empty uid": json.dumps(_with(("request", "uid"), "")).encode(),
     "uid not a string": json.dumps(_with(("request", "uid"), 12)).encode(),
     "nested too deep": b"[" * 100_000 + b"]" * 100_000,
-    "NaN": json.dumps(_with(("request", "object", "spec", "containers", 0, "resources"),
-                            {"limits": {"nvidia.com/gpu": float("nan")}})).encode(),
     "infinity": b'{"apiVersion": "admission.k8s.io/v1", "n": 1e999}',
     "huge integer": b'{"apiVersion": "admission.k8s.io/v1", "n": ' + b"9" * 5000 + b"}",
 }
@@ -93,18 +94,44 @@ def test_an_unreadable_object_in_a_valid_review_is_answered(client, path, value)
                                                           else _with(path, value)["request"]["object"], response))
 
 
-def test_a_body_over_the_limit_is_413(client):
-    big = b" " * (app_mod.MAX_BODY + 1)
-    resp = client.post("/mutate", data=big, content_type="application/json")
-    assert resp.status_code == 413
-    assert resp.get_data(as_text=True).startswith("gpushard:")
+def _deep(levels: int) -> bytes:
+    return json.dumps(GOOD).replace('"metadata": {', '"metadata": {"managedFields": [{"fieldsV1": '
+                                    + '{"f:a": ' * levels + "1" + "}" * levels + '}], ', 1).encode()
 
 
-def test_a_body_without_a_length_over_the_limit_is_413(client):
-    # No Content-Length, as with a chunked body: the limit holds while reading.
-    stream = io.BytesIO(b" " * (app_mod.MAX_BODY + 1))
-    resp = client.post("/mutate", input_stream=stream, content_type="application/json")
-    assert resp.status_code == 413
+UNREADABLE_REVIEWS = {
+    "nested 1,200 levels in managedFields": (_deep(1200), "over 500 levels deep at "
+                                             "metadata.managedFields[0].fieldsV1.f:a.f:a..."),
+    "nested 5,000 levels": (_deep(5000), "over 500 levels deep"),
+    "an integer over Python's digit limit": (json.dumps(GOOD).replace('"metadata": {', '"metadata": {"n": '
+                                                                      + "9" * 5000 + ", ", 1).encode(), "not JSON"),
+    "NaN": (json.dumps(_with(("request", "object", "spec", "containers", 0, "resources"),
+                             {"limits": {"nvidia.com/gpu": float("nan")}})).encode(), "not JSON"),
+    "over the limit": (json.dumps(_with(("request", "object", "metadata", "annotations"),
+                                        {"big": "<" * (app_mod.MAX_BODY + 1)})).encode(), "over the 32 MiB"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREADABLE_REVIEWS))
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_review_that_cannot_be_read_is_denied_by_its_uid(client, name, chunked):
+    body, said = UNREADABLE_REVIEWS[name]
+    for path, allowed in (("/mutate", False), ("/audit", True)):
+        sent = {"input_stream": io.BytesIO(body)} if chunked else {"data": body}
+        resp = client.post(path, content_type="application/json", **sent)
+        assert resp.status_code == 200, resp.get_data(as_text=True)[:300]
+        response = objects.response_of(resp.get_json(), "u")
+        assert response["allowed"] is allowed
+        text = response["warnings"][0] if allowed else response["status"]["message"]
+        assert text.startswith("gpushard: ") and said in text, text
+        assert allowed or response["status"]["code"] == 400
+
+
+def test_a_body_over_the_limit_without_a_uid_is_400(client):
+    for big in (b" " * (app_mod.MAX_BODY + 1), b'{"x": "' + b"y" * (app_mod.MAX_BODY + 1) + b'"}'):
+        resp = client.post("/mutate", data=big, content_type="application/json")
+        assert resp.status_code == 400
+        assert resp.get_data(as_text=True).startswith("gpushard:")
 
 
 def test_a_body_just_under_the_limit_is_read(client):

@@ -1,6 +1,6 @@
 """The admission server and the DeviceClasses of other drivers that serve an extended resource.
 
-We test, through the app's test client (the fast path) and Flask alone:
+We test, through the app's test client:
 - /mutate denies a pod and a Deployment that would hold shares while a class serves gpushard's shares name,
   with the message naming the class, the field and the value (403), and answers a fraction with a patch
   and the warning while a class serves nvidia.com/gpu; /audit admits with the finding as a warning and an
@@ -48,13 +48,10 @@ def post(client, path: str, review: dict) -> dict:
     return objects.response_of(resp.get_json(), review["request"]["uid"])
 
 
-@pytest.fixture(params=["fast path", "flask"])
-def make_client(request, view):
+@pytest.fixture
+def make_client(view):
     def make(classes):
-        app = app_mod.create_app(settings_mod.Settings(), view, classes=classes)
-        if request.param == "flask":
-            app.wsgi_app = app.wsgi_app.wsgi_app  # the middleware's own target: Flask's handlers
-        return app.test_client()
+        return app_mod.create_app(settings_mod.Settings(), view, classes=classes).test_client()
     return make
 
 

@@ -8,10 +8,7 @@ no AdmissionReview, and requests that are no review at all (wrong method or path
 limit, a body cut short, a chunked body):
 
 - the status, Content-Type and body of each answer are those recorded in recorded_answers.json;
-- so are the denial and error log lines, and the admissions counter by outcome, kind and mode;
-- Flask alone (without the fast path in front of it) answers the whole sequence the same, and
-  only what the fast path hands on (other methods and paths, chunked bodies, bodies over the
-  limit) reaches Flask.
+- so are the denial and error log lines, and the admissions counter by outcome, kind and mode.
 
 After a deliberate change of an answer, record again on the new code and review the diff:
 
@@ -237,34 +234,6 @@ def test_the_log_lines_are_the_recorded_ones(recorded, current):
 def test_the_admission_counters_are_the_recorded_ones(recorded, current):
     assert current["counters"] == recorded["counters"]
     assert any(value > 0 for key, value in current["counters"].items() if 'outcome="patched"' in key)
-
-
-def test_flask_alone_answers_as_the_fast_path_does(current):
-    app = _app()
-    assert isinstance(app.wsgi_app, app_mod.ReviewFastPath)
-    app.wsgi_app = app.wsgi_app.wsgi_app  # the blueprint answers every review
-    assert answers(app) == current
-
-
-def test_reviews_with_a_length_skip_flask_and_the_rest_reach_it():
-    app = _app()
-    fast = app.wsgi_app
-    reached = []
-
-    def flask_app(environ, start_response):
-        reached.append(environ["PATH_INFO"])
-        return fast_inner(environ, start_response)
-
-    fast_inner = fast.wsgi_app
-    fast.wsgi_app = flask_app
-    client = app.test_client()
-    for item in requests():
-        _send(client, item)
-    # Flask sees: two empty bodies sent without a length, GET /mutate, POST /nope and /mutate/,
-    # /healthz, /readyz, PUT /audit, a length over the limit, lengths of 5,000 and 13 digits and two
-    # chunked bodies.
-    assert reached == ["/mutate", "/audit", "/mutate", "/nope", "/mutate/", "/healthz", "/readyz", "/audit",
-                       "/mutate", "/mutate", "/audit", "/mutate", "/audit"]
 
 
 if __name__ == "__main__":

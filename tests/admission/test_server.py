@@ -6,7 +6,8 @@
   worker's within its flush interval), with the view's state and the certificate's expiry;
 - with one worker (the default) a scrape counts every review answered before it, and the counts
   survive a restart of the workers (SIGHUP), as the latency histogram does;
-- a body that is no AdmissionReview is a 400, one announced over the size limit a 413, over the wire;
+- a body that is no AdmissionReview is a 400, over the wire; a review over the size limit is read to its end
+  and denied by its uid, twice on one connection;
 - bad certificate, key, bind or cluster arguments stop `serve` with a message naming the problem.
 """
 
@@ -151,15 +152,17 @@ def test_one_worker_counts_at_once_and_keeps_its_counts_over_a_restart(certs, mo
 def test_bad_bodies_over_the_wire(server):
     status, _, body = server.request("POST", "/mutate", b"not json")
     assert status == 400 and body.startswith(b"gpushard:")
+    # A review over the limit is read to its end and denied by its uid, on a connection that stays usable.
+    review = objects.review(objects.pod(objects.container("t")), uid="big")
+    review["request"]["object"]["metadata"]["annotations"] = {"big": "<" * (app_mod.MAX_BODY + 1)}
     conn = server.connection()
     try:
-        # Announce a body over the limit and send only its start: the answer comes before the rest.
-        conn.putrequest("POST", "/mutate")
-        conn.putheader("Content-Type", "application/json")
-        conn.putheader("Content-Length", str(app_mod.MAX_BODY + 1))
-        conn.endheaders(b"{" + b" " * 1000)
-        resp = conn.getresponse()
-        assert resp.status == 413 and resp.read().startswith(b"gpushard:")
+        for _ in range(2):
+            conn.request("POST", "/mutate", json.dumps(review).encode(), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            answer = json.loads(resp.read())["response"]
+            assert resp.status == 200 and answer["uid"] == "big" and not answer["allowed"]
+            assert "over the 32 MiB gpushard reads" in answer["status"]["message"]
     finally:
         conn.close()
 

@@ -181,3 +181,32 @@ def test_a_watch_ended_early_leaves_no_unread_bytes_for_the_next_request(fake, c
             "a request failed on a connection a watch had left"
     finally:
         informer.close()
+
+
+def test_an_object_too_deep_to_parse_is_skipped_and_counted_and_the_rest_syncs(fake, caplog):
+    deep = fake.raw(b'{"a":' * 5000 + b"1" + b"}" * 5000)
+    for i in range(3):
+        pod = o.pod(f"p{i}", 0, 10, "gpu-a")
+        if i == 1:
+            pod["metadata"]["annotations"] = {"deep": "x"}
+            pod["spec"]["overhead"] = deep  # a field the API server would store as given, for the sake of the test
+        fake.put("pods", pod)
+    sink = Recorder()
+    informer = informing.Informer(fake.api_client(), sink, page_size=2, watch_timeout=5, backoff=(0.05, 0.3),
+                                  resources=(informing.PODS,))
+    informer.start()
+    try:
+        o.wait_for(lambda: ("opened", "pods") in sink.seen(), what="the watch")
+        assert ("list", "pods", {"p0": "gpu-a", "p2": "gpu-a"}) in sink.seen()
+        assert informer.unreadable["pods"] == 1 and informer.watch_errors["pods"] == 0
+        # The same in a watch event: skipped, and the next event still comes.
+        bad = o.pod("p3", 0, 10, "gpu-a")
+        bad["spec"]["overhead"] = deep
+        fake.put("pods", bad)
+        fake.put("pods", o.pod("p4", 0, 10, "gpu-a"))
+        o.wait_for(lambda: ("event", "pods", "ADDED", "p4") in sink.seen(), what="the next event")
+        assert ("event", "pods", "ADDED", "p3") not in sink.seen()
+        assert informer.unreadable["pods"] == 2 and informer.watch_errors["pods"] == 0
+    finally:
+        informer.close()
+    assert "skipped a pods object that cannot be parsed" in caplog.text

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import flask
+import werkzeug.exceptions
 
 from webhook.admission import metrics as metrics_mod
-from webhook.admission import reviews, wirejson
+from webhook.admission import reviews
 from webhook.core import names
 from webhook.settings import Settings
 
-# The API server refuses requests over 3 MiB, and an UPDATE review carries the object
-# twice (object and oldObject) plus the request's metadata: 8 MiB admits every review
-# the API server can send and still bounds what one request may make a worker hold.
-MAX_BODY = 8 * 1024 * 1024
+# The largest body read whole. etcd stores an object of at most 1.5 MiB, and the API server writes each
+# of its bytes as at most 6 in JSON (it escapes <, > and & as \u003c); an UPDATE review carries the
+# object twice. 32 MiB holds every review of an object the API server can store. A larger body is read
+# to its end and answered with a denial that says so, never an error: the hide entry's failurePolicy
+# (Ignore) would turn an error into an admission without the hiding.
+MAX_BODY = 32 * 1024 * 1024
+# What is kept of a body over MAX_BODY: enough to find the review's uid, which the API server writes first.
+PREFIX = 64 * 1024
+_CHUNK = 1024 * 1024
 # How long /readyz waits for the cluster view. Correctness never depends on the view, only
 # packing does; a webhook that could never sync (no route to the API server) and so never
 # became ready would, with failurePolicy Fail, stop every pod creation in enforce namespaces.
@@ -35,12 +40,9 @@ def create_app(settings: Settings, view: reviews.View | None = None, sync_grace:
     built, whichever comes first, and says which. /metrics reports ``certfile``'s expiry, if given.
     """
     app = flask.Flask("gpushard")
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY
     app.extensions["gpushard"] = {"settings": settings, "view": view, "metrics": metrics_mod.Metrics(view, certfile),
                                   "ready_by": clock() + sync_grace, "clock": clock, "templates": templates,
                                   "classes": classes, "peers": peers}
-    # Reviews skip Flask's request machinery (the blueprint still answers what the fast path hands on).
-    app.wsgi_app = ReviewFastPath(app.wsgi_app, app.extensions["gpushard"], app.logger)
     app.register_blueprint(admission_blueprint())
     app.register_blueprint(health_blueprint())
     app.register_blueprint(metrics_blueprint())
@@ -49,10 +51,6 @@ def create_app(settings: Settings, view: reviews.View | None = None, sync_grace:
     def unreadable(_exc):
         # werkzeug's answer when the client stops sending the body it announced.
         return _text("gpushard: the request body could not be read\n", 400)
-
-    @app.errorhandler(413)
-    def too_large(_exc):
-        return _text(f"gpushard: the body is over {MAX_BODY // (1024 * 1024)} MiB\n", 413)
 
     @app.errorhandler(404)
     def not_found(_exc):
@@ -78,96 +76,46 @@ def _text(body: str, status: int) -> flask.Response:
     return flask.Response(body, status=status, mimetype="text/plain")
 
 
-def _review(state: dict, body: bytes, mode: str) -> tuple[int, bytes]:
-    """The status and body that answer one review body; counts it in the metrics."""
+def _review(state: dict, body: bytes, size: int, mode: str) -> tuple[int, bytes]:
+    """The status and body that answer one review body of ``size`` bytes (``body`` holds only its start when
+    ``size`` is over MAX_BODY); counts it in the metrics."""
     metrics = state["metrics"]
     try:
-        result = reviews.review(body, mode, state["settings"].policy, state["view"], state["templates"],
-                                state["classes"], state["peers"])
+        if size > MAX_BODY:
+            result = reviews.oversized(body, size, MAX_BODY, mode)
+        else:
+            result = reviews.review(body, mode, state["settings"].policy, state["view"], state["templates"],
+                                    state["classes"], state["peers"])
     except reviews.BadReview as exc:
         metrics.admitted(reviews.INVALID, "unknown", mode)
         return 400, f"{exc}\n".encode()
     metrics.admitted(result.outcome, result.kind, mode)
     if result.memory is not None:
         metrics.memory_ask(*result.memory)
-    return 200, wirejson.dumps(result.review)
+    return 200, reviews.dumps(result.review)
 
 
-_MODES = {"/mutate": names.MODE_ENFORCE, "/audit": names.MODE_AUDIT}
-_JSON = "application/json"
-_TEXT = "text/plain; charset=utf-8"
-_UNREADABLE = b"gpushard: the request body could not be read\n"
-_INTERNAL = b"gpushard: internal error; see the webhook's log\n"
-_STATUS = {200: "200 OK", 400: "400 BAD REQUEST", 500: "500 INTERNAL SERVER ERROR"}
+def _read_body(stream) -> tuple[bytes, int]:
+    """The body and its size; past MAX_BODY only its first PREFIX bytes are kept and the rest is read away.
 
-
-class ReviewFastPath:
-    """WSGI middleware that answers POST /mutate and /audit itself, as the admission blueprint would.
-
-    A review's answer is a few hundred microseconds of work; Flask's request and app contexts,
-    routing, request and response objects cost a good part of that again. A POST to either path
-    with a plain Content-Length within MAX_BODY (what the API server sends) is read and answered
-    here with the same status, headers and body as the blueprint's; anything else (another method
-    or path, a chunked body, a length over the limit or not a number) goes to Flask unchanged.
+    The socket's per-request deadline (serving.py) bounds how long a client may keep sending.
     """
-
-    def __init__(self, wsgi_app: Callable, state: dict, logger: logging.Logger):
-        self.wsgi_app, self.state, self.logger = wsgi_app, state, logger
-
-    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        mode = _MODES.get(environ.get("PATH_INFO")) if environ.get("REQUEST_METHOD") == "POST" else None
-        length = environ.get("CONTENT_LENGTH") if mode is not None else None
-        # Nine digits at most: int() refuses a string of thousands, and every length past the limit
-        # that Flask must answer has eight or more.
-        if (not length or len(length) > 9 or not length.isascii() or not length.isdigit()
-                or (size := int(length)) > MAX_BODY or "HTTP_TRANSFER_ENCODING" in environ):
-            return self.wsgi_app(environ, start_response)
-        metrics = self.state["metrics"]
-        started = time.perf_counter()
-        try:
-            body = _read(environ, size)
-            if body is None:
-                status, content_type, data = 400, _TEXT, _UNREADABLE
-            else:
-                status, data = _review(self.state, body, mode)
-                content_type = _JSON if status == 200 else _TEXT
-        except Exception:
-            # As Flask logs and answers an exception in a view.
-            self.logger.error("Exception on %s [POST]", environ.get("PATH_INFO"), exc_info=True)
-            status, content_type, data = 500, _TEXT, _INTERNAL
-        finally:
-            metrics.observe(mode, time.perf_counter() - started)
-        start_response(_STATUS[status], [("Content-Type", content_type), ("Content-Length", str(len(data)))])
-        return [data]
-
-
-def _read(environ: dict, length: int) -> bytes | None:
-    """The body of ``length`` bytes; None when the client stops sending it before the end.
-
-    A server that ends the body itself (gunicorn sets wsgi.input_terminated) hands over what
-    came, as werkzeug reads it there; otherwise a short body is unreadable, as werkzeug says. A read
-    that fails is unreadable too.
-    """
-    stream = environ["wsgi.input"]
+    chunks: list[bytes] = []
+    size = 0
     try:
-        body = stream.read(length) if length else b""
-        if len(body) < length:
-            chunks = [body]
-            got = len(body)
-            while got < length:
-                chunk = stream.read(length - got)
-                if not chunk:
-                    break
+        while chunk := stream.read(_CHUNK):
+            size += len(chunk)
+            if size <= MAX_BODY:
                 chunks.append(chunk)
-                got += len(chunk)
-            body = b"".join(chunks)
-            if got < length and "wsgi.input_terminated" not in environ:
-                return None
+            elif len(chunks) != 1 or len(chunks[0]) > PREFIX:
+                chunks = [b"".join(chunks)[:PREFIX]]
     except (OSError, ValueError):
-        # A read that timed out or failed (serving.py bounds each request's reads): werkzeug's
-        # stream says the client disconnected, and the blueprint answers 400.
-        return None
-    return body
+        # A read that timed out or failed (the client stalled past its deadline, or left).
+        raise werkzeug.exceptions.BadRequest() from None
+    return b"".join(chunks), size
+
+
+_JSON = "application/json"
 
 
 def admission_blueprint() -> flask.Blueprint:
@@ -175,15 +123,13 @@ def admission_blueprint() -> flask.Blueprint:
 
     def handle(mode: str) -> flask.Response:
         state = _state()
-        metrics = state["metrics"]
         started = time.perf_counter()
         try:
-            # get_data() enforces MAX_CONTENT_LENGTH, also on chunked bodies (413).
-            body = flask.request.get_data(cache=False)
-            status, data = _review(state, body, mode)
+            body, size = _read_body(flask.request.stream)
+            status, data = _review(state, body, size, mode)
             return flask.Response(data, status=status, mimetype=_JSON if status == 200 else "text/plain")
         finally:
-            metrics.observe(mode, time.perf_counter() - started)
+            state["metrics"].observe(mode, time.perf_counter() - started)
 
     @bp.post("/mutate")
     def mutate():

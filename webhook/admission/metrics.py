@@ -267,7 +267,9 @@ class StateCollector(registry.Collector):
                  "lost its place lists again)", 1),
                 ("watches", "gpushard_view_watch_restarts", "Watches opened after the first one, by resource "
                  "(the API server ends each after a while; a fast rise means trouble)", 1),
-                ("watch_errors", "gpushard_view_watch_errors", "Lists and watches that failed, by resource", 0)):
+                ("watch_errors", "gpushard_view_watch_errors", "Lists and watches that failed, by resource", 0),
+                ("unreadable", "gpushard_view_unreadable_objects", "Objects left out of the view because they "
+                 "cannot be parsed (nested too deeply), by resource", 0)):
             counts = getattr(view, attr, None)
             if counts is None:
                 continue

@@ -5,12 +5,13 @@ from __future__ import annotations
 import binascii
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from webhook.admission import logs, patches, wirejson
-from webhook.core import decisions, extended, names, placement
+from webhook.admission import logs, patches
+from webhook.core import decisions, extended, names, placement, scanning
 from webhook.core import findings as f
 from webhook.core import policy as policy_mod
 from webhook.core.policy import Policy
@@ -33,6 +34,42 @@ OUTCOMES = (ALLOWED, PATCHED, DENIED, INVALID, ERROR)
 # 10,000-character "quantity": past this they are cut, so kubectl and audit logs stay readable.
 TEXT_MAX = 1024
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+# A body the parser gives up on is scanned for how deep it nests: past this many levels it is said to be too
+# deep (the parser goes to about 1,000; no object of Kubernetes' own types comes near 100).
+NESTING_SAID = 500
+
+
+def _no_constant(name: str) -> None:
+    # Python reads NaN and Infinity; JSON has neither, and no API server sends them.
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+# Built once: json.loads and json.dumps with options build a new decoder or encoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite_float)
+# What gpushard writes holds parts of a parsed body and its own values: no cycles to look for.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, check_circular=False)
+
+
+def loads(body: bytes | str) -> object:
+    """The document as JSON reads it (UTF-8, -16 or -32; no byte order mark, NaN or infinity): ValueError or
+    RecursionError when it is not JSON."""
+    if isinstance(body, (bytes, bytearray)):
+        body = bytes(body).decode(json.detect_encoding(body), "surrogatepass")
+    if body.startswith("\ufeff"):
+        raise ValueError("unexpected UTF-8 BOM")
+    return _DECODER.decode(body)
+
+
+def dumps(value: object) -> bytes:
+    """Compact JSON, ASCII only (NaN and infinities refused)."""
+    return _ENCODER.encode(value).encode("ascii")
 
 
 class View(Protocol):
@@ -70,6 +107,10 @@ class BadReview(ValueError):
     """A body that is no AdmissionReview: answered with HTTP 400 and this short reason."""
 
 
+class Unparsed(BadReview):
+    """A body the JSON parser gives up on: an AdmissionReview that still names its uid is answered by it."""
+
+
 @dataclass(slots=True)
 class Answer:
     """What one review led to: the AdmissionReview to send, and labels for the metrics."""
@@ -84,11 +125,12 @@ class Answer:
 def parse(body: bytes) -> dict:
     """The ``request`` of an AdmissionReview body, checked just enough to answer it by uid."""
     try:
-        review = wirejson.loads(body)
-    except (ValueError, RecursionError):
-        # ValueError covers bad UTF-8, bad JSON, NaN and infinities, and integers over
-        # Python's digit limit; RecursionError a body nested deeper than the decoder will go.
-        raise BadReview("gpushard: the body is not JSON") from None
+        review = loads(body)
+    except RecursionError:
+        raise Unparsed("gpushard: the body nests deeper than gpushard reads") from None
+    except ValueError:
+        # Bad UTF-8, bad JSON, NaN and infinities, and integers over Python's digit limit.
+        raise Unparsed("gpushard: the body is not JSON") from None
     if not isinstance(review, dict):
         raise BadReview(f"gpushard: expected an AdmissionReview object, got a JSON {type(review).__name__}")
     if review.get("apiVersion") != API_VERSION or review.get("kind") != KIND:
@@ -106,7 +148,7 @@ def parse(body: bytes) -> dict:
 def encode_patch(patch: list[dict]) -> str:
     """The ``patch`` field of a response: the JSONPatch as compact JSON, base64-encoded."""
     # What base64.b64encode returns, without its Python frame.
-    return binascii.b2a_base64(wirejson.dumps(patch), newline=False).decode("ascii")
+    return binascii.b2a_base64(dumps(patch), newline=False).decode("ascii")
 
 
 def _short(value: object, limit: int = 40) -> str:
@@ -293,5 +335,43 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
 
 def review(body: bytes, mode: str, policy: Policy, view: View | None, templates: Templates | None = None,
            classes: Classes | None = None, peers: Peers | None = None) -> Answer:
-    """Parse a body and answer it; raises BadReview for a body that is no AdmissionReview."""
-    return answer(parse(body), mode, policy, view, templates, classes, peers)
+    """Parse a body and answer it; raises BadReview for a body that is no AdmissionReview.
+
+    A review the parser gives up on (nested deeper than it goes) is still the API server's: it is
+    answered by its uid with a denial that says where, not with an error that a failurePolicy of
+    Ignore would turn into an admission without the hiding.
+    """
+    try:
+        request = parse(body)
+    except Unparsed as exc:
+        uid = scanning.review_uid(body[:_UID_PREFIX])
+        if uid is None:
+            raise
+        path = scanning.too_deep(body, NESTING_SAID)
+        if path is not None:
+            return unreadable(uid, mode, f"gpushard: cannot read this object: over {NESTING_SAID} levels deep at "
+                                         f"{path.removeprefix('request.object.')}")
+        return unreadable(uid, mode, f"{exc}; this object cannot be judged")
+    return answer(request, mode, policy, view, templates, classes, peers)
+
+
+# Where the API server's review has its uid: the start of the body.
+_UID_PREFIX = 64 * 1024
+
+
+def oversized(prefix: bytes, size: int, limit: int, mode: str) -> Answer:
+    """The answer to a review body of ``size`` bytes, over ``limit``, of which ``prefix`` is the start."""
+    uid = scanning.review_uid(prefix)
+    if uid is None:
+        raise BadReview(f"gpushard: the body is over {limit // (1024 * 1024)} MiB and names no review uid")
+    return unreadable(uid, mode, f"gpushard: this object is {size / (1024 * 1024):.1f} MiB as the API server sends "
+                                 f"it, over the {limit // (1024 * 1024)} MiB gpushard reads (more than etcd stores); "
+                                 "it cannot be judged")
+
+
+def unreadable(uid: str, mode: str, message: str) -> Answer:
+    """A review gpushard cannot read: denied in enforce mode (the hide entry included), a warning in audit."""
+    if mode == names.MODE_AUDIT:
+        return Answer(envelope(uid, allowed=True, warnings=[_clip(message, decisions.WARNING_MAX)]), INVALID, "other")
+    log.warning("gpushard: denied review %s: %s", uid, message)
+    return Answer(denial(uid, 400, _clip(message)), INVALID, "other", rules=(f.UNREADABLE,))

@@ -25,8 +25,10 @@ log = logging.getLogger("gpushard.serving")
 # 90 s); holding them a little longer means gunicorn is never the side that closes a
 # connection the API server is about to reuse.
 KEEPALIVE = 100
-# A client that stalls mid-request or mid-handshake gives its thread back after this.
-CLIENT_TIMEOUT = 10.0
+# A client that stalls mid-request or mid-handshake gives its thread back after this: sooner than the
+# API server gives up on a review (the entries' timeoutSeconds, 5): a thread a stalled client took is free
+# again while the API server still waits for the reviews queued behind it.
+CLIENT_TIMEOUT = 4.0
 # Kubernetes sends SIGTERM, then SIGKILL after terminationGracePeriodSeconds (30 s by
 # default): reviews in flight finish well before that.
 GRACEFUL_TIMEOUT = 20

@@ -29,7 +29,7 @@ from typing import Protocol
 import kubernetes
 
 from webhook import connecting
-from webhook.core import names
+from webhook.core import names, scanning
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,8 @@ class Informer:
         self.lists: collections.Counter = collections.Counter()
         self.watches: collections.Counter = collections.Counter()
         self.watch_errors: collections.Counter = collections.Counter()
+        # Objects skipped because they could not be parsed (nested deeper than Python's parser goes).
+        self.unreadable: collections.Counter = collections.Counter()
         self.heard_at: dict[str, float] = {}
         self.absent: set[str] = set()  # optional resources the API server answered 404 for
 
@@ -251,7 +253,7 @@ class Informer:
                 raise
             with collector_paused():
                 try:
-                    body = json.loads(response.data)
+                    body = self._page(resource, response.data)
                 finally:
                     response.release_conn()
                 self._sink.reduce(resource, body.get("items") or (), fresh)
@@ -262,6 +264,31 @@ class Informer:
             token = meta.get("continue")
             if not token:
                 return fresh, version
+
+    def _page(self, resource: str, data: bytes) -> dict:
+        """A listed page as JSON; one the parser gives up on is cut into its items, each parsed on its own,
+        and the items that still cannot be are skipped (logged and counted), so that one object of a
+        tenant's, nested deeper than the parser goes, cannot keep the list from ever completing."""
+        try:
+            return json.loads(data)
+        except (RecursionError, ValueError):
+            pass
+        try:
+            metadata, items = scanning.list_items(data)
+            body = {"metadata": json.loads(metadata), "items": []}
+        except (scanning.Unreadable, RecursionError, ValueError) as exc:
+            raise ValueError(f"the API server's {resource} list is not JSON: {exc}") from None
+        for index, item in enumerate(items):
+            try:
+                body["items"].append(json.loads(item))
+            except (RecursionError, ValueError):
+                self._skipped(resource, f"item {index} of a listed page", item)
+        return body
+
+    def _skipped(self, resource: str, where: str, data: bytes) -> None:
+        self.unreadable[resource] += 1
+        log.warning("gpushard: skipped a %s object that cannot be parsed (%s, %d bytes, nested too deeply or not "
+                    "JSON); it is left out of the view", resource, where, len(data))
 
     def _watch(self, resource: str, version: str) -> str:
         """Hand a watch's events to the sink until it ends; the last resourceVersion seen."""
@@ -286,7 +313,12 @@ class Informer:
     def _stream(self, resource: str, response, version: str) -> str:
         for line in connecting.watch_lines(response, self._stop):
             self.heard_at[resource] = time.time()
-            event = json.loads(line)
+            try:
+                event = json.loads(line)
+            except (RecursionError, ValueError):
+                # The event of one object too deep to parse: skipped, the watch goes on from the next.
+                self._skipped(resource, "a watch event", line)
+                continue
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
                 if obj.get("code") == 410:

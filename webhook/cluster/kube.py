@@ -271,6 +271,7 @@ class KubeView:
         self.lists = self.informer.lists
         self.watches = self.informer.watches
         self.watch_errors = self.informer.watch_errors
+        self.unreadable = self.informer.unreadable
         self.heard_at = self.informer.heard_at
 
     @classmethod
