@@ -2,6 +2,8 @@
 - clients that connect and send nothing, stall mid-handshake or stall mid-request do not starve it: a
   normal review is still answered, and the stalled connections are closed after --client-timeout; one
   that trickles its request a byte at a time is cut off too;
+- eight times as many such connections as threads, opened again as soon as they are closed, hold no thread:
+  every review sent meanwhile is answered within the API server's 5 s;
 - new certificate files, swapped in the way a Secret volume updates them (the ..data symlink), are served
   to every new connection without a restart, whichever worker takes it; connections made before keep
   working; a pair that does not load leaves the last good one served, with a warning;
@@ -127,6 +129,43 @@ def _served_cert(server, ca: Path) -> bytes:
 
 def _der(pem: Path) -> bytes:
     return ssl.PEM_cert_to_DER_cert(pem.read_text())
+
+
+def _stall(server, certs, stop: threading.Event, mid_request: bool) -> None:
+    context = objects.client_context(certs / "ca.crt")
+    while not stop.is_set():
+        try:
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            if mid_request:
+                sock = context.wrap_socket(sock, server_hostname=objects.SERVICE_HOST)
+                sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: gpushard\r\nContent-Length: 500\r\n\r\n{")
+            else:
+                sock.sendall(b"\x16\x03\x01\x02\x00\x01")
+            _until_closed(sock, within=10)
+            sock.close()
+        except OSError:
+            stop.wait(0.05)
+
+
+def test_stalled_clients_on_many_connections_hold_no_thread(certs, module_cluster):
+    server = objects.Server(certs, module_cluster, workers=1, threads=2).start()
+    stop = threading.Event()
+    attackers = [threading.Thread(target=_stall, args=(server, certs, stop, i % 2 == 1), daemon=True)
+                 for i in range(16)]
+    try:
+        for thread in attackers:
+            thread.start()
+        time.sleep(0.5)
+        answered = []
+        for i in range(20):
+            status, _, body = server.request("POST", "/mutate", _review_bytes(f"u{i}"), timeout=5)
+            answered.append(status == 200 and json.loads(body)["response"]["uid"] == f"u{i}")
+        assert all(answered), answered
+    finally:
+        stop.set()
+        for thread in attackers:
+            thread.join(timeout=15)
+        server.stop()
 
 
 def test_rotated_certificates_are_served_without_a_restart(tmp_path, module_cluster):

@@ -1,7 +1,8 @@
 """We test that a card another device plugin handed to a running container is not offered (webhook/agent/foreign.py),
 over real gRPC: the agent's device plugins to a fake kubelet, its PodResources reads from a fake PodResources server:
 - a container of NVIDIA's nvidia.com/gpu holding replicas of card 1 (``<uuid>::<n>``, time-slicing), or card 1
-  whole (its UUID), makes card 1's plugin list nothing, as a cordon does; card 0 stays offered; gpushard's own
+  whole (its UUID, or its index with NVIDIA's ``DEVICE_ID_STRATEGY=index``: ``1``, ``1::2``), makes card 1's
+  plugin list nothing, as a cordon does; card 0 stays offered; gpushard's own
   resources never count; device IDs that name no card of the node are ignored;
 - when the last such container ends, card 1 is offered again; a pod that held card 1's shares before keeps its
   answer (Allocate still names its card);
@@ -50,6 +51,13 @@ def test_held_names_the_cards_of_other_resources_only():
             "nic", **{"example.com/nic": ["0000:3b:00.0"]})),
     ])
     assert foreign.held(response, POLICY, CARDS) == {1: {"nvidia.com/gpu": ["ml/seed-a", "ml/seed-b"]}}
+
+
+def test_held_reads_nvidias_index_device_ids_too():
+    response = prpb.ListPodResourcesResponse(pod_resources=[
+        pod("by-index", nvidia("1::2", "1::5")), pod("whole", nvidia("0")), pod("absent", nvidia("7::1", "7"))])
+    assert foreign.held(response, POLICY, CARDS) == {0: {"nvidia.com/gpu": ["ml/whole"]},
+                                                     1: {"nvidia.com/gpu": ["ml/by-index"]}}
 
 
 @pytest.fixture

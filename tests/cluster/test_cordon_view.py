@@ -102,3 +102,9 @@ def test_the_live_view_reads_the_cordon_and_still_counts_its_pods(fake, start_vi
     c0, c1 = view.snapshot().nodes[0].cards
     assert (c0.used, c0.free, c1.cordoned) == (80, 0, False)
     assert placement.choose(view.snapshot(), placement.Ask(shares=10)).card == 1
+
+
+def test_a_cluster_file_whose_cards_or_taints_are_no_list_is_refused_by_field():
+    for key, value in (("cards", 4), ("taints", "gpu")):
+        with pytest.raises(static.ViewFileError, match=rf"nodes\[0\]\.{key}: must be a list, got {value!r}"):
+            static.parse({"nodes": [{"name": "a", key: value}]}, 100)

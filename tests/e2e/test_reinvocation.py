@@ -5,7 +5,10 @@ the API server calls the gpushard entry that judged the pod again, and:
 - a pod that asks no GPU in an enforce namespace: the injected sidecar is hidden from the cards too
   (``NVIDIA_VISIBLE_DEVICES=void``), as its first container was: the hide entry's own rewrite must not make the
   reinvocation skip it;
-- a pod that asks a fraction: its container keeps its card, the sidecar is hidden.
+- a pod that asks a fraction: its container keeps its card, the sidecar is hidden;
+- a plain pod whose injected sidecar is privileged: refused, with gpushard's message (the hide entry is called
+  again and judges it by the enforce rules; a condition that sent the changed pod to neither entry once let it
+  through unjudged).
 Admission only (server-side dry run): nothing is scheduled.
 """
 
@@ -23,6 +26,8 @@ from tests.e2e import components, objects
 
 INJECTOR = "zz-e2e-sidecar-injector"
 LABEL = "e2e.gpushard.io/inject"
+# A pod annotated so gets a privileged sidecar.
+PRIVILEGED = "e2e.gpushard.io/privileged-sidecar"
 
 
 class Injector(http.server.BaseHTTPRequestHandler):
@@ -34,8 +39,10 @@ class Injector(http.server.BaseHTTPRequestHandler):
         containers = request["object"]["spec"].get("containers") or []
         answer = {"uid": request["uid"], "allowed": True}
         if not any(c.get("name") == "sidecar" for c in containers):
-            patch = [{"op": "add", "path": "/spec/containers/-",
-                      "value": {"name": "sidecar", "image": "registry.example/mesh-proxy:1"}}]
+            sidecar = {"name": "sidecar", "image": "registry.example/mesh-proxy:1"}
+            if PRIVILEGED in (request["object"]["metadata"].get("annotations") or {}):
+                sidecar["securityContext"] = {"privileged": True}
+            patch = [{"op": "add", "path": "/spec/containers/-", "value": sidecar}]
             answer.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(patch).encode()).decode())
         body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                            "response": answer}).encode()
@@ -100,3 +107,20 @@ def test_a_gpu_pods_injected_sidecar_is_hidden_and_its_card_kept(kubectl, agent,
     envs = admitted(kubectl, namespace, objects.pod("quarter", objects.container(gpu="0.25")))
     assert envs["sidecar"] == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert envs["main"]["NVIDIA_VISIBLE_DEVICES"].isdigit(), envs
+
+
+def test_a_plain_pods_privileged_sidecar_is_judged_and_refused(kubectl, injector, namespace):
+    kubectl.run("label", "namespace", namespace, f"{LABEL}=yes", "--overwrite")
+    pod = objects.pod("escalated", annotations={PRIVILEGED: "yes"})
+    result = {}
+
+    def refused() -> bool:
+        done = kubectl.run("create", "-n", namespace, "--dry-run=server", "-o", "json", "-f", "-", input=pod,
+                           check=False)
+        result["done"] = done
+        return done.returncode != 0 and "gpushard:" in done.stderr
+    # The configuration reaches the API server's admission through its informer: give it a moment.
+    components.wait_for("the privileged sidecar refused", refused, timeout=30,
+                        explain=lambda: result["done"].stdout[-2000:] + result["done"].stderr)
+    assert 'admission webhook "hide.gpushard.io" denied the request' in result["done"].stderr
+    assert "privileged" in result["done"].stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import ssl
 import sys
@@ -15,6 +16,9 @@ from typing import TYPE_CHECKING
 
 import gunicorn.app.base
 import gunicorn.glogging
+import gunicorn.http
+import gunicorn.sock
+import gunicorn.workers.gthread
 
 if TYPE_CHECKING:
     import flask
@@ -62,147 +66,178 @@ def app_from_env() -> flask.Flask:
     return build_app(os.environ.get(CONFIG_ENV) or None, os.environ.get(CLUSTER_ENV) or None)
 
 
-class ClientTimeout(TimeoutError):
-    """A client that did not finish its handshake or send its request within the client timeout.
+class _BoundedSSLSocket(ssl.SSLSocket):
+    """A TLS socket whose blocking mode waits at most ``io_timeout`` for each read or write.
 
-    The socket that gives up logs it once, at the level it deserves (``_TimedSSLSocket``);
-    gunicorn's own line for it is a debug line without a traceback (``_GunicornLog``).
-    """
-
-
-class _TimedSSLSocket(ssl.SSLSocket):
-    """A TLS socket on which one request must arrive within ``io_timeout`` seconds.
-
-    gunicorn's threaded worker puts a connection in blocking mode before it reads a
-    request, so a client that sends half a request and stalls would hold a thread for
-    ever, and one that trickles a byte now and then would too, however short each wait.
-    Here "blocking" means "blocking until the request's deadline": each request (each
-    switch to blocking mode, which gunicorn makes per request) has ``io_timeout`` seconds
-    for all of its reads, and every read or write waits at most that long.
-
-    A connection that reaches the deadline before its request line came is normal: the
-    API server opens connections for its pool that it may never use, and load balancers
-    check the port with a bare handshake. It is closed with a debug line. A request that
-    started and then stalled is the client's or a proxy's fault, not the webhook's: one
-    warning line, without a traceback.
+    A thread reads a request only once it is whole (``Worker``); what may still block it is a body over
+    the read-ahead bound and a client that does not read its answer: both give the thread back after this.
     """
 
     io_timeout: float | None = CLIENT_TIMEOUT
-    _deadline: float | None = None
-    _received = 0  # bytes of the current request
-    _request_line = False  # whether the current request's first line has come
-    _gave_up = False  # the current request's deadline passed, and was logged
-
-    def start_deadline(self) -> None:
-        self._deadline = None if self.io_timeout is None else time.monotonic() + self.io_timeout
-        self._received, self._request_line, self._gave_up = 0, False, False
 
     def setblocking(self, flag: bool) -> None:
         super().setblocking(flag)
         if flag:
             self.settimeout(self.io_timeout)
-            self.start_deadline()
-
-    def _peer(self) -> str:
-        try:
-            host, port = self.getpeername()[:2]
-        except (OSError, ValueError):
-            return "a client"
-        return f"{host}:{port}"
-
-    def _timed_out(self, stage: str = "request") -> ClientTimeout:
-        """The exception for a passed deadline, logged once per request."""
-        if not self._gave_up:
-            self._gave_up = True
-            if stage == "request" and self._request_line:
-                log.warning("gpushard: gave up on a request from %s after %g s: %d bytes of it came, then "
-                            "nothing; the client or a proxy in between stalled (raise --client-timeout if it is "
-                            "slow but sound)", self._peer(), self.io_timeout, self._received)
-            else:
-                log.debug("gpushard: closed a connection from %s that sent no %s within %g s",
-                          self._peer(), "complete handshake" if stage == "handshake" else "request line",
-                          self.io_timeout)
-        return ClientTimeout(f"gpushard: no {stage} within the {self.io_timeout:g} s client timeout")
-
-    def _bounded(self, read, *args):
-        """``read(*args)``, waiting no longer than the request's deadline allows."""
-        current = self.gettimeout()
-        if self._deadline is None or current == 0.0:  # non-blocking: the poller's business
-            return read(*args)
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise self._timed_out()
-        if current is not None and current <= remaining:
-            # The caller's own shorter wait (gunicorn's lingering close): its timeout is its own.
-            return read(*args)
-        self.settimeout(remaining)
-        try:
-            return read(*args)
-        except TimeoutError:
-            raise self._timed_out() from None
-        finally:
-            # Writes (the answer) keep the full timeout, however late the request came.
-            self.settimeout(current)
-
-    def _came(self, data) -> None:
-        self._received += len(data)
-        if not self._request_line and b"\n" in data:
-            self._request_line = True
-
-    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
-        data = self._bounded(super().recv, buflen, flags)
-        self._came(data)
-        return data
-
-    def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:
-        count = self._bounded(super().recv_into, buffer, nbytes, flags)
-        self._came(memoryview(buffer)[:count].tobytes() if count else b"")
-        return count
-
-    def do_handshake(self, *args, **kwargs) -> None:
-        try:
-            super().do_handshake(*args, **kwargs)
-        except TimeoutError:
-            raise self._timed_out("handshake") from None
 
 
 class _GunicornLog(gunicorn.glogging.Logger):
-    """gunicorn's logger, except that a client's timeout, which the socket logged, is no error.
+    """gunicorn's logger, except that a client's read or write timeout is no error.
 
-    gunicorn logs every socket error but a reset or a broken pipe with its traceback at ERROR,
-    the read timeout of a client that never sent a request included.
+    gunicorn logs every socket error but a reset or a broken pipe with its traceback at ERROR.
     """
 
     def exception(self, msg, *args, **kwargs) -> None:
         exc = sys.exc_info()[1]
-        if isinstance(exc, ClientTimeout):
+        if isinstance(exc, TimeoutError):
             self.debug("%s %s", msg % args if args else msg, exc)
             return
         super().exception(msg, *args, **kwargs)
 
 
-class _Context(ssl.SSLContext):
-    """A server context that bounds the handshake as well as every later read and write."""
-
-    io_timeout: float | None = CLIENT_TIMEOUT
-
-    def wrap_socket(self, sock, *args, **kwargs):
-        sock.settimeout(self.io_timeout)
-        wrapped = super().wrap_socket(sock, *args, **kwargs)
-        if isinstance(wrapped, _TimedSSLSocket):
-            wrapped.start_deadline()  # the first request's deadline
-        return wrapped
-
-
 def server_context(certfile: str, keyfile: str, io_timeout: float | None = CLIENT_TIMEOUT) -> ssl.SSLContext:
     """A TLS 1.2+ server context for a certificate and its key."""
-    timed = type("TimedSSLSocket", (_TimedSSLSocket,), {"io_timeout": io_timeout})
-    context = _Context(ssl.PROTOCOL_TLS_SERVER)
-    context.io_timeout = io_timeout
-    context.sslsocket_class = timed
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.sslsocket_class = type("BoundedSSLSocket", (_BoundedSSLSocket,), {"io_timeout": io_timeout})
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(certfile=certfile, keyfile=keyfile)
     return context
+
+
+# What a connection may send before a thread takes it: a request's head, and a body up to the admission app's
+# limit. A request past this (a body over that limit) goes to a thread once its head came, and the thread
+# reads the rest, each read bounded by the client timeout.
+_HEAD_MAX = 64 * 1024
+_READ = 256 * 1024
+_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d{1,12})[ \t]*(?:\r\n|$)")
+_STALLED = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 45\r\n"
+            b"Connection: close\r\n\r\ngpushard: the request body could not be read\n")
+
+
+def _whole(data: bytes, body_max: int) -> bool:
+    """Whether ``data`` (what came of one request) may go to a thread: the request is whole, or it is past what
+    is read ahead (its head came and its body is longer than ``body_max``, or its head alone is too long)."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return len(data) > _HEAD_MAX
+    head = data[:end].lower()
+    if b"\r\ntransfer-encoding:" in head:
+        # Chunked (the API server never sends it): whole at the last chunk, or once past the bound.
+        return data.find(b"0\r\n\r\n", end + 4) >= 0 or len(data) > body_max + _HEAD_MAX
+    length = _LENGTH.search(head)
+    size = int(length.group(1)) if length else 0
+    return size > body_max or len(data) - end - 4 >= size
+
+
+class _Arrival:
+    """The part of a request that came so far, and when it must be whole."""
+
+    __slots__ = ("data", "deadline")
+
+    def __init__(self, deadline: float):
+        self.data, self.deadline = b"", deadline
+
+
+class Worker(gunicorn.workers.gthread.ThreadWorker):
+    """gunicorn's threaded worker, except that a thread takes a request only once it has come whole.
+
+    The TLS handshake and the request's bytes are read without blocking, each time the poller says the
+    connection is readable; until the request is whole the connection waits on the poller, not in a thread.
+    A request that is not whole within the client timeout (from the connection's first moment, or from a
+    kept-alive connection's next byte) is given up: a 400 once its head came, else the connection is closed.
+    So clients that stall or trickle, on as many connections as gunicorn takes (worker_connections), hold
+    no thread while the API server's reviews are answered.
+    """
+
+    def handle(self, conn):
+        arrival = getattr(conn, "gpushard_arrival", None)
+        context = None
+        if arrival is None:
+            context = gunicorn.sock.ssl_context(self.cfg)
+            timeout = getattr(context.sslsocket_class, "io_timeout", None) or CLIENT_TIMEOUT
+            arrival = conn.gpushard_arrival = _Arrival(time.monotonic() + timeout)
+        try:
+            state = self._arrive(conn, arrival, context)
+        except (ssl.SSLError, OSError) as exc:
+            self.log.debug("gpushard: closed a connection from %s: %s", _peer(conn), exc)
+            conn.gpushard_arrival = None
+            return False
+        if state is None:  # the client left before sending a request
+            conn.gpushard_arrival = None
+            return False
+        if not state:
+            return gunicorn.workers.gthread._DEFER
+        conn.gpushard_arrival = None
+        return super().handle(conn)
+
+    def _arrive(self, conn, arrival: _Arrival, context: ssl.SSLContext | None) -> bool | None:
+        """Read what is there without blocking: True once the request may go to a thread, False while more must
+        come, None when the client closed the connection before its request began."""
+        if not conn.initialized:
+            if not isinstance(conn.sock, ssl.SSLSocket):
+                conn.sock.setblocking(False)
+                context = context or gunicorn.sock.ssl_context(self.cfg)
+                conn.sock = context.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+            try:
+                conn.sock.do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return False
+            conn.parser = gunicorn.http.get_parser(self.cfg, conn.sock, conn.client)
+            conn.initialized = True
+        conn.sock.setblocking(False)
+        data = arrival.data + conn.parser.unreader.take_buffered()
+        body_max = _body_max()
+        while not _whole(data, body_max):
+            try:
+                chunk = conn.sock.recv(_READ)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                arrival.data = data
+                return False
+            if not chunk:
+                if not data:
+                    return None
+                break  # cut short: gunicorn's parser says so
+            data += chunk
+        conn.parser.unreader.unread(data)
+        return True
+
+    def finish_request(self, conn, fs):
+        super().finish_request(conn, fs)
+        arrival = getattr(conn, "gpushard_arrival", None)
+        if arrival is not None and self.pending_conns and self.pending_conns[-1] is conn:
+            # Waiting for the rest of its request: until its deadline, not gunicorn's keep-alive time.
+            conn.timeout = arrival.deadline
+
+    def murder_pending(self):
+        now = time.monotonic()
+        for conn in self.pending_conns:
+            if conn.timeout > now:
+                break
+            arrival = getattr(conn, "gpushard_arrival", None)
+            if arrival is not None and b"\n" in arrival.data:
+                log.warning("gpushard: gave up on a request from %s: %d bytes of it came, then nothing within the "
+                            "client timeout; the client or a proxy in between stalled (raise --client-timeout if "
+                            "it is slow but sound)", _peer(conn), len(arrival.data))
+                if b"\r\n\r\n" in arrival.data:  # its body stalled: say so
+                    try:
+                        conn.sock.send(_STALLED)
+                    except OSError:
+                        pass
+            else:
+                log.debug("gpushard: closed a connection from %s that sent no request line within the client "
+                          "timeout", _peer(conn))
+        super().murder_pending()
+
+
+def _body_max() -> int:
+    from webhook.admission import app as app_mod
+
+    return app_mod.MAX_BODY
+
+
+def _peer(conn) -> str:
+    client = conn.client
+    return f"{client[0]}:{client[1]}" if isinstance(client, tuple) and len(client) >= 2 else "a client"
 
 
 class ReloadingContext:
@@ -327,7 +362,7 @@ def gunicorn_options(args: argparse.Namespace, context: ReloadingContext) -> dic
     return {
         "bind": [args.bind],
         "workers": args.workers,
-        "worker_class": "gthread",
+        "worker_class": "webhook.admission.serving.Worker",
         "threads": args.threads,
         "timeout": args.timeout,
         "graceful_timeout": getattr(args, "graceful_timeout", None) or GRACEFUL_TIMEOUT,

@@ -4,8 +4,9 @@ A node moved from NVIDIA's device plugin to gpushard (docs/install.md, "Moving a
 device plugin") keeps the pods that plugin admitted, and their containers keep their cards. gpushard's
 agent would otherwise start with every card's shares free, and a new pod would get a share of a card that a
 pod of the old plugin may use whole: one card handed out twice. The kubelet's PodResources ``List`` names
-every container's devices by resource; NVIDIA's plugin names a card by its UUID, and a time-slicing replica
-as ``<uuid>::<n>`` (k8s-device-plugin ``internal/rm``, ``AnnotatedID``). A card whose UUID a container of any
+every container's devices by resource; NVIDIA's plugin names a card by its UUID (or, with
+``DEVICE_ID_STRATEGY=index``, by its NVML index), and a time-slicing replica as ``<id>::<n>``
+(k8s-device-plugin ``internal/rm``, ``AnnotatedID``). A card whose UUID or index a container of any
 resource other than gpushard's holds is withheld from new pods, as a cordoned card is (the card-k plugin
 lists nothing for it), until no such container is left; pods holding its shares keep them.
 """
@@ -29,7 +30,9 @@ REPLICA_SEPARATOR = "::"
 def held(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy,
          cards: Iterable[nvml.Card]) -> dict[int, dict[str, list[str]]]:
     """{card index: {resource: ["namespace/pod", ...]}} for every card a container of another resource holds."""
-    by_uuid = {c.uuid: c.index for c in cards}
+    by_id = {}
+    for c in cards:
+        by_id[c.uuid] = by_id[str(c.index)] = c.index
     ours = policy.resources
     found: dict[int, dict[str, set[str]]] = {}
     for pod in response.pod_resources:
@@ -39,7 +42,7 @@ def held(response: pb.ListPodResourcesResponse, policy: policy_mod.Policy,
                 if name == ours.shares or ours.card_index(name) is not None:
                     continue
                 for device in devices.device_ids:
-                    card = by_uuid.get(device.split(REPLICA_SEPARATOR, 1)[0])
+                    card = by_id.get(device.split(REPLICA_SEPARATOR, 1)[0])
                     if card is not None:
                         found.setdefault(card, {}).setdefault(name, set()).add(f"{pod.namespace}/{pod.name}")
     return {card: {name: sorted(pods) for name, pods in sorted(per.items())} for card, per in sorted(found.items())}

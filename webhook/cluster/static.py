@@ -90,6 +90,9 @@ def _nodes(data: Any, shares_per_card: int, source: str) -> placement.View:
         where = f"nodes[{i}]"
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"]:
             raise ViewFileError(f"{where}.name: every node needs a name")
+        for key in ("taints", "cards"):
+            if not isinstance(raw.get(key) or [], list):
+                raise ViewFileError(f"{where}.{key}: must be a list, got {raw[key]!r}")
         taints = []
         for j, t in enumerate(raw.get("taints") or []):
             if not isinstance(t, dict) or not t.get("key"):

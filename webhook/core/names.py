@@ -104,8 +104,9 @@ BASELINE_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSET
                          "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT")
 # What a debug (ephemeral) container may add beyond those: kubectl debug's `general` profile (its default)
 # adds SYS_PTRACE and `netadmin` NET_ADMIN and NET_RAW. Each acts inside the pod's own namespaces (hostPID
-# and hostNetwork stay denied): ptrace reaches the pod's own processes, which already hold the pod's card,
-# and the network ones its own network namespace; none opens a device (docs/security.md, "Debug containers").
+# stays denied; gpushard does not judge hostNetwork, which Pod Security's baseline denies): ptrace reaches the
+# pod's own processes, which already hold the pod's card, and the network ones its own network namespace;
+# none opens a device (docs/security.md, "Debug containers").
 DEBUG_CAPABILITIES = ("SYS_PTRACE", "NET_ADMIN", "NET_RAW")
 # Of those, the ones that act on the network namespace: the node's own in a hostNetwork pod, so not there.
 HOST_NETWORK_CAPABILITIES = ("NET_ADMIN", "NET_RAW")
