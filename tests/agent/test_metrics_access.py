@@ -8,6 +8,8 @@ Kubernetes API server answering its TokenReviews and SubjectAccessReviews:
   fails is 503 and not remembered; an agent with no API credentials serves the network nothing;
 - plain HTTP gets no metrics (the tokens would cross the network in clear otherwise);
 - from the agent pod's own loopback (where a port-forward arrives) no token is needed;
+- connections that stall hold at most CONNECTIONS_MAX of the agent's threads: one past it is closed at once,
+  and once they are gone a scrape is answered again;
 - the peer and header rules themselves: loopback in IPv4, IPv6 and IPv4-mapped forms, bearer parsing.
 """
 
@@ -18,6 +20,8 @@ import ipaddress
 import json
 import socket
 import ssl
+import threading
+import time
 
 import pytest
 
@@ -154,3 +158,25 @@ def test_loopback_forms(peer, loopback):
                                            ("Bearer", None), ("", None), (None, None)])
 def test_bearer_tokens(header, token):
     assert authorizing.bearer_token(header) == token
+
+
+def test_stalled_connections_hold_a_bounded_number_of_threads(agent):
+    before = threading.active_count()
+    stalled = [socket.create_connection(("127.0.0.1", agent.port)) for _ in range(exporting.CONNECTIONS_MAX)]
+    try:
+        deadline = time.monotonic() + 10
+        while threading.active_count() < before + exporting.CONNECTIONS_MAX and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threading.active_count() == before + exporting.CONNECTIONS_MAX
+        extra = socket.create_connection(("127.0.0.1", agent.port))
+        extra.settimeout(10)
+        assert extra.recv(1) == b""  # closed at once, no thread started for it
+        extra.close()
+        assert threading.active_count() == before + exporting.CONNECTIONS_MAX
+    finally:
+        for sock in stalled:
+            sock.close()
+    deadline = time.monotonic() + 15
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scrape("127.0.0.1", agent.port)[0] == 200

@@ -28,6 +28,8 @@ from webhook.core import policy as policy_mod
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9401
+# Connections served at once (a scrape is one; Prometheus keeps one open per target).
+CONNECTIONS_MAX = 16
 HANDSHAKE_TIMEOUT_S = 10.0
 CARD_LABELS = ("node", "gpu", "UUID", "modelName")
 CONTAINER_LABELS = ("node", "namespace", "pod", "container", "gpu", "UUID", "modelName")
@@ -395,7 +397,28 @@ class _HTTPSServer(http.server.ThreadingHTTPServer):
         self.registry = registry
         self.context = context
         self.reviewer = reviewer
+        # A thread per connection, but no more than this at once: a connection past it is closed at once,
+        # so that clients that open connections and stall cannot grow the agent's threads without bound.
+        self._slots = threading.BoundedSemaphore(CONNECTIONS_MAX)
         super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            log.debug("gpushard: closed a metrics connection from %s: %d already open", client_address[0],
+                      CONNECTIONS_MAX)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def finish_request(self, request, client_address):
         # The handshake runs in the request's own thread, so a slow client holds up nobody else.

@@ -1,0 +1,39 @@
+"""We test, on the real kube-apiserver with deploy/base, what each of gpushard's accounts may do beyond what RBAC
+says, as the API server itself judges it (server-side dry runs, with the account impersonated):
+- the certificates' ServiceAccount may change each webhook's caBundle in the MutatingWebhookConfiguration gpushard,
+  and nothing else there: a changed service or URL, failurePolicy, or match condition is refused with gpushard's
+  message naming the webhook; an admin's change is not judged.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+CERTS = "--as=system:serviceaccount:gpushard-system:gpushard-certs"
+
+
+def patch(kubectl, ops: list[dict], *who: str):
+    return kubectl.run("patch", "mutatingwebhookconfiguration", "gpushard", "--type=json", "--dry-run=server",
+                       "-p", json.dumps(ops), *who, check=False)
+
+
+def test_the_certificates_account_may_change_only_the_ca_bundles(installed, kubectl):
+    config = kubectl.json("get", "mutatingwebhookconfiguration", "gpushard")
+    hooks = config["webhooks"]
+    bundle = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nnew\n-----END CERTIFICATE-----\n").decode()
+    every = [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle} for i in range(len(hooks))]
+    done = patch(kubectl, every, CERTS)
+    assert done.returncode == 0, done.stderr
+    where = "url" if "url" in hooks[0]["clientConfig"] else "service"
+    other = "https://127.0.0.1:1/mutate" if where == "url" else {**hooks[0]["clientConfig"]["service"], "name": "x"}
+    for ops, hook in (
+            ([{"op": "replace", "path": f"/webhooks/0/clientConfig/{where}", "value": other}], hooks[0]["name"]),
+            ([{"op": "replace", "path": "/webhooks/1/failurePolicy", "value": "Ignore"}], hooks[1]["name"]),
+            ([{"op": "replace", "path": "/webhooks/1/matchConditions/0/expression", "value": "false"}],
+             hooks[1]["name"])):
+        done = patch(kubectl, ops, CERTS)
+        assert done.returncode != 0, ops
+        assert ('gpushard: the certificates\' ServiceAccount may change only clientConfig.caBundle, not webhook '
+                f'"{hook}"') in done.stderr, done.stderr
+        assert patch(kubectl, ops).returncode == 0, "an admin's change is not judged"
