@@ -37,7 +37,7 @@ KUBERNETES_CLIENTS = {
     "webhook.cluster.deviceclasses", "webhook.cluster.peers",
     "webhook.auditing", "webhook.cordoning",
     "webhook.installing", "webhook.top", "webhook.relocation.controller", "webhook.relocation.lease",
-    "webhook.agent.authorizing", "webhook.agent.conflicting", "webhook.agent.cordonwatching",
+    "webhook.authorizing", "webhook.agent.conflicting", "webhook.agent.cordonwatching",
     "webhook.agent.drabackend", "webhook.agent.draplugin",
     "webhook.agent.draslices", "webhook.agent.nodecount", "webhook.agent.podlisting", "webhook.agent.publishing",
     "webhook.agent.runtimechecking",

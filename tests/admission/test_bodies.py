@@ -100,9 +100,10 @@ def _deep(levels: int) -> bytes:
 
 
 UNREADABLE_REVIEWS = {
-    "nested 1,200 levels in managedFields": (_deep(1200), "over 500 levels deep at "
+    # Deeper than the parser goes at any recursion limit this process may have (a library may raise it).
+    "nested 5,000 levels in managedFields": (_deep(5000), "over 500 levels deep at "
                                              "metadata.managedFields[0].fieldsV1.f:a.f:a..."),
-    "nested 5,000 levels": (_deep(5000), "over 500 levels deep"),
+    "nested 50,000 levels": (_deep(50000), "over 500 levels deep"),
     "an integer over Python's digit limit": (json.dumps(GOOD).replace('"metadata": {', '"metadata": {"n": '
                                                                       + "9" * 5000 + ", ", 1).encode(), "not JSON"),
     "NaN": (json.dumps(_with(("request", "object", "spec", "containers", 0, "resources"),

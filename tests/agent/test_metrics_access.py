@@ -26,7 +26,8 @@ import time
 import pytest
 
 from tests.fakekube import FakeKube
-from webhook.agent import authorizing, exporting, nvml
+from webhook import authorizing
+from webhook.agent import exporting, nvml
 
 NODE = "gpu-node-1"
 PROMETHEUS = "system:serviceaccount:monitoring:prometheus-k8s"
@@ -69,7 +70,7 @@ def kube():
 
 @pytest.fixture
 def agent(kube):
-    reviewer = authorizing.Reviewer(kube.api_client(), NODE)
+    reviewer = authorizing.Reviewer(kube.api_client(), authorizing.node_metrics(NODE))
     server = exporting.Server(exporting.new_registry(_observation), 0, addr="0.0.0.0", reviewer=reviewer, node=NODE)
     server.reviewer = reviewer
     yield server

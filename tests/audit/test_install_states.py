@@ -7,8 +7,9 @@ We test, with deploy/base's own admission objects and webhook configuration put 
   is missing, a policy without a binding, a binding that still names params and a policy that still reads
   them (an earlier version's; one whose binding names none refuses everything now), the webhook's Service
   without a ready endpoint, its namespace being deleted or gone, an entry without a caBundle, an enforce
-  entry that fails closed for every pod, and the ConfigMap an earlier version's policies read, with the
-  lists it still holds;
+  entry that fails closed for every pod, the ConfigMap an earlier version's policies read, with the
+  lists it still holds, and a device policy list that is not one string of names (a value whose quotes ended
+  its CEL string, as kustomize writes it unchecked); lists of names are no state;
 - `status` prints each under its table ("install:", then "  run:"), and in `-o json` as "install"; its
   exit stays 0; `audit` of the cluster reports each as a finding (exit 1) with its fix, counts the
   objects it looked at, and `audit -n NS` reads none of them (they are cluster-wide);
@@ -97,7 +98,7 @@ def test_the_whole_install_shows_no_state(kubeconfig, capsys):
     assert code == 0 and report["findings"] == []
     # The namespace gpushard-system (as every namespace), the policies, their bindings and the webhook
     # configuration were looked at.
-    assert report["summary"]["objects"] == 1 + 4 + 4 + 1
+    assert report["summary"]["objects"] == 1 + 5 + 5 + 1
 
 
 @pytest.mark.parametrize("folder", sorted(VALUES))
@@ -222,6 +223,30 @@ def test_an_earlier_versions_config_map(fake, kubeconfig, capsys):
     message, run = found[installation.LEFTOVER_DEVICE_POLICY, names.OLD_DEVICE_POLICY_CONFIG_MAP]
     assert "no policy reads it, so nothing in it is trusted (it lists exemptNamespaces \"gpu-operator\")" in message
     assert "examples/device-policy" in run and "delete configmap gpushard-device-policy" in run
+
+
+def _with_list(fake, policy: str, variable: str, expression: str) -> None:
+    obj = fake.get("validatingadmissionpolicies", policy)
+    for v in obj["spec"]["variables"]:
+        if v["name"] == variable:
+            v["expression"] = expression
+    fake.put("validatingadmissionpolicies", obj)
+
+
+def test_a_device_policy_list_that_is_not_a_string_of_names(fake, kubeconfig, capsys):
+    quotes = "'" * 3
+    _with_list(fake, "gpushard-device-channels", "trustedServiceAccounts", f"r{quotes}gpu/dcgm-exporter a/b{quotes}")
+    _with_list(fake, "gpushard-device-claims", "allowed", f"r{quotes}nic.example.com{quotes}")
+    assert states(kubeconfig, capsys) == {}
+    # As kustomize writes the value <3 quotes> + request.namespace + r<3 quotes>: it trusts every namespace.
+    broken = f"r{quotes}{quotes} + request.namespace + r{quotes}{quotes}"
+    _with_list(fake, "gpushard-device-channels", "trustedNamespaces", broken)
+    found = states(kubeconfig, capsys)
+    message, run = found[installation.POLICY_LIST_NOT_NAMES, "gpushard-device-channels"]
+    assert "variable trustedNamespaces is not one list of names but the CEL" in message and "request.namespace" \
+        in message
+    assert "write names only" in run and "kubectl apply -k" in run
+    assert len(found) == 1
 
 
 def test_status_tells_each_state_under_its_table_and_audit_reports_it(fake, kubeconfig, capsys):

@@ -5,9 +5,10 @@ agree with the pods they scrape:
 - kustomize itself (when kubectl is on the path) and the test renderer give the same objects;
 - the PodMonitor selects exactly the agent DaemonSet's pods, on its named metrics port, keeping the
   workload's namespace/pod/container labels (honorLabels), over TLS with the token of an account bound
-  to exactly the right the agent checks (get nodes/metrics);
+  to exactly the rights the agent and the webhook check (get nodes/metrics, get /metrics);
 - the ServiceMonitor selects the webhook Service, on a port that reaches the webhook's HTTPS port,
-  verifying TLS with the CA of the Secret the certs Job writes, for the name the certificate is made for;
+  verifying TLS with the CA of the Secret the certs Job writes, for the name the certificate is made for,
+  with the same account's token;
 - the dashboard ConfigMap carries the Grafana sidecar's label and the dashboard JSON; every metric
   its panels query is one that the agent or the webhook exports, and every panel has a query; it
   has panels for admissions, denials and errors, latency, view sync and the agents' health; the
@@ -80,7 +81,7 @@ def test_the_pod_monitor_scrapes_every_agent_on_its_metrics_port(objects):
 
 
 def test_the_pod_monitor_scrapes_over_tls_with_a_token_allowed_what_the_agent_checks(objects):
-    from webhook.agent import authorizing
+    from webhook import authorizing
 
     (endpoint,) = _find(objects, "PodMonitor", "gpushard-agent")["spec"]["podMetricsEndpoints"]
     assert endpoint["scheme"] == "https"
@@ -94,9 +95,10 @@ def test_the_pod_monitor_scrapes_over_tls_with_a_token_allowed_what_the_agent_ch
     bindings = [b for b in objects if b["kind"] == "ClusterRoleBinding"
                 and {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE} in b["subjects"]]
     rules = [r for b in bindings for r in _find(objects, "ClusterRole", b["roleRef"]["name"])["rules"]]
-    wanted = authorizing.Reviewer.attributes(type("R", (), {"node": "n"})())
+    wanted = authorizing.node_metrics("n").attributes["resourceAttributes"]
+    url = authorizing.METRICS_URL.attributes["nonResourceAttributes"]
     assert rules == [{"apiGroups": [wanted["group"]], "resources": [f"{wanted['resource']}/{wanted['subresource']}"],
-                      "verbs": [wanted["verb"]]}]
+                      "verbs": [wanted["verb"]]}, {"nonResourceURLs": [url["path"]], "verbs": [url["verb"]]}]
 
 
 def test_the_service_monitor_scrapes_the_webhook_over_verified_tls(objects):
@@ -120,6 +122,8 @@ def test_the_service_monitor_scrapes_the_webhook_over_verified_tls(objects):
     assert tls["serverName"] == f"{certs.service}.{certs.namespace}.svc"
     assert tls["ca"] == {"secret": {"name": certs.secret, "key": "ca.crt"}}
     assert "insecureSkipVerify" not in tls
+    agent = _find(objects, "PodMonitor", "gpushard-agent")["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["authorization"] == agent["authorization"]
 
 
 def _exported_metric_names() -> set[str]:

@@ -304,13 +304,14 @@ def test_the_cordoner_role_covers_cordon_and_uncordon_exactly_and_is_bound_to_no
 
 
 def test_the_metrics_reader_grants_what_the_agent_checks(objects):
-    from webhook.agent import authorizing
+    from webhook import authorizing
 
-    attributes = authorizing.Reviewer.attributes(type("R", (), {"node": "n"})())
+    attributes = authorizing.node_metrics("n").attributes["resourceAttributes"]
+    url = authorizing.METRICS_URL.attributes["nonResourceAttributes"]
     rules = _rules(objects, "ClusterRole", "gpushard-metrics-reader")
     assert rules == [{"apiGroups": [attributes["group"]],
                       "resources": [f"{attributes['resource']}/{attributes['subresource']}"],
-                      "verbs": [attributes["verb"]]}]
+                      "verbs": [attributes["verb"]]}, {"nonResourceURLs": [url["path"]], "verbs": [url["verb"]]}]
 
 
 def test_no_wildcards_and_no_secrets_where_none_are_needed(objects):

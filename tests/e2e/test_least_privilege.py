@@ -2,13 +2,19 @@
 says, as the API server itself judges it (server-side dry runs, with the account impersonated):
 - the certificates' ServiceAccount may change each webhook's caBundle in the MutatingWebhookConfiguration gpushard,
   and nothing else there: a changed service or URL, failurePolicy, or match condition is refused with gpushard's
-  message naming the webhook; an admin's change is not judged.
+  message naming the webhook; an admin's change is not judged;
+- a list of the device policies written so that it breaks out of its CEL string (as kustomize writes a
+  device-policy.yaml value holding three quotes) is taken by the API server, which judges no policy object, and
+  `gpushard audit` reports it, naming the policy and the variable.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import subprocess
+
+from tests.e2e import gpushard
 
 CERTS = "--as=system:serviceaccount:gpushard-system:gpushard-certs"
 
@@ -29,7 +35,7 @@ def test_the_certificates_account_may_change_only_the_ca_bundles(installed, kube
     other = "https://127.0.0.1:1/mutate" if where == "url" else {**hooks[0]["clientConfig"]["service"], "name": "x"}
     for ops, hook in (
             ([{"op": "replace", "path": f"/webhooks/0/clientConfig/{where}", "value": other}], hooks[0]["name"]),
-            ([{"op": "replace", "path": "/webhooks/1/failurePolicy", "value": "Ignore"}], hooks[1]["name"]),
+            ([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}], hooks[0]["name"]),
             ([{"op": "replace", "path": "/webhooks/1/matchConditions/0/expression", "value": "false"}],
              hooks[1]["name"])):
         done = patch(kubectl, ops, CERTS)
@@ -37,3 +43,27 @@ def test_the_certificates_account_may_change_only_the_ca_bundles(installed, kube
         assert ('gpushard: the certificates\' ServiceAccount may change only clientConfig.caBundle, not webhook '
                 f'"{hook}"') in done.stderr, done.stderr
         assert patch(kubectl, ops).returncode == 0, "an admin's change is not judged"
+
+
+def test_a_device_policy_list_that_breaks_out_of_its_string_is_reported_by_the_audit(installed, kubectl):
+    # As kustomize writes a device-policy.yaml value that holds three quotes: what follows is read as CEL. The
+    # API server takes it (policies are exempt from policies and webhooks), so `gpushard audit` must say it.
+    policy = kubectl.json("get", "validatingadmissionpolicy", "gpushard-device-channels")
+    index = [v["name"] for v in policy["spec"]["variables"]].index("trustedNamespaces")
+    shipped = policy["spec"]["variables"][index]["expression"]
+    quotes = "'" * 3
+    broken = f"r{quotes}{quotes} + request.namespace + r{quotes}{quotes}"
+    path = f"/spec/variables/{index}/expression"
+    kubectl.run("patch", "validatingadmissionpolicy", "gpushard-device-channels", "--type=json", "-p",
+                json.dumps([{"op": "replace", "path": path, "value": broken}]))
+    try:
+        done = subprocess.run([gpushard.GPUSHARD, "audit", "-o", "json", f"--kubeconfig={kubectl.config}",
+                               "--request-timeout=20s"], capture_output=True, text=True, timeout=90,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 1, done.stderr
+        found = [x for x in json.loads(done.stdout)["findings"] if x["rule"] == "policy-list-not-names"]
+        assert [x["name"] for x in found] == ["gpushard-device-channels"], found
+        assert "variable trustedNamespaces is not one list of names" in found[0]["message"]
+    finally:
+        kubectl.run("patch", "validatingadmissionpolicy", "gpushard-device-channels", "--type=json", "-p",
+                    json.dumps([{"op": "replace", "path": path, "value": shipped}]))

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import flask
 import werkzeug.exceptions
 
+from webhook import authorizing
 from webhook.admission import metrics as metrics_mod
 from webhook.admission import reviews
 from webhook.core import names
@@ -31,18 +32,19 @@ SYNC_GRACE_S = 30.0
 def create_app(settings: Settings, view: reviews.View | None = None, sync_grace: float = SYNC_GRACE_S,
                clock: Callable[[], float] = time.monotonic, certfile: str | None = None,
                templates: reviews.Templates | None = None, classes: reviews.Classes | None = None,
-               peers: reviews.Peers | None = None) -> flask.Flask:
+               peers: reviews.Peers | None = None, reviewer: authorizing.Reviewer | None = None) -> flask.Flask:
     """The admission app for ``settings``, choosing cards over ``view`` (None: no view), and judging pods by
     the extended resources ``classes`` says other drivers' DeviceClasses serve (None: none), trying first this
     replica's share of the cards, as ``peers`` says (None: every card alike).
 
     /readyz turns ready when the view has synced, or ``sync_grace`` seconds after the app was
-    built, whichever comes first, and says which. /metrics reports ``certfile``'s expiry, if given.
+    built, whichever comes first, and says which. /metrics reports ``certfile``'s expiry, if given, to the pod's own
+    loopback (a port-forward) and to bearer tokens ``reviewer`` allows (None: nobody else).
     """
     app = flask.Flask("gpushard")
     app.extensions["gpushard"] = {"settings": settings, "view": view, "metrics": metrics_mod.Metrics(view, certfile),
                                   "ready_by": clock() + sync_grace, "clock": clock, "templates": templates,
-                                  "classes": classes, "peers": peers}
+                                  "classes": classes, "peers": peers, "reviewer": reviewer}
     app.register_blueprint(admission_blueprint())
     app.register_blueprint(health_blueprint())
     app.register_blueprint(metrics_blueprint())
@@ -176,6 +178,16 @@ def metrics_blueprint() -> flask.Blueprint:
 
     @bp.get("/metrics")
     def metrics():
+        # Per-card free shares and the certificate's expiry are not for every pod that reaches the port.
+        verdict = authorizing.check(flask.request.remote_addr or "", flask.request.headers.get("Authorization"),
+                                    _state()["reviewer"])
+        if not verdict.allowed:
+            if verdict.status == 403:
+                flask.current_app.logger.info("%s (from %s)", verdict.reason, flask.request.remote_addr)
+            response = _text(verdict.reason + "\n", verdict.status)
+            if verdict.status == 401:
+                response.headers["WWW-Authenticate"] = 'Bearer realm="gpushard"'
+            return response
         body, content_type = _state()["metrics"].exposition()
         return flask.Response(body, status=200, content_type=content_type)
 

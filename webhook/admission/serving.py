@@ -58,7 +58,21 @@ def build_app(config: str | None, cluster: str | None) -> flask.Flask:
     # Which card indexes this replica tries first: --replica, or its rank among the Service's ready pods.
     peers = cluster_mod.open_peers(cluster, settings)
     return app_mod.create_app(settings, view, certfile=os.environ.get(CERT_ENV) or None, templates=templates,
-                              classes=classes, peers=peers)
+                              classes=classes, peers=peers, reviewer=_metrics_reviewer(cluster))
+
+
+def _metrics_reviewer(cluster: str | None):
+    """Who may read /metrics from the network: tokens the API server allows get /metrics; with a cluster file
+    (no API server) or no credentials, nobody (a port-forward, on the pod's loopback, still does)."""
+    if cluster is not None:
+        return None
+    from webhook import authorizing, connecting
+
+    try:
+        return authorizing.Reviewer(connecting.client().api, authorizing.METRICS_URL)
+    except connecting.ConfigError as exc:
+        log.warning("%s; /metrics is served to port-forwards only", exc)
+        return None
 
 
 def app_from_env() -> flask.Flask:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from prometheus_client import core as prom
 from prometheus_client import exposition, registry
 
-from webhook import certificates, connecting
-from webhook.agent import attributing, authorizing, health, nvml, podlisting, podresources, publishing
+from webhook import authorizing, certificates, connecting
+from webhook.agent import attributing, health, nvml, podlisting, podresources, publishing
 from webhook.core import isolation as isolation_mod
 from webhook.core import policy as policy_mod
 
@@ -487,7 +487,8 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
                         attributing.ProcReader(args.proc_root), pods,
                         memory_cap_for(policy.isolation, policy.shares_per_card), conflicts, cordoned, toolkit,
                         withheld)
-    reviewer = authorizing.Reviewer(api, node_name or "", timeout=settings.agent.metrics_request_timeout) \
+    reviewer = authorizing.Reviewer(api, authorizing.node_metrics(node_name or ""),
+                                    timeout=settings.agent.metrics_request_timeout) \
         if api is not None else None
     if reviewer is None:
         log.warning("gpushard: no Kubernetes API credentials: metrics are served to port-forwards only")

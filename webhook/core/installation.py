@@ -7,6 +7,7 @@ What each state does to pods, and why, is docs/operations.md's "States of the in
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from webhook.core import audit, names
@@ -20,8 +21,21 @@ WEBHOOK_WITHOUT_ENDPOINTS = "webhook-without-endpoints"
 WEBHOOK_WITHOUT_CA = "webhook-without-ca"
 WEBHOOK_FAILS_CLOSED = "webhook-fails-closed"
 LEFTOVER_DEVICE_POLICY = "leftover-device-policy"
+POLICY_LIST_NOT_NAMES = "policy-list-not-names"
 RULES = (BINDING_WITHOUT_POLICY, POLICY_WITHOUT_BINDING, POLICY_PARAMS, WEBHOOK_NAMESPACE_GONE,
-         WEBHOOK_WITHOUT_ENDPOINTS, WEBHOOK_WITHOUT_CA, WEBHOOK_FAILS_CLOSED, LEFTOVER_DEVICE_POLICY)
+         WEBHOOK_WITHOUT_ENDPOINTS, WEBHOOK_WITHOUT_CA, WEBHOOK_FAILS_CLOSED, LEFTOVER_DEVICE_POLICY,
+         POLICY_LIST_NOT_NAMES)
+
+# The variables of the device policies that hold the operator's lists, each written in as one CEL raw string
+# (deploy/base/kustomization.yaml's replacements; the chart's devicePolicy values). Kustomize checks no value:
+# one that holds three quotes ends the string, and what follows is CEL (a value of three quotes, then
+# ` + request.namespace + r`, then three quotes, trusts every namespace). No admission check can catch it: the
+# API server exempts ValidatingAdmissionPolicies from policies and webhooks alike (k8s.io/apiserver
+# pkg/admission/plugin/policy/generic/plugin.go, admissionResources; plugin/webhook/predicates/rules/rules.go,
+# IsExemptAdmissionConfigurationResource). So the audit says it.
+POLICY_LISTS = {"gpushard-device-channels": ("trustedNamespaces", "trustedServiceAccounts"),
+                "gpushard-device-claims": ("allowed", "own")}
+_LIST = re.compile(r"r'''[A-Za-z0-9./ -]*'''")
 
 POLICY_KIND = "ValidatingAdmissionPolicy"
 BINDING_KIND = "ValidatingAdmissionPolicyBinding"
@@ -103,6 +117,17 @@ def _policy_items(policies: list[dict], bindings: list[dict]) -> list[audit.Item
                 REINSTALL))
     for name in ours:
         spec = _spec(by_name[name])
+        for variable in spec.get("variables") or []:
+            if not isinstance(variable, dict) or variable.get("name") not in POLICY_LISTS.get(name, ()):
+                continue
+            expression = variable.get("expression")
+            if not (isinstance(expression, str) and _LIST.fullmatch(expression.strip())):
+                items.append(_item(POLICY_KIND, name, POLICY_LIST_NOT_NAMES, (
+                    f"gpushard: ValidatingAdmissionPolicy {name} variable {variable['name']} is not one list of "
+                    f"names but the CEL {str(expression)[:200]!r}: a value with three quotes in it ended its string, "
+                    "and the rest is evaluated, which can trust any namespace or account"),
+                    "write names only (letters, digits, '.', '-', '/' between a namespace and a ServiceAccount, "
+                    f"single spaces between them) in the device policy lists, then {REINSTALL}"))
         if not bound.get(name):
             items.append(_item(POLICY_KIND, name, POLICY_WITHOUT_BINDING, (
                 f"gpushard: ValidatingAdmissionPolicy {name} has no binding, so it enforces nothing"), REINSTALL))

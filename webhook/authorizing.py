@@ -1,17 +1,19 @@
-"""Who may read the agent's metrics: the caller's token reviewed and authorized by the API server.
+"""Who may read gpushard's metrics: the caller's token reviewed and authorized by the API server.
 
-Per-container usage (namespaces, pods, memory) is not for every pod on the network. A scrape
-from the network must carry a bearer token: the agent asks the API server who it is
-(``TokenReview``) and whether that user may ``get`` the ``nodes/metrics`` subresource of this
-node (``SubjectAccessReview``), the right the kubelet itself asks for its own ``/metrics``,
-which already shows every container of the node. This is how kube-rbac-proxy and
-controller-runtime's metrics filter guard metrics. Answers are cached briefly, so a scrape
-every 15 s costs the API server two reviews a minute at most.
+The agent's per-container usage (namespaces, pods, memory) and the webhook's per-card free shares and
+certificate expiry are not for every pod on the network. A scrape from the network must carry a
+bearer token: the server asks the API server who it is (``TokenReview``) and whether that user holds
+the right its metrics need (``SubjectAccessReview``): for the agent, ``get`` on the ``nodes/metrics``
+subresource of its node, the right the kubelet itself asks for its own ``/metrics``, which already
+shows every container of the node; for the webhook, ``get`` on the non-resource URL ``/metrics``, as
+kube-apiserver's own metrics. This is how kube-rbac-proxy and controller-runtime's metrics filter
+guard metrics. Answers are cached briefly, so a scrape every 15 s costs the API server two reviews a
+minute at most.
 
-A connection from the agent pod's own loopback is a port-forward: the container runtime dials
+A connection from the pod's own loopback is a port-forward: the container runtime dials
 ``localhost:<port>`` inside the pod's network namespace, after the API server authorized the
 caller for ``pods/portforward`` on this pod (`gpushard top`'s Role). No pod on the network can
-appear as the agent's loopback.
+appear as the pod's loopback.
 """
 
 from __future__ import annotations
@@ -64,15 +66,33 @@ def is_loopback(address: str) -> bool:
     return (mapped or ip).is_loopback
 
 
+@dataclass(frozen=True)
+class Right:
+    """What a caller must be allowed, as a SubjectAccessReview's spec says it, and in words."""
+
+    attributes: dict  # {"resourceAttributes": {...}} or {"nonResourceAttributes": {...}}
+    words: str
+
+
+def node_metrics(node: str) -> Right:
+    """``get`` on ``nodes/metrics`` of ``node``: the agent's metrics."""
+    return Right({"resourceAttributes": {"verb": "get", "group": "", "resource": "nodes", "subresource": "metrics",
+                                         "name": node}}, f'get nodes/metrics of node "{node}"')
+
+
+# ``get`` on the non-resource URL /metrics: the webhook's metrics.
+METRICS_URL = Right({"nonResourceAttributes": {"verb": "get", "path": "/metrics"}}, "get /metrics")
+
+
 class Reviewer:
     """Authenticates tokens and authorizes users through the API server, with a short cache."""
 
-    def __init__(self, api: kubernetes.client.ApiClient, node: str, allowed_ttl: float = ALLOWED_TTL_S,
+    def __init__(self, api: kubernetes.client.ApiClient, right: Right, allowed_ttl: float = ALLOWED_TTL_S,
                  denied_ttl: float = DENIED_TTL_S, timeout: float = TIMEOUT_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.authentication = kubernetes.client.AuthenticationV1Api(api)
         self.authorization = kubernetes.client.AuthorizationV1Api(api)
-        self.node = node
+        self.right = right
         self.allowed_ttl = allowed_ttl
         self.denied_ttl = denied_ttl
         self.timeout = timeout
@@ -80,10 +100,6 @@ class Reviewer:
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, Verdict]] = {}
         self.reviews = 0  # TokenReviews sent, for tests and logs
-
-    def attributes(self) -> dict:
-        """What a caller must be allowed: ``get`` on ``nodes/metrics`` of this node."""
-        return {"verb": "get", "group": "", "resource": "nodes", "subresource": "metrics", "name": self.node}
 
     def review(self, token: str) -> Verdict:
         key = hashlib.sha256(token.encode()).hexdigest()
@@ -118,8 +134,7 @@ class Reviewer:
                 return Verdict(401, "gpushard: the token is not valid")
             user = status.get("user") or {}
             name = str(user.get("username") or "")
-            spec = {"user": name, "groups": list(user.get("groups") or []),
-                    "resourceAttributes": self.attributes()}
+            spec = {"user": name, "groups": list(user.get("groups") or []), **self.right.attributes}
             if user.get("uid"):
                 spec["uid"] = user["uid"]
             if user.get("extra"):
@@ -134,16 +149,16 @@ class Reviewer:
             return Verdict(503, f"gpushard: cannot review the token with the API server ({why})")
         if (answer.get("status") or {}).get("allowed"):
             return Verdict(200, "allowed", name)
-        return Verdict(403, f'gpushard: user "{name}" may not get nodes/metrics of node "{self.node}"', name)
+        return Verdict(403, f'gpushard: user "{name}" may not {self.right.words}', name)
 
 
 def check(peer: str, authorization: str | None, reviewer: Reviewer | None) -> Verdict:
     """Whether a request from ``peer`` with this Authorization header may read the metrics."""
     if is_loopback(peer):
-        return Verdict(200, "a port-forward into the agent's pod")
+        return Verdict(200, "a port-forward into the pod")
     token = bearer_token(authorization)
     if token is None:
         return Verdict(401, "gpushard: a bearer token is required (Authorization: Bearer <token>)")
     if reviewer is None:
-        return Verdict(503, "gpushard: the agent has no Kubernetes API credentials to review the token")
+        return Verdict(503, "gpushard: no Kubernetes API credentials to review the token with")
     return reviewer.review(token)
