@@ -47,6 +47,9 @@ server, so that an expression the API server would fail fails here too:
   indexOf, lastIndexOf), which the API server's CEL environment declares
   (staging/src/k8s.io/apiserver/pkg/cel/environment/base.go), are added to cel-python's, with
   their errors (an index out of range) as errors.
+- ``authorizer``: Kubernetes' authorizer library (``authorizer.group(g).resource(r).name(n).check(verb)
+  .allowed()``), answered from the grants the test says the request's user holds, as (group, resource,
+  verb) triples where ``*`` stands for any; without grants the user holds none.
 - Cost: cel-python does not count cel-go's cost units. Each expression's steps (one per
   evaluated syntax node and one per comprehension iteration, a coarse proxy that over-counts
   simple expressions and under-counts string and deep-equality work) are charged against the
@@ -305,6 +308,33 @@ def _extreme(pick):
     return function
 
 
+@dataclass(frozen=True)
+class Authorizer:
+    """``authorizer`` for one request's user: what RBAC grants it, as (group, resource, verb) triples."""
+
+    grants: frozenset = frozenset()
+    group: str = ""
+    resource: str = ""
+
+    def allows(self, verb: str) -> bool:
+        return any(g in (self.group, "*") and r in (self.resource, "*") and v in (verb, "*")
+                   for g, r, v in self.grants)
+
+
+@dataclass(frozen=True)
+class _Decision:
+    allowed: bool
+
+
+_AUTHORIZER_FUNCTIONS = {
+    "group": lambda a, g: Authorizer(a.grants, str(g), a.resource),
+    "resource": lambda a, r: Authorizer(a.grants, a.group, str(r)),
+    "name": lambda a, _n: a,
+    "check": lambda a, verb: _Decision(a.allows(str(verb))),
+    "allowed": lambda d: celtypes.BoolType(d.allowed),
+}
+
+
 # The string functions of cel-go's ext.Strings and the list functions of Kubernetes' CEL library,
 # which the API server's environment declares and cel-python lacks.
 _K8S_FUNCTIONS = {
@@ -312,7 +342,7 @@ _K8S_FUNCTIONS = {
     "trim": lambda s: celtypes.StringType(s.strip()), "split": _split, "join": _join, "replace": _replace,
     "substring": _substring, "charAt": _char_at, "indexOf": _index_of, "lastIndexOf": _last_index_of,
     "isSorted": _is_sorted, "sum": lambda items: sum(items[1:], items[0]) if items else celtypes.IntType(0),
-    "min": _extreme(min), "max": _extreme(max),
+    "min": _extreme(min), "max": _extreme(max), **_AUTHORIZER_FUNCTIONS,
 }
 
 
@@ -460,7 +490,7 @@ def _params(policy: dict, binding: dict, params: dict | None) -> tuple[dict | No
 
 def evaluate(policy: dict, binding: dict, request: dict, obj: dict | None, old: dict | None,
              namespace: dict | None, params: dict | None = None, per_call_limit: int = PER_CALL_LIMIT,
-             budget: int = RUNTIME_COST_BUDGET) -> Outcome:
+             budget: int = RUNTIME_COST_BUDGET, grants: frozenset = frozenset()) -> Outcome:
     """Whether the API server admits ``obj`` under this policy and binding, and its message if not.
 
     The limits are the API server's; a test lowers them to exercise them without a huge object.
@@ -477,7 +507,8 @@ def evaluate(policy: dict, binding: dict, request: dict, obj: dict | None, old: 
     meter = _Meter(per_call_limit, budget)
     conditions_meter = _Meter(per_call_limit, min(budget, MATCH_CONDITIONS_BUDGET))
     activation: dict = {"object": celpy.json_to_cel(obj), "oldObject": celpy.json_to_cel(old),
-                        "request": celpy.json_to_cel(request), "namespaceObject": celpy.json_to_cel(namespace)}
+                        "request": celpy.json_to_cel(request), "namespaceObject": celpy.json_to_cel(namespace),
+                        "authorizer": Authorizer(frozenset(grants))}
     if params is not None:
         activation["params"] = celpy.json_to_cel(params)
 

@@ -270,7 +270,7 @@ EVALUATED_BY = {"gpushard-device-channels": "test_device_channels.py", "gpushard
                 "gpushard-agent-own-node": "test_agent_own_node.py", "gpushard-device-claims": "test_device_claims.py",
                 "gpushard-agent-own-slice": "test_dra_overlay.py", "gpushard-dra-claims": "test_dra_claims.py",
                 "gpushard-agent-own-count": "test_agent_own_count.py",
-                "gpushard-certs-own-field": "test_certs_own_field.py"}
+                "gpushard-certs-own-field": "test_certs_own_field.py", "gpushard-cordon-only": "test_cordon_only.py"}
 
 
 def test_every_shipped_policy_is_evaluated_by_a_test_module():

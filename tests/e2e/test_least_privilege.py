@@ -3,6 +3,9 @@ says, as the API server itself judges it (server-side dry runs, with the account
 - the certificates' ServiceAccount may change each webhook's caBundle in the MutatingWebhookConfiguration gpushard,
   and nothing else there: a changed service or URL, failurePolicy, or match condition is refused with gpushard's
   message naming the webhook; an admin's change is not judged;
+- someone bound to gpushard-cordoner may write the cordon annotations of a Node (`gpushard cordon`'s own patch),
+  and nothing else there: another annotation, a label or unschedulable is refused, naming it; a cluster admin
+  is not judged;
 - a list of the device policies written so that it breaks out of its CEL string (as kustomize writes a
   device-policy.yaml value holding three quotes) is taken by the API server, which judges no policy object, and
   `gpushard audit` reports it, naming the policy and the variable.
@@ -14,7 +17,7 @@ import base64
 import json
 import subprocess
 
-from tests.e2e import gpushard
+from tests.e2e import components, gpushard
 
 CERTS = "--as=system:serviceaccount:gpushard-system:gpushard-certs"
 
@@ -67,3 +70,37 @@ def test_a_device_policy_list_that_breaks_out_of_its_string_is_reported_by_the_a
     finally:
         kubectl.run("patch", "validatingadmissionpolicy", "gpushard-device-channels", "--type=json", "-p",
                     json.dumps([{"op": "replace", "path": path, "value": shipped}]))
+
+
+def test_a_card_cordoner_may_change_only_the_cordon_annotations(installed, kubectl, agent):
+    kubectl.apply(json.dumps({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "e2e-cordoner"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpushard-cordoner"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "e2e-cordoner"}]}))
+    node = kubectl.json("get", "nodes")["items"][0]["metadata"]["name"]
+    as_cordoner = "--as=e2e-cordoner"
+
+    def merge(patch: dict, *who: str):
+        return kubectl.run("patch", "node", node, "--type=merge", "--dry-run=server", "-p", json.dumps(patch), *who,
+                           check=False)
+
+    try:
+        cordon = {"metadata": {"annotations": {"gpushard.io/card-1.cordoned": '{"reason": "e2e"}'}}}
+        result = {}
+
+        def cordoned() -> bool:
+            result["done"] = merge(cordon, as_cordoner)
+            return result["done"].returncode == 0
+        # The binding reaches the API server's authorizer through its informer.
+        components.wait_for("the cordoner's patch allowed", cordoned, timeout=30,
+                            explain=lambda: result["done"].stderr)
+        prefix = "gpushard: a card cordoner may change only the annotations gpushard.io/card-<k>.cordoned of a Node"
+        for patch, said in (({"metadata": {"annotations": {"evil": "x"}}}, 'not "evil"'),
+                            ({"metadata": {"labels": {"gpushard.io/x": "y"}}}, "not metadata.labels"),
+                            ({"spec": {"unschedulable": True}}, "not spec")):
+            done = merge(patch, as_cordoner)
+            assert done.returncode != 0 and prefix in done.stderr and said in done.stderr, done.stderr
+            assert merge(patch).returncode == 0, "an admin is not judged"
+    finally:
+        kubectl.run("delete", "clusterrolebinding", "e2e-cordoner", check=False)
