@@ -45,12 +45,12 @@ def _until_closed(sock: socket.socket, within: float = 20.0) -> bytes | None:
         return None
 
 
-def _trickle_is_cut(server, context, seconds: float = 15.0) -> bool:
-    """Send a request's headers a byte at a time; whether the server hangs up before ``seconds``."""
+def _trickle_is_cut(server, context, seconds: float = 15.0, head: bytes = b"POST /mutate HTTP/1.1\r\n") -> bool:
+    """Send ``head``, then a byte at a time; whether the server hangs up before ``seconds``."""
     tls = context.wrap_socket(socket.create_connection(("127.0.0.1", server.port)),
                               server_hostname=objects.SERVICE_HOST)
     try:
-        tls.sendall(b"POST /mutate HTTP/1.1\r\n")
+        tls.sendall(head)
         tls.settimeout(0.25)
         for _ in range(int(seconds / 0.25)):
             try:
@@ -95,6 +95,9 @@ def test_stalled_clients_do_not_starve_the_server(certs, module_cluster):
         # A client that trickles its headers, each byte well within --client-timeout, is cut off too:
         # the whole request has --client-timeout to arrive.
         assert _trickle_is_cut(server, context)
+        # So is one that announces a body over the limit (a thread reads it) and trickles that.
+        assert _trickle_is_cut(server, context, head=b"POST /mutate HTTP/1.1\r\nHost: gpushard\r\nContent-Length: "
+                               + str(40 * 1024 * 1024).encode() + b"\r\n\r\n")
     finally:
         for sock in stalled:
             sock.close()

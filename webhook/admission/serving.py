@@ -81,18 +81,36 @@ def app_from_env() -> flask.Flask:
 
 
 class _BoundedSSLSocket(ssl.SSLSocket):
-    """A TLS socket whose blocking mode waits at most ``io_timeout`` for each read or write.
+    """A TLS socket whose blocking mode (a thread's turn with one request) lasts at most ``io_timeout`` in all.
 
     A thread reads a request only once it is whole (``Worker``); what may still block it is a body over
-    the read-ahead bound and a client that does not read its answer: both give the thread back after this.
+    the read-ahead bound, sent slowly, and a client that does not read its answer. Every read and write of
+    the turn waits only for what is left of it, so trickling a byte now and then does not keep the thread.
     """
 
     io_timeout: float | None = CLIENT_TIMEOUT
+    _deadline: float | None = None
 
     def setblocking(self, flag: bool) -> None:
         super().setblocking(flag)
-        if flag:
+        if flag and self.io_timeout is not None:
+            self._deadline = time.monotonic() + self.io_timeout
             self.settimeout(self.io_timeout)
+
+    def _left(self) -> None:
+        if self._deadline is not None and self.gettimeout():
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"gpushard: the request took over the {self.io_timeout:g} s client timeout")
+            self.settimeout(left)
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        self._left()
+        return super().recv(buflen, flags)
+
+    def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:
+        self._left()
+        return super().recv_into(buffer, nbytes, flags)
 
 
 class _GunicornLog(gunicorn.glogging.Logger):
