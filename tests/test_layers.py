@@ -1,4 +1,4 @@
-"""We test that the layering of DESIGN.md holds, by scanning every module's imports:
+"""We test that the layering of docs/development.md holds, by scanning every module's imports:
 - webhook.core imports only the standard library (and itself);
 - webhook.settings imports only the core and libraries;
 - the admission server, the agent and the cluster views never import each other, nor the CLI;

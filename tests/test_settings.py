@@ -1,5 +1,5 @@
 """We test:
-- the config file of SPEC.md loads into the policy, and an absent file means the defaults;
+- the config file (docs/config.md) loads into the policy, and an absent file means the defaults;
 - policy.exempt and deviceListStrategy load, default to nothing exempt and [envvar, volume-mounts];
 - policy.runtimeClassName: unset, empty or null leaves pods alone; a name loads;
 - every bad key or value stops the program with a message naming the key and the value;

@@ -1,4 +1,4 @@
-"""We test, rule by rule of SPEC.md, what gpushard decides for a pod:
+"""We test, rule by rule (docs/admission.md), what gpushard decides for a pod:
 - fractions become ceil(q x sharesPerCard) shares of one card, with a warning when rounded;
 - whole cards share or pass through; several cards and 1.5 are denied; 0 asks nothing;
 - negative, unparsable, both-forms and requests != limits asks are denied, quoting the value;

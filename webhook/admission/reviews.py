@@ -215,7 +215,7 @@ def answer(request: dict, mode: str, policy: Policy, view: View | None, template
 
 
 def _snapshot(view: View | None) -> placement.View | None:
-    """The view's current snapshot; without one, placement still admits (SPEC: no view at all)."""
+    """The view's current snapshot; without one, placement still admits (a card is chosen without a view)."""
     if view is None:
         return None
     try:

@@ -1,6 +1,6 @@
 """Whether the node's NVIDIA container toolkit keeps a shared node's promise, read from its config file.
 
-Outside enforce namespaces nothing is rewritten (SPEC.md, "Outside enforce namespaces"): a pod there that
+Outside enforce namespaces nothing is rewritten (docs/concepts.md): a pod there that
 writes ``NVIDIA_VISIBLE_DEVICES=all`` (or runs an image that does, as CUDA images do) is stopped from seeing
 the node's cards only by the toolkit, when ``accept-nvidia-visible-devices-envvar-when-unprivileged`` is
 false. Its default is true (nvidia-container-toolkit ``api/config/v1/config.go``, ``GetDefault``), and with it

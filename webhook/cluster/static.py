@@ -37,7 +37,7 @@ def _str_map(where: str, value: Any) -> dict[str, str]:
 
 
 def parse(data: Any, shares_per_card: int, source: str = "<view>") -> placement.View:
-    """The view described by a parsed cluster file (SPEC.md's format; a card may also say ``healthy: false``
+    """The view described by a parsed cluster file (as examples/cluster.yaml; a card may also say ``healthy: false``
     or ``cordoned: true``: no room for new pods, its ``usedShares`` still held)."""
     return parse_file(data, shares_per_card, source)[0]
 

@@ -11,7 +11,7 @@ from webhook.core import findings as f
 from webhook.core import policy as policy_mod
 from webhook.core.policy import Policy
 
-# The API server's limits on what a webhook sends back (see DESIGN.md).
+# The API server's limits on what a webhook sends back (warnings; k8s.io/apiserver's webhook admission).
 WARNING_MAX = 120
 WARNINGS_TOTAL_MAX = 4000
 AUDIT_KEY_MAX = 63

@@ -5,7 +5,7 @@ read a Node's cards and a pod's shares here, so they cannot disagree about the s
 The objects are raw JSON (dicts): the typed client models are too slow for thousands of pods.
 Nothing here raises on odd input: an unreadable value counts as none.
 
-A **shared node** is one where gpushard's agent runs (SPEC): it advertises per-card capacity,
+A **shared node** is one where gpushard's agent runs: it advertises per-card capacity,
 its inventory annotation lists a card, or it carries the agent's cards label.
 """
 
