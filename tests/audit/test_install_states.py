@@ -98,7 +98,7 @@ def test_the_whole_install_shows_no_state(kubeconfig, capsys):
     assert code == 0 and report["findings"] == []
     # The namespace gpushard-system (as every namespace), the policies, their bindings and the webhook
     # configuration were looked at.
-    assert report["summary"]["objects"] == 1 + 5 + 5 + 1
+    assert report["summary"]["objects"] == 1 + 6 + 6 + 1
 
 
 @pytest.mark.parametrize("folder", sorted(VALUES))
