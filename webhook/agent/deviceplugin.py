@@ -10,7 +10,7 @@ from concurrent import futures
 
 import grpc
 
-from webhook.agent import allocation, health, holders, isolation, nvml
+from webhook.agent import allocation, health, holders, isolation, nvml, sockets
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import deviceplugin_pb2_grpc as pb_grpc
 from webhook.core import policy as policy_mod
@@ -132,17 +132,6 @@ class Servicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
 
-# sockaddr_un holds 108 bytes, the last one a NUL.
-MAX_SOCKET_PATH = 107
-
-
-def _bind_reason(path: str, grpc_reason: str) -> str:
-    # grpc's own message names no cause; a path too long is one we can tell for sure from here.
-    size = len(os.fsencode(path))
-    if size > MAX_SOCKET_PATH:
-        return f"the path is {size} bytes, and a unix socket path must be at most {MAX_SOCKET_PATH}"
-    return grpc_reason
-
 
 class PluginServer:
     """One resource's gRPC server on ``<directory>/<endpoint>``; restartable after the kubelet wipes it."""
@@ -161,7 +150,7 @@ class PluginServer:
         self._workers = workers
         self.servicer: Servicer | None = None
         self._server: grpc.Server | None = None
-        self.inode: int | None = None
+        self.identity: tuple[int, int] | None = None
 
     @property
     def path(self) -> str:
@@ -170,46 +159,27 @@ class PluginServer:
     def start(self) -> None:
         """Serve on a fresh socket, replacing any stale file left by an earlier run."""
         self.stop()
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
         # A fresh servicer per start: the old one's streams are ended and stay ended.
         self.servicer = Servicer(*self._servicer_args)
         # Each ListAndWatch stream holds a worker for its whole life; leave room for the unary calls.
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers,
                                                         thread_name_prefix=f"dp-{self.resource.endpoint}"))
         pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
-        try:
-            bound = server.add_insecure_port(f"unix://{self.path}")
-        except RuntimeError as exc:  # grpc's word for any bind failure; callers expect an OSError
-            bound, reason = 0, str(exc)
-        else:
-            reason = "grpc could not bind it"
-        if not bound:
-            raise OSError(f"cannot listen on {self.path}: {_bind_reason(self.path, reason)}")
+        self.identity = sockets.bind(server, self.path)
         server.start()
         self._server = server
-        self.inode = os.stat(self.path).st_ino
 
     def socket_is_ours(self) -> bool:
         """False once the socket file is gone or replaced, as a restarting kubelet does."""
-        try:
-            return self.inode is not None and os.stat(self.path).st_ino == self.inode
-        except FileNotFoundError:
-            return False
+        return self.identity is not None and sockets.identity(self.path) == self.identity
 
     def stop(self, grace: float = 1.0) -> None:
         """Close the streams, stop serving, and remove our socket (only if it is still ours)."""
         if self._server is None:
             return
-        ours = self.socket_is_ours()
+        ours = self.identity
         self.servicer.stop()
         self._server.stop(grace).wait(grace + 1.0)
         self._server = None
-        if ours:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-        self.inode = None
+        sockets.remove_if_ours(self.path, ours)
+        self.identity = None

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import grpc
 import kubernetes
 
-from webhook.agent import allocation, cdi, drahealth, isolation, kubelet, nvml
+from webhook.agent import allocation, cdi, drahealth, isolation, nvml, sockets
 from webhook.agent.proto import dra_health_pb2 as hpb
 from webhook.agent.proto import dra_pb2 as dpb
 from webhook.agent.proto import dra_pb2_grpc as dpb_grpc
@@ -391,28 +391,21 @@ class _Socket:
 
     def start(self) -> None:
         self.stop()
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        try:
-            os.unlink(self.path)  # a socket left by an earlier agent
-        except FileNotFoundError:
-            pass
         # Room for the health streams (each holds a worker for its life) beside prepare and unprepare.
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 + drahealth.MAX_STREAMS))
         self.add(server)
-        server.add_insecure_port(f"unix://{self.path}")
+        self.identity = sockets.bind(server, self.path)
         server.start()
         self.server = server
-        self.identity = kubelet.identity(self.path)
 
     def is_ours(self) -> bool:
-        return self.identity is not None and kubelet.identity(self.path) == self.identity
+        return self.identity is not None and sockets.identity(self.path) == self.identity
 
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop(grace=1).wait()
             self.server = None
-            if self.identity is not None and kubelet.identity(self.path) == self.identity:
-                os.unlink(self.path)
+            sockets.remove_if_ours(self.path, self.identity)
             self.identity = None
 
 

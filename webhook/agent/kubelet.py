@@ -8,7 +8,7 @@ import threading
 
 import grpc
 
-from webhook.agent import deviceplugin
+from webhook.agent import deviceplugin, sockets
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import deviceplugin_pb2_grpc as pb_grpc
 
@@ -25,15 +25,6 @@ def register(kubelet_socket: str, endpoint: str, resource_name: str, timeout: fl
                                  options=deviceplugin.OPTIONS)
     with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
         pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
-
-
-def identity(path: str) -> tuple[int, int] | None:
-    # The inode alone is not enough: a file recreated at once often gets the same number back.
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_ctime_ns)
 
 
 class Keeper:
@@ -61,7 +52,7 @@ class Keeper:
             plugin.start()
 
     def step(self) -> None:
-        kubelet = identity(self.kubelet_socket)
+        kubelet = sockets.identity(self.kubelet_socket)
         if kubelet is None:
             # The kubelet is down or still clearing the directory: restarting now would race it.
             return

@@ -1,0 +1,63 @@
+"""The agent's gRPC servers on unix sockets: bound loudly, and told apart from a file that replaced them.
+
+Both backends serve the kubelet on a socket in a folder the kubelet owns (the device plugins in
+``device-plugins/``, the DRA plugin under ``plugins/`` and ``plugins_registry/``). A restarting kubelet
+removes what it finds there, and a restarted agent finds its own old files: each server binds a fresh
+socket, says why when it cannot, and removes on stop only a file that is still its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+
+# sockaddr_un's sun_path holds 108 bytes on Linux, the last one the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def identity(path: str) -> tuple[int, int] | None:
+    """What tells this socket file from one made later at the same path; None when there is none.
+
+    The inode alone is not enough: a file recreated at once often gets the same number back.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+def bind(server: grpc.Server, path: str) -> tuple[int, int]:
+    """Remove a stale file at ``path`` and bind ``server`` there; the new socket's identity. OSError, saying
+    why, when it cannot be bound (grpc only returns 0, or raises RuntimeError)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    try:
+        os.unlink(path)  # a socket left by an earlier agent
+    except FileNotFoundError:
+        pass
+    try:
+        bound = server.add_insecure_port(f"unix://{path}")
+    except RuntimeError as exc:
+        bound, reason = 0, str(exc)
+    else:
+        reason = "grpc could not bind it"
+    if not bound:
+        size = len(os.fsencode(path))
+        if size > MAX_SOCKET_PATH:
+            # grpc's own message names no cause; a path too long is one we can tell for sure from here.
+            reason = f"the path is {size} bytes, and a unix socket path must be at most {MAX_SOCKET_PATH}"
+        raise OSError(f"cannot listen on {path}: {reason}")
+    found = identity(path)
+    if found is None:
+        raise OSError(f"cannot listen on {path}: the socket file is not there after binding")
+    return found
+
+
+def remove_if_ours(path: str, ours: tuple[int, int] | None) -> None:
+    """Remove the socket file at ``path`` if it is still the one whose identity is ``ours``."""
+    if ours is not None and identity(path) == ours:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
