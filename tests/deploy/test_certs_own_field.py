@@ -127,12 +127,13 @@ def _no_field_check(p: dict) -> None:
 
 
 def _service_not_compared(p: dict) -> None:
-    p["spec"]["variables"][0]["expression"] = p["spec"]["variables"][0]["expression"].replace("['url', 'service']",
-                                                                                            "['url']")
+    p["spec"]["variables"][0]["expression"] = p["spec"]["variables"][0]["expression"].replace(
+        "w.clientConfig.service == o.clientConfig.service", "true")
 
 
 def _rules_not_compared(p: dict) -> None:
-    p["spec"]["variables"][0]["expression"] = p["spec"]["variables"][0]["expression"].replace("['rules', ", "[")
+    p["spec"]["variables"][0]["expression"] = p["spec"]["variables"][0]["expression"].replace("w.rules == o.rules",
+                                                                                            "true")
 
 
 def _count_unchecked(p: dict) -> None:

@@ -73,11 +73,16 @@ def test_a_device_policy_list_that_breaks_out_of_its_string_is_reported_by_the_a
 
 
 def test_a_card_cordoner_may_change_only_the_cordon_annotations(installed, kubectl, agent):
-    kubectl.apply(json.dumps({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "e2e-cordoner"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gpushard-cordoner"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "e2e-cordoner"}]}))
+    # kubectl patch gets the Node first (gpushard cordon lists it): the test's user may get Nodes too.
+    kubectl.apply(json.dumps({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                              "metadata": {"name": "e2e-node-reader"},
+                              "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]}))
+    for role in ("gpushard-cordoner", "e2e-node-reader"):
+        kubectl.apply(json.dumps({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"e2e-cordoner-{role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "e2e-cordoner"}]}))
     node = kubectl.json("get", "nodes")["items"][0]["metadata"]["name"]
     as_cordoner = "--as=e2e-cordoner"
 
@@ -103,4 +108,6 @@ def test_a_card_cordoner_may_change_only_the_cordon_annotations(installed, kubec
             assert done.returncode != 0 and prefix in done.stderr and said in done.stderr, done.stderr
             assert merge(patch).returncode == 0, "an admin is not judged"
     finally:
-        kubectl.run("delete", "clusterrolebinding", "e2e-cordoner", check=False)
+        kubectl.run("delete", "clusterrolebinding", "e2e-cordoner-gpushard-cordoner", "e2e-cordoner-e2e-node-reader",
+                    check=False)
+        kubectl.run("delete", "clusterrole", "e2e-node-reader", check=False)
