@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
 from tests.agent import drakubelet, draworld, fakekubelet
+from tests.polling import eventually
 from webhook import settings
 from webhook.agent import cordonwatching, drabackend, exporting, nvml, running
 from webhook.agent.proto import deviceplugin_pb2 as pb
@@ -37,17 +37,6 @@ def node(cordons: dict[int, str] | None = None) -> dict:
     annotations = {"keep": "me", **{names.card_cordon_annotation(k): objects.write_cordon(objects.Cordon(why, "alice"))
                                     for k, why in (cordons or {}).items()}}
     return {"metadata": {"name": NODE, "labels": {names.HOSTNAME_LABEL: NODE}, "annotations": annotations}}
-
-
-def eventually(check, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never saw {what}")
-        time.sleep(0.02)
 
 
 

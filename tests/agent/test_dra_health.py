@@ -22,6 +22,7 @@ import grpc
 import pytest
 
 from tests.agent import drakubelet, fakekubelet, fakepodresources
+from tests.polling import eventually
 from webhook.agent import drabackend, nvml, podresources, running
 from webhook.core import draobjects
 from webhook.core import policy as policy_mod
@@ -32,14 +33,6 @@ CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559), nvml.Card(1, 
 RESEND = 0.3
 BOTH_HEALTHY = {(NODE, "card-0"): "HEALTHY", (NODE, "card-1"): "HEALTHY"}
 
-
-
-def eventually(check, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never saw {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

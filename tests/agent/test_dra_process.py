@@ -13,13 +13,12 @@ import pathlib
 import signal
 import socket
 import ssl
-import time
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests import fakekube
+from tests import fakekube, polling
 from tests.agent import drakubelet, draworld, fakekubelet, fakepodresources
 from tests.agent.test_running import INVENTORY, agent_process
 from tests.audit import world
@@ -29,13 +28,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def eventually(check, what, proc, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if proc.poll() is not None:
-            raise AssertionError(f"the agent exited ({proc.returncode}) before {what}: {proc.communicate()[1]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never saw {what}")
-        time.sleep(0.05)
+    """polling.eventually, failing at once when the agent process exited."""
+    return polling.eventually(check, what, timeout, interval=0.05, gone=lambda: None if proc.poll() is None else (
+        f"the agent exited ({proc.returncode}): {proc.communicate()[1]}"))
 
 
 @pytest.fixture

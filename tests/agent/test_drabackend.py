@@ -10,11 +10,11 @@ kubelet's DRA side from the published protos, the local API server):
 """
 
 import os
-import time
 
 import pytest
 
 from tests.agent import drakubelet, draworld, fakekubelet
+from tests.polling import eventually
 from webhook.agent import cordonwatching, drabackend, nodecount, nvml, running
 from webhook.core import draobjects, names
 from webhook.core import policy as policy_mod
@@ -26,14 +26,6 @@ KUBELET_STATUS = {"capacity": {"cpu": "16", "memory": "131900000Ki", "pods": "11
                   "allocatable": {"cpu": "15800m", "memory": "129800000Ki", "pods": "110"},
                   "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]}
 
-
-
-def eventually(check, what, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never saw {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

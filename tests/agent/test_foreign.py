@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from tests.agent import fakekubelet, fakepodresources
-from tests.agent.test_drabackend import eventually
+from tests.polling import eventually
 from webhook import settings
 from webhook.agent import exporting, foreign, nvml, podresources, publishing, running
 from webhook.agent.proto import deviceplugin_pb2 as pb

@@ -20,19 +20,12 @@ import time
 import pytest
 
 from tests import fakekube
+from tests.polling import eventually
 from webhook.agent import nodecount
 from webhook.core import names
 
 NODE = "gpu-node-1"
 COUNT = names.SHARES_RESOURCE
-
-
-def eventually(check, what, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never saw {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ import os
 import pytest
 
 from tests.agent import drakubelet, draworld, fakekubelet
-from tests.agent.test_drabackend import CARDS, NODE, eventually, slice_devices
+from tests.agent.test_drabackend import CARDS, NODE, slice_devices
+from tests.polling import eventually
 from webhook.agent import drabackend, nvml, publishing, running, runtimechecking
 from webhook.core import names
 from webhook.core import policy as policy_mod

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
 
+from tests import polling
 from webhook.core import names
 
 
@@ -41,14 +41,8 @@ def pod(name: str, card: int, shares: int, node_name: str | None = None, phase: 
 
 
 def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    """Poll until predicate() is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    """Poll until predicate() is truthy (tests/polling.py); fail after ``timeout`` seconds."""
+    return polling.eventually(predicate, what, timeout)
 
 
 def used(view, node_name: str, card: int) -> int | None:
