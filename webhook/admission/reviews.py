@@ -85,8 +85,9 @@ class View(Protocol):
 class Templates(Protocol):
     """Makes sure a namespace has the ResourceClaimTemplate of a share count (backend dra)."""
 
-    def ensure(self, namespace: str, shares: int) -> str | None:
-        """None once the template exists; else a warning for the pod."""
+    def ensure(self, namespace: str, shares: int, size_mib: int = 0) -> str | None:
+        """None once the template exists; else a warning for the pod. ``size_mib``: the card size a memory ask's
+        shares were computed for (0: any card)."""
 
 
 class Classes(Protocol):
