@@ -6,7 +6,8 @@ We test, through the app's test client:
   and the warning while a class serves nvidia.com/gpu; /audit admits with the finding as a warning and an
   audit annotation;
 - the classes are read on every review: a class appearing between two reviews changes the second answer;
-- a classes view that fails is logged and the review judged without it (the answer stays well formed);
+- a classes view that fails is logged, and until the classes are read a pod that would hold shares is refused
+  with a message that says why (a plain pod is not, nor anything in audit mode);
 - /readyz waits for the classes' first list as for the view's, up to the same grace;
 - `gpushard serve --cluster FILE`'s app (serving.build_app) takes the file's deviceClasses, and a bad entry
   stops it before it serves.
@@ -21,6 +22,7 @@ import pytest
 from tests.admission import objects
 from webhook import settings as settings_mod
 from webhook.admission import app as app_mod
+from webhook.admission import reviews
 from webhook.admission import serving
 from webhook.cluster import deviceclasses, static
 from webhook.core import extended
@@ -100,6 +102,13 @@ def test_the_classes_are_read_on_every_review(make_client):
     assert post(client, "/mutate", objects.review(objects.pod(objects.container("web"))))["allowed"] is True
 
 
+class _Unsynced(Classes):
+    ready = False
+
+    def synced(self):
+        return self.ready
+
+
 class _Broken:
     def served(self):
         raise RuntimeError("boom")
@@ -108,12 +117,25 @@ class _Broken:
         raise RuntimeError("boom")
 
 
-def test_a_failing_classes_view_is_logged_and_the_review_judged_without_it(make_client, caplog):
+def test_a_failing_classes_view_is_logged_and_no_pod_holds_shares_meanwhile(make_client, caplog):
     client = make_client(_Broken())
     with caplog.at_level("ERROR", logger="gpushard.admission"):
         response = post(client, "/mutate", objects.review(objects.pod(objects.container("a", "0.5"))))
-    assert response["allowed"] is True and "patch" in response
+    assert response["allowed"] is False and response["status"]["message"] == reviews.UNKNOWN_CLASSES
     assert any("the DeviceClasses view failed" in r.getMessage() for r in caplog.records)
+    assert post(client, "/mutate", objects.review(objects.pod(objects.container("web"))))["allowed"] is True
+
+
+def test_until_the_classes_are_read_a_pod_that_would_hold_shares_is_refused(make_client):
+    classes = _Unsynced()
+    client = make_client(classes)
+    gpu = objects.review(objects.pod(objects.container("a", "0.5")))
+    response = post(client, "/mutate", gpu)
+    assert response["allowed"] is False and response["status"]["message"] == reviews.UNKNOWN_CLASSES
+    assert post(client, "/audit", gpu)["allowed"] is True
+    assert post(client, "/mutate", objects.review(objects.pod(objects.container("web"))))["allowed"] is True
+    classes.ready = True
+    assert post(client, "/mutate", gpu)["allowed"] is True
 
 
 def test_serve_with_a_cluster_file_takes_its_device_classes(tmp_path):
@@ -131,9 +153,6 @@ def test_serve_with_a_cluster_file_takes_its_device_classes(tmp_path):
         serving.build_app(None, str(path))
 
 
-class _Unsynced(Classes):
-    def synced(self):
-        return False
 
 
 def test_readyz_waits_for_the_classes_first_list(view):

@@ -95,6 +95,8 @@ class Classes(Protocol):
 
     def served(self) -> Mapping[str, extended.Served]: ...
 
+    def synced(self) -> bool: ...
+
 
 class Peers(Protocol):
     """Which replica this is, (rank, count), for its share of the cards (webhook.cluster.peers offers it)."""
@@ -237,6 +239,22 @@ def _served(classes: Classes | None) -> Mapping[str, extended.Served]:
         return extended.NONE
 
 
+UNKNOWN_CLASSES = ("gpushard: the cluster's DeviceClasses have not been read yet, and another driver's class may "
+                   "serve the resource this pod would hold; try again shortly (the webhook's log says why they cannot "
+                   "be read)")
+
+
+def _classes_known(classes: Classes | None) -> bool:
+    """Whether the DeviceClasses of other drivers have been read (or there is nothing to read them from)."""
+    if classes is None:
+        return True
+    try:
+        return bool(classes.synced())
+    except Exception:
+        log.exception("gpushard: the DeviceClasses view failed")
+        return False
+
+
 def _share(peers: Peers | None) -> tuple[int, int] | None:
     """This replica's (rank, count); None when it is alone or that cannot be read."""
     if peers is None:
@@ -275,6 +293,10 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
                                       message="gpushard: cannot read object: nested too deeply")
     except f.ObjectError as exc:
         decision = decisions.Decision(allowed=False, code=400, message=str(exc))
+    if decision.allowed and decision.shares > 0 and mode == names.MODE_ENFORCE and not _classes_known(classes):
+        # Another driver's DeviceClass may serve the very resource gpushard would rewrite this pod into; until
+        # the classes are read, holding shares is refused rather than given twice (readiness waits only so long).
+        decision = decisions.Decision(allowed=False, code=403, message=UNKNOWN_CLASSES)
 
     audit = mode == names.MODE_AUDIT
     if audit and not decision.allowed:
