@@ -22,8 +22,7 @@ import pytest
 from tests.admission import objects
 from webhook import settings as settings_mod
 from webhook.admission import app as app_mod
-from webhook.admission import reviews
-from webhook.admission import serving
+from webhook.admission import reviews, serving
 from webhook.cluster import deviceclasses, static
 from webhook.core import extended
 

@@ -5,6 +5,8 @@
 - a bad inventory file, a bad poll interval, or publishing without a node name, stops it with status 2;
 - no API credentials while publishing stops it with status 4; a device-plugin folder it cannot make, status 1;
 - a socket it cannot bind (its path too long for a unix socket) stops it with a `gpushard:` message and status 1;
+- a loop of a running agent that ends (a bug it could not survive) is told, so that the agent exits for the kubelet
+  to start it again; a stopping agent's loops are not;
 - its flags and their defaults (the layering is checked for every module in tests/test_layers.py);
 - the config's agent timeouts reach its requests: against an API server that never answers, the inventory's
   publication gives up after agent.requestTimeout, a scrape's token review after agent.metricsRequestTimeout.
@@ -22,12 +24,12 @@ import time
 
 import pytest
 
-from tests import fakekube
+from tests import fakekube, polling
 from tests.admission import objects
 from tests.agent import fakekubelet, test_metrics_access, test_nvml
 from tests.audit import world
-from webhook import cli
-from webhook.agent import running
+from webhook import cli, settings
+from webhook.agent import nvml, running
 from webhook.agent.proto import deviceplugin_pb2 as pb
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -240,3 +242,20 @@ def test_the_configs_metrics_request_timeout_reaches_the_scrapes_token_review(tm
                 conn.close()
         finally:
             _stop(proc)
+
+
+def test_a_loop_that_ends_while_the_agent_runs_is_told(plugin_dir, kubelet):
+    cards = [nvml.Card(0, "GPU-aaaa", "NVIDIA L4", 22491)]
+    agent = running.Agent(nvml.FakeDevices(cards), settings.Settings().policy, plugin_dir, poll=0.05, tick=0.2,
+                          register_timeout=2)
+    agent.start()
+    try:
+        assert agent.ended_loops() == []
+
+        def ends():  # as a loop does whose error it could not survive (its traceback aside)
+            return
+        agent._thread("gpushard-broken", ends)
+        polling.eventually(lambda: agent.ended_loops() == ["gpushard-broken"], "the ended loop told")
+    finally:
+        agent.stop()
+    assert agent.ended_loops() == [], "a stopping agent's loops end by design"

@@ -192,6 +192,13 @@ class Agent:
         thread.start()
         self._threads.append(thread)
 
+    def ended_loops(self) -> list[str]:
+        """The names of the agent's loops that ended while it runs. Each runs until stop, so one that ended
+        failed in a way it could not survive (its traceback is in the log): the agent is no longer whole."""
+        if self._stop.is_set():
+            return []
+        return [thread.name for thread in self._threads if not thread.is_alive()]
+
     def start(self) -> None:
         if self.cordons is not None:
             # First, so that the Node's cordons are usually read before the kubelet first lists the shares.
@@ -366,7 +373,12 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}; pick a "
                                      "free --metrics-port")
         while not stop.wait(1.0):
-            pass
+            ended = agent.ended_loops()
+            if ended:
+                # The kubelet restarts the container: a fresh agent serves again, where this one would serve
+                # stale health, shares or slices for ever.
+                return _fail(EXIT_SERVE, f"gpushard: the agent's {', '.join(ended)} loop ended (its error is logged "
+                                         "above); exiting so that the kubelet starts the agent again")
     finally:
         if metrics is not None:
             metrics.close()
