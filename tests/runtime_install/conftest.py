@@ -261,6 +261,10 @@ def kubelet(plane, runtime, work, nvml, dns, install, usual_paths):
     assert done.returncode == 0, done.stderr
     kubectl.apply(json.dumps({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
                               "metadata": {"name": "nvidia"}, "handler": "nvidia"}))
+    # The device manager's checkpoint sits in the constant /var/lib/kubelet/device-plugins, whatever the root
+    # folder: one an earlier tier's kubelet left (the shipped tier before the DRA one, in one `make e2e`) would make
+    # this node one that ran the device-plugin backend. A fresh node has none.
+    (components.DEVICE_PLUGIN_DIR / gpushard.KUBELET_CHECKPOINT).unlink(missing_ok=True)
     with at_their_usual_paths(usual_paths(kubelet, runtime)):
         try:
             TIER.started("kubelet", kubelet, lambda: (kubelet.start(), kubectl.run(
