@@ -17,48 +17,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests import stalling  # noqa: E402
 from tests.admission import objects  # noqa: E402
 
 
-def _stall(port: int, ca: Path, stop: threading.Event, mid_request: bool) -> None:
-    context = objects.client_context(ca)
-    while not stop.is_set():
-        try:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-            if mid_request:
-                sock = context.wrap_socket(sock, server_hostname=objects.SERVICE_HOST)
-                sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: gpushard\r\nContent-Length: 500\r\n\r\n{")
-            else:
-                sock.sendall(b"\x16\x03\x01\x02\x00\x01")
-            sock.settimeout(10)
-            try:
-                while sock.recv(4096):
-                    pass
-            except OSError:
-                pass
-            sock.close()
-        except OSError:
-            stop.wait(0.05)
-
-
 def _round(server, ca: Path, seconds: float, clients: int, mode: str | None) -> dict:
-    stop = threading.Event()
-    threads = [threading.Thread(target=_stall, args=(server.port, ca, stop, mode == "request"), daemon=True)
-               for _ in range(clients if mode else 0)]
-    for thread in threads:
-        thread.start()
-    time.sleep(0.5 if threads else 0)
+    ended = stalling.attack(server.port, objects.client_context(ca), clients if mode else 0, objects.SERVICE_HOST,
+                            mid_request=mode == "request")
+    time.sleep(0.5 if mode else 0)  # the stalled connections open first; a round's figures come after
     body = json.dumps(objects.review(objects.pod(objects.container("t")), uid="u", dry_run=True)).encode()
     answered, failed, latencies = 0, 0, []
     end = time.monotonic() + seconds
@@ -73,9 +48,7 @@ def _round(server, ca: Path, seconds: float, clients: int, mode: str | None) -> 
             latencies.append(time.monotonic() - started)
         else:
             failed += 1
-    stop.set()
-    for thread in threads:
-        thread.join(timeout=15)
+    ended()
     latencies.sort()
     pick = (lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000) if latencies else None
     return {"answered": answered, "failed": failed, "p50": pick and pick(0.5), "p99": pick and pick(0.99)}

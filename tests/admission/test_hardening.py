@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from tests import stalling
 from tests.admission import objects
 from webhook import certificates
 
@@ -134,40 +135,20 @@ def _der(pem: Path) -> bytes:
     return ssl.PEM_cert_to_DER_cert(pem.read_text())
 
 
-def _stall(server, certs, stop: threading.Event, mid_request: bool) -> None:
-    context = objects.client_context(certs / "ca.crt")
-    while not stop.is_set():
-        try:
-            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-            if mid_request:
-                sock = context.wrap_socket(sock, server_hostname=objects.SERVICE_HOST)
-                sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: gpushard\r\nContent-Length: 500\r\n\r\n{")
-            else:
-                sock.sendall(b"\x16\x03\x01\x02\x00\x01")
-            _until_closed(sock, within=10)
-            sock.close()
-        except OSError:
-            stop.wait(0.05)
-
-
 def test_stalled_clients_on_many_connections_hold_no_thread(certs, module_cluster):
     server = objects.Server(certs, module_cluster, workers=1, threads=2).start()
-    stop = threading.Event()
-    attackers = [threading.Thread(target=_stall, args=(server, certs, stop, i % 2 == 1), daemon=True)
-                 for i in range(16)]
+    ended = None
     try:
-        for thread in attackers:
-            thread.start()
-        time.sleep(0.5)
+        ended = stalling.attack(server.port, objects.client_context(certs / "ca.crt"), 16, objects.SERVICE_HOST)
+        time.sleep(0.5)  # not a lock: the reviews below are sent while the attack goes on, however it started
         answered = []
         for i in range(20):
             status, _, body = server.request("POST", "/mutate", _review_bytes(f"u{i}"), timeout=5)
             answered.append(status == 200 and json.loads(body)["response"]["uid"] == f"u{i}")
         assert all(answered), answered
     finally:
-        stop.set()
-        for thread in attackers:
-            thread.join(timeout=15)
+        if ended is not None:
+            ended()
         server.stop()
 
 

@@ -18,12 +18,11 @@ admitted with its image's NVIDIA_VISIBLE_DEVICES:
 from __future__ import annotations
 
 import json
-import socket
 import ssl
-import threading
 
 import pytest
 
+from tests import stalling
 from tests.e2e import objects
 
 
@@ -85,34 +84,10 @@ def test_no_number_of_annotations_skips_the_hiding(installed, kubectl, namespace
     assert "admitted unhidden" not in outcomes.values(), outcomes
 
 
-def _stall(port: int, stop: threading.Event, mid_request: bool) -> None:
-    """Open a connection, send the start of a handshake (or a handshake and half a request), wait; again."""
+def test_stalled_clients_hold_no_review(installed, kubectl, namespace):
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-    while not stop.is_set():
-        try:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-            if mid_request:
-                sock = context.wrap_socket(sock)
-                sock.sendall(b"POST /mutate HTTP/1.1\r\nHost: gpushard\r\nContent-Length: 900\r\n\r\n{")
-            else:
-                sock.sendall(b"\x16\x03\x01\x02\x00\x01")
-            try:
-                while sock.recv(4096):
-                    pass
-            except OSError:
-                pass
-            sock.close()
-        except OSError:
-            stop.wait(0.05)
-
-
-def test_stalled_clients_hold_no_review(installed, kubectl, namespace):
-    stop = threading.Event()
-    attackers = [threading.Thread(target=_stall, args=(installed.port, stop, i % 2 == 1), daemon=True)
-                 for i in range(64)]
-    for thread in attackers:
-        thread.start()
+    ended = stalling.attack(installed.port, context, 64)
     outcomes = []
     try:
         for i in range(20):
@@ -121,7 +96,5 @@ def test_stalled_clients_hold_no_review(installed, kubectl, namespace):
             outcomes.append("hidden" if done.returncode == 0 and hidden(json.loads(done.stdout))
                             else f"failed: {done.stderr.strip()[-300:]}")
     finally:
-        stop.set()
-        for thread in attackers:
-            thread.join(timeout=15)
+        ended()
     assert outcomes == ["hidden"] * 20, outcomes
