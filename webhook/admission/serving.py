@@ -146,28 +146,37 @@ _STALLED = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-
             b"Connection: close\r\n\r\ngpushard: the request body could not be read\n")
 
 
-def _whole(data: bytes, body_max: int) -> bool:
-    """Whether ``data`` (what came of one request) may go to a thread: the request is whole, or it is past what
-    is read ahead (its head came and its body is longer than ``body_max``, or its head alone is too long)."""
-    end = data.find(b"\r\n\r\n")
-    if end < 0:
-        return len(data) > _HEAD_MAX
-    head = data[:end].lower()
-    if b"\r\ntransfer-encoding:" in head:
-        # Chunked (the API server never sends it): whole at the last chunk, or once past the bound.
-        return data.find(b"0\r\n\r\n", end + 4) >= 0 or len(data) > body_max + _HEAD_MAX
-    length = _LENGTH.search(head)
-    size = int(length.group(1)) if length else 0
-    return size > body_max or len(data) - end - 4 >= size
-
-
 class _Arrival:
-    """The part of a request that came so far, and when it must be whole."""
+    """The part of a request that came so far (its head's end and its body's length once the head came), and when
+    it must be whole."""
 
-    __slots__ = ("data", "deadline")
+    __slots__ = ("data", "deadline", "head", "size")
 
     def __init__(self, deadline: float):
-        self.data, self.deadline = b"", deadline
+        self.data = bytearray()
+        self.deadline = deadline
+        self.head = -1  # where the body starts; -1 while the head has not come
+        self.size = 0  # the body's Content-Length; -1 for a chunked body
+
+    def whole(self, body_max: int) -> bool:
+        """Whether the request may go to a thread: it is whole, or past what is read ahead (its head came and its
+        body is longer than ``body_max``, or its head alone is too long)."""
+        data = self.data
+        if self.head < 0:
+            end = data.find(b"\r\n\r\n")
+            if end < 0:
+                return len(data) > _HEAD_MAX
+            self.head = end + 4
+            head = bytes(data[:end]).lower()
+            if b"\r\ntransfer-encoding:" in head:
+                self.size = -1
+            else:
+                length = _LENGTH.search(head)
+                self.size = int(length.group(1)) if length else 0
+        if self.size < 0:
+            # Chunked (the API server never sends it): whole at the last chunk, or once past the bound.
+            return data.find(b"0\r\n\r\n", self.head) >= 0 or len(data) > body_max + _HEAD_MAX
+        return self.size > body_max or len(data) - self.head >= self.size
 
 
 class Worker(gunicorn.workers.gthread.ThreadWorker):
@@ -217,20 +226,19 @@ class Worker(gunicorn.workers.gthread.ThreadWorker):
             conn.parser = gunicorn.http.get_parser(self.cfg, conn.sock, conn.client)
             conn.initialized = True
         conn.sock.setblocking(False)
-        data = arrival.data + conn.parser.unreader.take_buffered()
+        arrival.data += conn.parser.unreader.take_buffered()
         body_max = _body_max()
-        while not _whole(data, body_max):
+        while not arrival.whole(body_max):
             try:
                 chunk = conn.sock.recv(_READ)
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
-                arrival.data = data
                 return False
             if not chunk:
-                if not data:
+                if not arrival.data:
                     return None
                 break  # cut short: gunicorn's parser says so
-            data += chunk
-        conn.parser.unreader.unread(data)
+            arrival.data += chunk
+        conn.parser.unreader.unread(bytes(arrival.data))
         return True
 
     def finish_request(self, conn, fs):
@@ -250,7 +258,7 @@ class Worker(gunicorn.workers.gthread.ThreadWorker):
                 log.warning("gpushard: gave up on a request from %s: %d bytes of it came, then nothing within the "
                             "client timeout; the client or a proxy in between stalled (raise --client-timeout if "
                             "it is slow but sound)", _peer(conn), len(arrival.data))
-                if b"\r\n\r\n" in arrival.data:  # its body stalled: say so
+                if arrival.head >= 0:  # its body stalled: say so
                     try:
                         conn.sock.send(_STALLED)
                     except OSError:
