@@ -792,7 +792,7 @@ SOURCES = {
 # Lines that say what was done, not what failed; and an error nobody foresaw (a bug), which no failure
 # can be made to print on purpose (the doc says how it is told, below its tables).
 INFORMING = ("gpushard: re-placement is off", "gpushard: another replacer holds Lease", "gpushard: evicted ",
-             "gpushard: the re-placement pass stopped by an unexpected error")
+             "gpushard: the re-placement pass stopped by an unexpected error", "gpushard: the agent's ")
 
 
 def code_messages() -> list[tuple[str, int, list[str]]]:
