@@ -22,8 +22,11 @@ HELM := $(VENV)/bin/helm
 $(HELM): .ci/install_helm.py | $(STAMP)
 	$(PY) .ci/install_helm.py $@
 
+# The tests run in one process per core (pytest-xdist); TEST_WORKERS=0 runs them in this one.
+TEST_WORKERS ?= auto
+
 test: $(STAMP) $(HELM)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 # The Helm chart alone: helm lint, then its tests (drift from deploy/, values schema, uninstall order,
 # the docs' values table).

@@ -19,6 +19,7 @@ from a local API server:
 import json
 import logging
 import os
+import threading
 
 import pytest
 
@@ -263,6 +264,36 @@ def test_a_claim_that_did_not_come_from_gpushards_template_for_its_pod_is_refuse
     assert not entry.devices
     assert not os.path.exists(cdi.spec_path(dirs["cdi"], "uid-z"))
     assert "uid-z" not in draplugin.Checkpoint(dirs["checkpoint"]).claims
+
+
+def test_a_slow_api_server_delays_only_the_claim_that_waits_on_it(api, dirs, plugin, kubelet):
+    """The claim's read is an API round trip: while one hangs, another claim is prepared and the metrics'
+    cards-by-pod is answered."""
+    arrived, answer = threading.Event(), threading.Event()
+
+    def slow(method, path):
+        if "/resourceclaims/slow" in path:
+            arrived.set()
+            answer.wait(30)
+
+    api.on_request = slow
+    api.put("resourceclaims", draworld.claim("team-a", "slow", "uid-slow", NODE, "card-0", 10))
+    api.put("resourceclaims", draworld.claim("team-a", "fast", "uid-fast", NODE, "card-1", 20))
+    assert plugin.preparer._claim_lock("uid-slow") is not plugin.preparer._claim_lock("uid-fast")
+    waiting = {}
+    thread = threading.Thread(target=lambda: waiting.update(r=kubelet.prepare(("team-a", "uid-slow", "slow"))))
+    thread.start()
+    try:
+        assert arrived.wait(10)
+        assert kubelet.prepare(("team-a", "uid-fast", "fast")).claims["uid-fast"].error == ""
+        assert os.path.exists(cdi.spec_path(dirs["cdi"], "uid-fast"))
+        assert plugin.preparer.cards_by_pod() == {}
+        assert thread.is_alive()  # the slow claim still waits on its answer
+    finally:
+        answer.set()
+        thread.join(30)
+    assert waiting["r"].claims["uid-slow"].error == ""
+    assert set(draplugin.Checkpoint(dirs["checkpoint"]).claims) == {"uid-slow", "uid-fast"}
 
 
 def test_a_spec_gone_with_a_reboot_is_written_again_at_start(api, dirs, plugin, kubelet, caplog):

@@ -50,13 +50,14 @@ def test_pages_a_list_then_watches_then_relists_after_410_gone(fake):
         fake.put("pods", o.pod(f"p{i}", 0, 10, "gpu-a"))
     sink = Recorder()
     informer = informing.Informer(fake.api_client(), sink, page_size=2, watch_timeout=5, backoff=(0.05, 0.3),
-                                  resources=(informing.PODS,))
+                                  resources=(informing.PODS,), after_list=lambda: sink._note("after the list"))
     informer.start()
     try:
         o.wait_for(lambda: ("opened", "pods") in sink.seen(), what="the watch")
         calls = sink.seen()
-        assert calls[:4] == [("page", "pods", 2), ("page", "pods", 1),
-                             ("list", "pods", {"p0": "gpu-a", "p1": "gpu-a", "p2": "gpu-a"}), ("opened", "pods")]
+        assert calls[:5] == [("page", "pods", 2), ("page", "pods", 1),
+                             ("list", "pods", {"p0": "gpu-a", "p1": "gpu-a", "p2": "gpu-a"}), ("after the list",),
+                             ("opened", "pods")]
         assert informer.lists["pods"] == 1 and informer.watches["pods"] == 1
 
         fake.put("pods", o.pod("p3", 0, 10, "gpu-a"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import re
@@ -51,7 +52,10 @@ def build_app(config: str | None, cluster: str | None) -> flask.Flask:
     from webhook.admission import app as app_mod
 
     settings = settings_mod.load(config)
-    view = cluster_mod.open_view(cluster, settings.policy.shares_per_card, settings)
+    # What a list of the live view built lives until the next list: moved out of the collector's sight, so that
+    # the full collections set off by admissions' garbage walk only newer objects (a worker-wide choice, made
+    # here, for this process).
+    view = cluster_mod.open_view(cluster, settings.policy.shares_per_card, settings, after_list=gc.freeze)
     # Started with the view, from the same source: which extended resources other drivers' DeviceClasses serve.
     classes = cluster_mod.open_device_classes(cluster, settings.policy.shares_per_card, settings)
     templates = cluster_mod.open_templates(settings) if cluster is None else None

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import threading
+import zlib
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import asdict, dataclass
@@ -42,6 +43,8 @@ HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 REGISTRY_DIR = "/var/lib/kubelet/plugins_registry"
 PLUGINS_DIR = "/var/lib/kubelet/plugins"
 CHECKPOINT_VERSION = 1
+# Claims prepared at once: calls for claims under different locks never wait on each other.
+CLAIM_LOCKS = 64
 
 
 def registration_socket(registry_dir: str, driver: str) -> str:
@@ -132,7 +135,10 @@ def _read_failed(what: str, exc: Exception) -> PrepareError:
 class Preparer:
     """Prepares and unprepares claims: the allocation read, the CDI spec written, the checkpoint kept.
 
-    Knows nothing of gRPC; the servicer translates. One lock: the kubelet may call concurrently.
+    Knows nothing of gRPC; the servicer translates. The kubelet may call concurrently: one claim's calls take
+    turns (a lock of its own among ``CLAIM_LOCKS``), and the checkpoint and the CDI folder are changed under one
+    short lock that is never held across an API call, so that a slow API server delays only the claims waiting
+    on it, never another claim's preparation or a metrics scrape.
     """
 
     def __init__(self, node: str, cards: Callable[[], Mapping[int, nvml.Card]], shares_per_card: int,
@@ -157,15 +163,26 @@ class Preparer:
         # from gpushard's template for that pod is refused here, whatever the admission policies let through.
         self.read_pod = read_pod
         self.pod_shares = pod_shares
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the checkpoint and the CDI folder
+        self._claim_locks = [threading.Lock() for _ in range(CLAIM_LOCKS)]
 
-    def prepare(self, namespace: str, uid: str, name: str) -> list[Prepared]:
+    def _claim_lock(self, uid: str) -> threading.Lock:
+        """The lock one claim's prepare and unprepare take turns under (shared with a few other claims)."""
+        return self._claim_locks[zlib.crc32(uid.encode()) % len(self._claim_locks)]
+
+    def _prepared(self, uid: str) -> list[Prepared] | None:
         with self._lock:
             done = self.checkpoint.devices(uid)
             if done is not None:
                 # Prepared before (a restarted kubelet asks again): the same answer, from the checkpoint, with
                 # its CDI spec there for the runtime.
                 self._restore(uid, self.checkpoint.claims[uid])
+            return done
+
+    def prepare(self, namespace: str, uid: str, name: str) -> list[Prepared]:
+        with self._claim_lock(uid):
+            done = self._prepared(uid)
+            if done is not None:
                 return done
             named = f"{namespace}/{name}"
             refused = self.refusal() if self.refusal is not None else None
@@ -199,18 +216,19 @@ class Preparer:
                 cdi_devices.append(cdi.Device(own, self._answer(card, result.shares)))
                 devices.append(Prepared((result.request,) if result.request else (), result.pool, result.device,
                                         (f"{names.NVIDIA_CDI_KIND}={card.uuid}", cdi.qualified(own))))
-            try:
-                written = cdi.spec(cdi_devices)
-                cdi.write(self.cdi_dir, uid, written)
-            except (OSError, cdi.CdiError) as exc:
-                raise PrepareError(f"gpushard: cannot write the CDI spec for claim {named}: {exc}") from None
-            # The spec is kept too: the CDI folder is often a tmpfs (/var/run/cdi), gone at a reboot, while the
-            # kubelet, whose own checkpoint still holds the claim prepared, starts the pod's containers again
-            # without asking (restore_specs).
-            self.checkpoint.claims[uid] = {"namespace": namespace, "name": name,
-                                           "devices": [_listed(d) for d in devices], "cdi": written,
-                                           **_holder_of(claim)}
-            self.checkpoint.save()
+            with self._lock:
+                try:
+                    written = cdi.spec(cdi_devices)
+                    cdi.write(self.cdi_dir, uid, written)
+                except (OSError, cdi.CdiError) as exc:
+                    raise PrepareError(f"gpushard: cannot write the CDI spec for claim {named}: {exc}") from None
+                # The spec is kept too: the CDI folder is often a tmpfs (/var/run/cdi), gone at a reboot, while
+                # the kubelet, whose own checkpoint still holds the claim prepared, starts the pod's containers
+                # again without asking (restore_specs).
+                self.checkpoint.claims[uid] = {"namespace": namespace, "name": name,
+                                               "devices": [_listed(d) for d in devices], "cdi": written,
+                                               **_holder_of(claim)}
+                self.checkpoint.save()
             log.info("gpushard: prepared claim %s (%s): %s", named, uid,
                      ", ".join(f"{r.device} x{r.shares}" for r in results))
             return devices
@@ -287,7 +305,7 @@ class Preparer:
             return found
 
     def unprepare(self, namespace: str, uid: str, name: str) -> None:
-        with self._lock:
+        with self._claim_lock(uid), self._lock:
             removed = cdi.remove(self.cdi_dir, uid)
             if self.checkpoint.claims.pop(uid, None) is not None:
                 self.checkpoint.save()

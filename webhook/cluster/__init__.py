@@ -11,15 +11,16 @@ from __future__ import annotations
 import os
 
 
-def open_view(cluster_file: str | None, shares_per_card: int, settings=None):
-    """The static view of ``cluster_file``, or, without one, the live view of the Kubernetes API."""
+def open_view(cluster_file: str | None, shares_per_card: int, settings=None, after_list=None):
+    """The static view of ``cluster_file``, or, without one, the live view of the Kubernetes API (calling
+    ``after_list`` after each of its complete lists)."""
     if cluster_file is not None:
         from webhook.cluster import static
 
         return static.StaticView(static.load(cluster_file, shares_per_card))
     from webhook.cluster import kube
 
-    return kube.KubeView.start(settings)
+    return kube.KubeView.start(settings, after_list=after_list)
 
 
 def open_device_classes(cluster_file: str | None, shares_per_card: int, settings=None):

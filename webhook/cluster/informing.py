@@ -147,13 +147,17 @@ class Informer:
                  watch_timeout: int = WATCH_TIMEOUT_S, backoff: tuple[float, float] = BACKOFF_S,
                  page_size: int = LIST_PAGE, resources: tuple[str, ...] = (NODES, PODS),
                  connect_timeout: float = CONNECT_TIMEOUT_S, list_timeout: float = LIST_TIMEOUT_S,
-                 calls: Mapping[str, Callable[..., object]] | None = None):
+                 calls: Mapping[str, Callable[..., object]] | None = None,
+                 after_list: Callable[[], None] | None = None):
         self.api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
         self.custom = kubernetes.client.CustomObjectsApi(api_client) if api_client is not None else None
         # A resource's own list method of the client (its typed API's list_<kind>), in place of the
         # generic call below; it lists and, with watch=True, watches, as any list method does.
         self._calls = dict(calls or {})
         self._sink = sink
+        # Called after each complete list has reached the sink: the process's own business (the webhook's
+        # workers move what the list built out of the garbage collector's sight with gc.freeze).
+        self._after_list = after_list
         self.watch_timeout = watch_timeout
         self.connect_timeout = connect_timeout
         self.list_timeout = list_timeout
@@ -226,9 +230,8 @@ class Informer:
             self.absent.discard(resource)
             self.lists[resource] += 1
             self.heard_at[resource] = time.time()
-            # What the list built lives until the next list: moved out of the collector's sight,
-            # later full collections (set off by admissions' garbage) walk only newer objects.
-            gc.freeze()
+            if self._after_list is not None:
+                self._after_list()
             return version
         raise RuntimeError(f"the {resource} list lost its continue token {LIST_RESTARTS} times in a row")
 

@@ -228,13 +228,13 @@ class KubeView:
                  watch_timeout: int = WATCH_TIMEOUT_S,
                  backoff: tuple[float, float] = BACKOFF_S, clock: Callable[[], float] = time.monotonic,
                  page_size: int = LIST_PAGE, connect_timeout: float = informing.CONNECT_TIMEOUT_S,
-                 list_timeout: float = informing.LIST_TIMEOUT_S):
+                 list_timeout: float = informing.LIST_TIMEOUT_S, after_list: Callable[[], None] | None = None):
         self._dra = policy.backend == policy_mod.DRA
         # Backend dra also follows gpushard's slices (the cards) and the claims (the shares held).
         self._required = frozenset((NODES, PODS, SLICES, CLAIMS) if self._dra else (NODES, PODS))
         self.informer = informing.Informer(api_client, self, watch_timeout=watch_timeout, backoff=backoff,
                                            page_size=page_size, connect_timeout=connect_timeout,
-                                           list_timeout=list_timeout,
+                                           list_timeout=list_timeout, after_list=after_list,
                                            resources=tuple(r for r in (NODES, PODS, SLICES, CLAIMS)
                                                            if r in self._required))
         self._policy = policy
