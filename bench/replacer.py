@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from bench import view as objects  # noqa: E402
 from tests import fakekube  # noqa: E402
 from webhook import settings as settings_mod  # noqa: E402
-from webhook.relocation import controller  # noqa: E402
+from webhook.replacement import controller  # noqa: E402
 
 
 def kind_of(method: str, path: str) -> str:

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.agent import fakenode, fakepodresources  # noqa: E402
 from tests.fakekube import FakeKube  # noqa: E402
-from webhook.agent import attributing, exporting, health, nvml, podlisting, podresources  # noqa: E402
+from webhook.agent.metrics import attributing, exporting, podlisting
+from webhook.agent.node import health, nvml, podresources
 from webhook.core import policy as policy_mod  # noqa: E402
 
 NODE = "bench-node"

@@ -271,7 +271,8 @@ def simulate(minutes: int = 60, workdir: str | None = None) -> list[dict[frozens
     from webhook import certificates
     from webhook import settings as settings_mod
     from webhook.admission import metrics
-    from webhook.agent import attributing, exporting, health, nvml, podlisting, podresources
+    from webhook.agent.metrics import attributing, exporting, podlisting
+    from webhook.agent.node import health, nvml, podresources
     from webhook.cluster import kube as kube_view
     from webhook.core import names
     from webhook.core import policy as policy_mod

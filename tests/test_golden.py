@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from webhook import cli, settings
-from webhook.core import audit, decisions, extended, names
+from webhook.core import auditing, decisions, extended, names
 from webhook.core import findings as f
 
 GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
@@ -39,7 +39,7 @@ ADMISSION_RULES = sorted(
     value for key, value in vars(f).items()
     if key.isupper() and isinstance(value, str) and key not in ("DENY", "WARN", "CHANGE", "NOTE") and value not in
     PLACEMENT_RULES)
-AUDIT_RULES = sorted(audit.RULES)
+AUDIT_RULES = sorted(auditing.RULES)
 
 
 def golden(rule: str, verdict: str) -> pathlib.Path:
@@ -82,7 +82,7 @@ def test_every_rule_has_a_pass_and_a_fail_manifest():
 
 def test_audit_rules_are_new_ids():
     assert not set(AUDIT_RULES) & set(ADMISSION_RULES)
-    assert all(audit.fix_for(rule) for rule in AUDIT_RULES + ADMISSION_RULES)
+    assert all(auditing.fix_for(rule) for rule in AUDIT_RULES + ADMISSION_RULES)
 
 
 DENIED, REWRITTEN = "denied", "rewritten"
@@ -218,7 +218,7 @@ def test_audit_reports_the_fail_manifest(rule, capsys):
     assert code == 1
     assert {x["rule"] for x in report["findings"]} == {rule}
     for finding in report["findings"]:
-        assert finding["fix"] == audit.fix_for(rule)
+        assert finding["fix"] == auditing.fix_for(rule)
         assert finding["source"].startswith(str(golden(rule, "fail")) + "#")
         assert finding["message"].startswith("gpushard: ")
 

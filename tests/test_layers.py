@@ -4,6 +4,7 @@
 - the admission server, the agent and the cluster views never import each other, nor the CLI;
 - nothing but the CLI imports the CLI;
 - the commands (audit and status, review, install, top, replace, serve, agent, cordon) never import each other;
+- the agent's rooms: its two backends never import each other, and the node's own pieces import neither;
 - only the modules named in KUBERNETES_CLIENTS import the kubernetes client library.
 """
 
@@ -23,11 +24,18 @@ FORBIDDEN = {
     "webhook.agent": ("webhook.admission", "webhook.cluster", "webhook.cli"),
     "webhook.cluster": ("webhook.admission", "webhook.agent", "webhook.cli"),
     "webhook.certificates": ("webhook.admission", "webhook.agent", "webhook.cluster", "webhook.cli"),
-    "webhook.relocation": ("webhook.admission", "webhook.agent", "webhook.cli"),
+    "webhook.replacement": ("webhook.admission", "webhook.agent", "webhook.cli"),
+    # The agent's rooms (webhook/agent/__init__.py): the two backends never meet; the node's own pieces stand
+    # under both and under the metrics.
+    "webhook.agent.node": ("webhook.agent.deviceplugin", "webhook.agent.dra", "webhook.agent.metrics",
+                           "webhook.agent.running"),
+    "webhook.agent.deviceplugin": ("webhook.agent.dra", "webhook.agent.metrics", "webhook.agent.running"),
+    "webhook.agent.dra": ("webhook.agent.deviceplugin", "webhook.agent.metrics", "webhook.agent.running"),
+    "webhook.agent.metrics": ("webhook.agent.deviceplugin", "webhook.agent.dra", "webhook.agent.running"),
 }
 
 # The modules (or packages) behind the commands of webhook.cli: each stands on its own.
-COMMANDS = ("webhook.auditing", "webhook.reviewing", "webhook.installing", "webhook.top", "webhook.relocation",
+COMMANDS = ("webhook.auditing", "webhook.reviewing", "webhook.installing", "webhook.top", "webhook.replacement",
             "webhook.admission", "webhook.agent", "webhook.cordoning")
 
 # The few modules that talk to the API server through the kubernetes client library; everything
@@ -36,11 +44,12 @@ KUBERNETES_CLIENTS = {
     "webhook.connecting", "webhook.cluster.informing", "webhook.cluster.kube", "webhook.cluster.templates",
     "webhook.cluster.deviceclasses", "webhook.cluster.peers",
     "webhook.auditing", "webhook.cordoning",
-    "webhook.installing", "webhook.top", "webhook.relocation.controller", "webhook.relocation.lease",
-    "webhook.authorizing", "webhook.agent.conflicting", "webhook.agent.cordonwatching",
-    "webhook.agent.drabackend", "webhook.agent.draplugin",
-    "webhook.agent.draslices", "webhook.agent.nodecount", "webhook.agent.podlisting", "webhook.agent.publishing",
-    "webhook.agent.runtimechecking",
+    "webhook.installing", "webhook.top", "webhook.replacement.controller", "webhook.replacement.lease",
+    "webhook.authorizing", "webhook.agent.node.otherdrivers", "webhook.agent.node.cordonwatching",
+    "webhook.agent.dra.backend", "webhook.agent.dra.kubeletplugin",
+    "webhook.agent.dra.slices", "webhook.agent.dra.nodecount", "webhook.agent.metrics.podlisting",
+    "webhook.agent.node.publishing",
+    "webhook.agent.dra.runtimechecking",
 }
 
 

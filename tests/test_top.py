@@ -1,6 +1,6 @@
 """We test `gpushard top` against the local Kubernetes API server, which port-forwards to the agents
 (GET /api/v1/namespaces/<ns>/pods/<agent>/portforward?ports=<port>, WebSocket) where real agent metrics
-servers (webhook.agent.exporting.Server: TLS, tokens reviewed) answer on local ports:
+servers (webhook.agent.metrics.exporting.Server: TLS, tokens reviewed) answer on local ports:
 - the agents take the port-forward (their loopback) without any token, so top works for whoever the
   API server lets port-forward, whatever credentials they hold; top never uses the pod proxy;
 - it finds the running agent pods by label and their named metrics port;
@@ -10,7 +10,7 @@ servers (webhook.agent.exporting.Server: TLS, tokens reviewed) answer on local p
 - an agent that does not answer is named on stderr and the others still show; none answering,
   or no agent at all, is exit status 3 (the cluster lacks what top reads) with a message; JSON and
   YAML output, --no-headers; filters by node and namespace;
-- the metrics text `gpushard top` reads is the agent's own exposition (webhook.agent.exporting);
+- the metrics text `gpushard top` reads is the agent's own exposition (webhook.agent.metrics.exporting);
 - an agent that cannot reach the kubelet's PodResources shows its cards' shares as unknown ("?",
   "kubelet unreachable", null in JSON), with a note, never as 0; a proxy that times out is told in
   plain words; -o json|yaml carries apiVersion, kind and camelCase keys like status and audit.
@@ -26,7 +26,8 @@ import yaml
 
 from tests.fakekube import FakeKube, SilentServer
 from webhook import cli
-from webhook.agent import exporting, nvml
+from webhook.agent.metrics import exporting
+from webhook.agent.node import nvml
 
 MIB = nvml.MIB
 NS = "gpushard-system"

@@ -43,7 +43,8 @@ import yaml
 
 from tests import fakekube
 from webhook import certificates, cli
-from webhook.agent import exporting, nvml
+from webhook.agent.metrics import exporting
+from webhook.agent.node import nvml
 from webhook.core import draobjects
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -786,7 +787,7 @@ SOURCES = {
     "webhook/auditing.py": ("audit_table", "_without_summary", "read_manifests", "parse_text", "_expand", "_files",
                             "_failed"),
     "webhook/top.py": (), "webhook/installing.py": ("lines",),
-    "webhook/relocation/controller.py": (), "webhook/relocation/lease.py": (), "webhook/relocation/cache.py": (),
+    "webhook/replacement/controller.py": (), "webhook/replacement/lease.py": (), "webhook/replacement/cache.py": (),
     "webhook/agent/running.py": (),
 }
 # Lines that say what was done, not what failed; and an error nobody foresaw (a bug), which no failure

@@ -17,7 +17,7 @@ from typing import IO
 import yaml
 
 from webhook import connecting, kubectlflags
-from webhook.core import audit, installation, isolation, names, refusals
+from webhook.core import auditing, installation, isolation, names, refusals
 from webhook.core import findings as f
 
 EXIT_CLEAN = kubectlflags.OK
@@ -57,7 +57,7 @@ def namespace_rights(namespace: str) -> str:
 
 # --- manifests -------------------------------------------------------------------------------------
 
-def _expand(obj: object, source: str) -> list[audit.Located]:
+def _expand(obj: object, source: str) -> list[auditing.Located]:
     if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str) or not obj["kind"]:
         raise UsageError(f"gpushard: {source}: not a Kubernetes object (expected a mapping with a kind)")
     if obj["kind"].endswith("List") and isinstance(obj.get("items"), list):
@@ -65,7 +65,7 @@ def _expand(obj: object, source: str) -> list[audit.Located]:
         for i, item in enumerate(obj["items"]):
             out += _expand(item, f"{source} items[{i}]")
         return out
-    return [audit.Located(obj, source)]
+    return [auditing.Located(obj, source)]
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -92,14 +92,14 @@ def _key_text(key: object) -> str:
     return str(key)
 
 
-def parse_text(text: str, name: str, as_json: bool = False) -> list[audit.Located]:
+def parse_text(text: str, name: str, as_json: bool = False) -> list[auditing.Located]:
     """The objects in one file's text: YAML documents (or one JSON value), List kinds expanded."""
     if as_json:
         try:
             return _expand(json.loads(text), f"{name}")
         except json.JSONDecodeError as exc:
             raise UsageError(f"gpushard: {name}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
-    out: list[audit.Located] = []
+    out: list[auditing.Located] = []
     docs = yaml.safe_load_all(text)
     number = 0
     while True:
@@ -139,13 +139,13 @@ def _foreign(text: str, as_json: bool) -> bool:
                                   for d in docs)
 
 
-def read_manifests(paths: Iterable[str], stdin: IO[str], err: IO[str] | None = None) -> list[audit.Located]:
+def read_manifests(paths: Iterable[str], stdin: IO[str], err: IO[str] | None = None) -> list[auditing.Located]:
     """Every object in the files, folders (recursively) and standard input (``-``) named.
 
     Files found in a folder that hold no Kubernetes object at all are skipped, with one note on
     ``err`` naming them; a file named itself must hold objects.
     """
-    out: list[audit.Located] = []
+    out: list[auditing.Located] = []
     skipped: list[str] = []
     for path in paths:
         if path == "-":
@@ -261,7 +261,7 @@ def _failed_pods(core) -> Callable:
     return call
 
 
-def _namespace(core, namespace: str, conn: connecting.Client, err: IO[str]) -> list[audit.Located]:
+def _namespace(core, namespace: str, conn: connecting.Client, err: IO[str]) -> list[auditing.Located]:
     """The one namespace's object, for its mode. A user with rights only inside it may not read it:
     then its pods are audited as if it enforced gpushard, and a note says so."""
     import kubernetes
@@ -286,15 +286,15 @@ def _namespace(core, namespace: str, conn: connecting.Client, err: IO[str]) -> l
               "it: the ClusterRole gpushard-auditor grants it)", file=err)
         return []
     obj = json.loads(response.data)
-    obj.setdefault("kind", audit.NAMESPACE_KIND)
-    return [audit.Located(obj)]
+    obj.setdefault("kind", auditing.NAMESPACE_KIND)
+    return [auditing.Located(obj)]
 
 
 DEVICE_CLASSES = "deviceclasses"
 
 
 def read_cluster(conn: connecting.Client, err: IO[str], namespace: str | None = None,
-                 selector: str | None = None) -> list[audit.Located]:
+                 selector: str | None = None) -> list[auditing.Located]:
     """Namespaces, nodes, pods, pod-template workloads and DeviceClasses of the live cluster.
 
     With ``namespace``, only namespaced calls (and a get of that namespace): a user with rights in
@@ -305,14 +305,14 @@ def read_cluster(conn: connecting.Client, err: IO[str], namespace: str | None = 
     import kubernetes
 
     core = kubernetes.client.CoreV1Api(conn.api)
-    objects: list[audit.Located] = []
+    objects: list[auditing.Located] = []
     if namespace is None:
-        objects += [audit.Located(o) for o in _list(core.list_namespace, "namespaces", conn)]
-        objects += [audit.Located(o) for o in _list(core.list_node, "nodes", conn)]
-        objects += [audit.Located(o) for o in _list(_live_pods(core), "pods", conn, label_selector=selector)]
+        objects += [auditing.Located(o) for o in _list(core.list_namespace, "namespaces", conn)]
+        objects += [auditing.Located(o) for o in _list(core.list_node, "nodes", conn)]
+        objects += [auditing.Located(o) for o in _list(_live_pods(core), "pods", conn, label_selector=selector)]
     else:
         objects += _namespace(core, namespace, conn, err)
-        objects += [audit.Located(o) for o in _list(_live_pods(core, namespace), f"pods in namespace {namespace}",
+        objects += [auditing.Located(o) for o in _list(_live_pods(core, namespace), f"pods in namespace {namespace}",
                                                      conn, label_selector=selector)]
     calls = _workload_calls(conn.api, namespace)
     if namespace is None:
@@ -322,7 +322,7 @@ def read_cluster(conn: connecting.Client, err: IO[str], namespace: str | None = 
     for what, call in calls:
         try:
             found = _list(call, what, conn, label_selector=selector if what != DEVICE_CLASSES else None)
-            objects += [audit.Located(o) for o in found if not _owned(o)]
+            objects += [auditing.Located(o) for o in found if not _owned(o)]
         except (UsageError, connecting.ApiError) as exc:
             if isinstance(exc, connecting.ApiError) and exc.status != 403:
                 raise  # unreachable, or the credentials refused: nothing else will work either
@@ -429,7 +429,7 @@ def picked_nodes(conn: connecting.Client, selector: str | None) -> set[str] | No
 DRA_BACKEND = "dra"
 
 
-def read_dra_usage(conn: connecting.Client, policy) -> audit.Usage:
+def read_dra_usage(conn: connecting.Client, policy) -> auditing.Usage:
     """With backend dra: cards from gpushard's ResourceSlices, holders from the allocated claims."""
     import functools
 
@@ -524,14 +524,14 @@ def _width() -> int:
     return max(80, min(120, shutil.get_terminal_size((100, 24)).columns))
 
 
-def _counts(items: list[audit.Item]) -> dict[str, int]:
+def _counts(items: list[auditing.Item]) -> dict[str, int]:
     counts = {f.DENY: 0, f.WARN: 0, f.CHANGE: 0}
     for item in items:
         counts[item.finding.severity] = counts.get(item.finding.severity, 0) + 1
     return counts
 
 
-def audit_json(items: list[audit.Item], audited: int, target: str) -> dict:
+def audit_json(items: list[auditing.Item], audited: int, target: str) -> dict:
     """The `-o json` document (fields documented in docs/audit.md)."""
     return {
         "apiVersion": REPORT_API_VERSION,
@@ -551,7 +551,7 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def audit_table(items: list[audit.Item], audited: int, width: int) -> str:
+def audit_table(items: list[auditing.Item], audited: int, width: int) -> str:
     """Findings grouped by object, wrapped to ``width`` columns."""
     lines: list[str] = []
     last = None
@@ -583,8 +583,9 @@ def audit_table(items: list[audit.Item], audited: int, width: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _audited(objects: list[audit.Located]) -> int:
-    kinds = {audit.NAMESPACE_KIND, audit.NODE_KIND, audit.DEVICE_CLASS_KIND, names.POD_KIND, *names.TEMPLATE_PATHS}
+def _audited(objects: list[auditing.Located]) -> int:
+    kinds = {auditing.NAMESPACE_KIND, auditing.NODE_KIND, auditing.DEVICE_CLASS_KIND, names.POD_KIND,
+             *names.TEMPLATE_PATHS}
     return sum(1 for o in objects if isinstance(o.obj.get("kind"), str) and o.obj["kind"] in kinds)
 
 
@@ -605,7 +606,7 @@ def _failed(command: str, exc: Exception, args: argparse.Namespace, err: IO[str]
     return EXIT_USAGE
 
 
-def audit_wide(items: list[audit.Item], no_headers: bool = False) -> str:
+def audit_wide(items: list[auditing.Item], no_headers: bool = False) -> str:
     """One line per finding, every field a column (for grep and awk)."""
     rows = [[i.ref.namespace or "-", i.ref.kind, i.ref.name, i.finding.container or "-", i.finding.severity,
              i.finding.rule, " ".join(i.finding.message.removeprefix("gpushard: ").split())] for i in items]
@@ -613,7 +614,7 @@ def audit_wide(items: list[audit.Item], no_headers: bool = False) -> str:
                     ["NAMESPACE", "KIND", "NAME", "CONTAINER", "SEVERITY", "RULE", "MESSAGE"], right=set(), gap="   ")
 
 
-def audit_names(items: list[audit.Item]) -> str:
+def audit_names(items: list[auditing.Item]) -> str:
     """kubectl's ``-o name``: each object with a finding once, as ``kind[.group]/name``."""
     seen = dict.fromkeys(kubectlflags.resource_name(i.ref.kind, i.ref.name) for i in items)
     return "".join(f"{name}\n" for name in seen)
@@ -657,7 +658,7 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
             conn.target.rights = AUDITOR_RIGHTS if namespace is None else namespace_rights(namespace)
             objects = read_cluster(conn, err, namespace, getattr(args, "selector", None))
             target = "cluster" if namespace is None else f"namespace {namespace}"
-        items = audit.audit(objects, settings.policy)
+        items = auditing.audit(objects, settings.policy)
         audited = _audited(objects)
         if not args.files and namespace is None:
             # The install's own objects are cluster-wide, as nodes: not read for one namespace.
@@ -683,7 +684,7 @@ def run_audit(args: argparse.Namespace, settings, stdin: IO[str] | None = None, 
     return EXIT_FOUND if items else EXIT_CLEAN
 
 
-def status_json(use: audit.Usage, shares_per_card: int, capped: bool = False) -> dict:
+def status_json(use: auditing.Usage, shares_per_card: int, capped: bool = False) -> dict:
     """The `-o json` document of `gpushard status` (fields documented in docs/audit.md)."""
     def holders(hs, memory_mib):
         # memoryMiB: the memory cap such a share gets under isolation memory or mps (null when unknown,
@@ -714,14 +715,14 @@ def status_json(use: audit.Usage, shares_per_card: int, capped: bool = False) ->
     }
 
 
-def _asked(holder: audit.Holder) -> dict:
+def _asked(holder: auditing.Holder) -> dict:
     if not holder.memory_asked_mib:
         return {}
     return {"memoryAskedMiB": holder.memory_asked_mib,
             **({"sizedForMiB": holder.sized_for_mib} if holder.sized_for_mib else {})}
 
 
-def _asked_text(holder: audit.Holder) -> str:
+def _asked_text(holder: auditing.Holder) -> str:
     """For a pod placed by its memory ask, what it asked and the card size it got: ", asked 12288 MiB of a
     23034 MiB card"; else nothing."""
     if not holder.memory_asked_mib:
@@ -743,7 +744,7 @@ def _percent(used: int, capacity: int) -> str:
     return f"{100 * used // capacity}%" if capacity else "-"
 
 
-def status_table(use: audit.Usage, wide: bool = False, no_headers: bool = False, shares_per_card: int = 100,
+def status_table(use: auditing.Usage, wide: bool = False, no_headers: bool = False, shares_per_card: int = 100,
                  capped: bool = False, selector: str | None = None, shared_nodes: int | None = None,
                  namespace: str | None = None, empty: str | None = None) -> str:
     """One row per card, a total row per node and for the cluster; every row on one line, as kubectl
@@ -816,26 +817,26 @@ def _aligned(rows: list[list[str]], headers: list[str] | None, right: set[int], 
     return "\n".join(out) + "\n"
 
 
-def install_json(items: list[audit.Item]) -> list[dict]:
+def install_json(items: list[auditing.Item]) -> list[dict]:
     """The install's half-done states, for `status -o json` (fields documented in docs/audit.md)."""
     return [{"kind": i.ref.kind, "namespace": i.ref.namespace or None, "name": i.ref.name, "rule": i.finding.rule,
              "message": i.finding.message, "run": i.fix} for i in items]
 
 
-def install_lines(items: list[audit.Item]) -> str:
+def install_lines(items: list[auditing.Item]) -> str:
     """The install's half-done states under the status table: what was found, then what to run."""
     return "".join(f"install: {i.finding.message.removeprefix('gpushard: ')}\n  run: {i.fix}\n" for i in items)
 
 
 def toolkit_problems(nodes: list[dict], picked: set[str] | None = None) -> list[tuple[str, str]]:
     """(node, message) for each shared node whose NVIDIA toolkit honours an outsider's NVIDIA_VISIBLE_DEVICES, as
-    its agent found it (core/audit.py toolkit_problem); only the nodes ``picked`` when a selector picked some."""
+    its agent found it (core/auditing.py toolkit_problem); only the nodes ``picked`` when a selector picked some."""
     found = []
     for node in nodes:
         meta = node.get("metadata") or {}
         name = str(meta.get("name") or "")
         shared = names.CARDS_LABEL in (meta.get("labels") or {})  # set by gpushard's agent, as the verdict is
-        problem = audit.toolkit_problem(node) if shared and (picked is None or name in picked) else None
+        problem = auditing.toolkit_problem(node) if shared and (picked is None or name in picked) else None
         if problem:
             found.append((name, problem))
     return found
@@ -844,7 +845,8 @@ def toolkit_problems(nodes: list[dict], picked: set[str] | None = None) -> list[
 def held_cards(nodes: list[dict], picked: set[str] | None = None) -> list[tuple[str, str]]:
     """(node, message) for each card an agent withholds because another device plugin's pods hold it."""
     return [(str((n.get("metadata") or {}).get("name") or ""), message) for n in nodes
-            if picked is None or (n.get("metadata") or {}).get("name") in picked for message in audit.held_by_others(n)]
+            if picked is None or (n.get("metadata") or {}).get("name") in picked
+            for message in auditing.held_by_others(n)]
 
 
 def refused_pods(pods: list[dict], policy) -> list[dict]:
@@ -868,7 +870,7 @@ def refused_lines(refused: list[dict]) -> str:
 
 def node_lines(problems: list[tuple[str, str]], held: list[tuple[str, str]] = ()) -> str:
     """Under the status table: what was found on each node, then what to do."""
-    fix = audit.FIXES[audit.TOOLKIT_ACCEPTS_ENVVAR]
+    fix = auditing.FIXES[auditing.TOOLKIT_ACCEPTS_ENVVAR]
     lines = [f"node: {message.removeprefix('gpushard: ')}\n  fix: {fix}\n" for _, message in problems]
     lines += [f"node: {message.removeprefix('gpushard: ')}\n" for _, message in held]
     return "".join(lines)
@@ -880,7 +882,7 @@ def kubernetes_core(conn: connecting.Client):
     return kubernetes.client.CoreV1Api(conn.api)
 
 
-def status_names(use: audit.Usage) -> str:
+def status_names(use: auditing.Usage) -> str:
     return "".join(kubectlflags.resource_name("Node", n.name) + "\n" for n in use.nodes)
 
 
@@ -898,7 +900,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             nodes = None
         else:
             nodes, pods, picked = read_usage_inputs(conn, selector)
-            use = audit.usage(nodes, pods, settings.policy)
+            use = auditing.usage(nodes, pods, settings.policy)
         shared_nodes = len(use.nodes)
         empty = empty_cluster_note(conn, settings.policy) if not shared_nodes and output == kubectlflags.TABLE \
             and not getattr(args, "no_headers", False) else None
@@ -907,7 +909,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
         # Only an explicit -n narrows (the pods shown); -A, or neither, shows every namespace's.
         namespace = None if getattr(args, "all_namespaces", False) else getattr(args, "namespace", None) or None
         if namespace is not None:
-            use = audit.pods_of_namespace(use, namespace)
+            use = auditing.pods_of_namespace(use, namespace)
         capped = settings.policy.isolation != "none"
         install = installation.check(read_install(conn, err)) if output != kubectlflags.NAME else []
         listed = (nodes if nodes is not None else _list(kubernetes_core(conn).list_node, "nodes", conn)) \
@@ -923,7 +925,8 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             if namespace is not None:
                 document = {**document, "namespace": namespace}
             document["install"] = install_json(install)
-            document["toolkit"] = [{"node": name, "message": message, "fix": audit.FIXES[audit.TOOLKIT_ACCEPTS_ENVVAR]}
+            fix = auditing.FIXES[auditing.TOOLKIT_ACCEPTS_ENVVAR]
+            document["toolkit"] = [{"node": name, "message": message, "fix": fix}
                                    for name, message in toolkit]
             document["heldByOtherPlugins"] = [{"node": name, "message": message} for name, message in held]
             document["refused"] = refused

@@ -271,7 +271,7 @@ def cmd_top(args: argparse.Namespace) -> int:
 # --- replace ---------------------------------------------------------------------------------
 
 def cmd_replace(args: argparse.Namespace) -> int:
-    from webhook.relocation import controller
+    from webhook.replacement import controller
 
     return controller.run(args, _settings(args.config))
 

@@ -12,7 +12,7 @@ import yaml
 from webhook import kubectlflags
 from webhook import settings as settings_mod
 from webhook.core import asks as req
-from webhook.core import audit, decisions, extended, names
+from webhook.core import auditing, decisions, extended, names
 from webhook.core import findings as f
 from webhook.core.policy import Policy
 
@@ -72,22 +72,22 @@ def summary(decision: decisions.Decision, mode: str) -> str:
     return "admitted"
 
 
-def _namespace_modes(items: list[tuple[str, int, object]]) -> dict[str, audit.NamespaceMode]:
+def _namespace_modes(items: list[tuple[str, int, object]]) -> dict[str, auditing.NamespaceMode]:
     """The mode of every Namespace among the manifests, read as the webhook's selector reads the label."""
     modes = {}
     for _path, _number, obj in items:
-        if isinstance(obj, dict) and obj.get("kind") == audit.NAMESPACE_KIND:
-            ref = audit.ref_of(obj)
+        if isinstance(obj, dict) and obj.get("kind") == auditing.NAMESPACE_KIND:
+            ref = auditing.ref_of(obj)
             meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-            modes[ref.name] = audit.namespace_mode(ref.name, meta.get("labels"))
+            modes[ref.name] = auditing.namespace_mode(ref.name, meta.get("labels"))
     return modes
 
 
-def _mode_for(obj: object, modes: dict[str, audit.NamespaceMode], default: str) -> tuple[str, str]:
+def _mode_for(obj: object, modes: dict[str, auditing.NamespaceMode], default: str) -> tuple[str, str]:
     """(mode, why) for an object: its Namespace among the manifests decides, else ``default``."""
     if not isinstance(obj, dict):
         return default, ""
-    namespace = audit.ref_of(obj).namespace or "default"
+    namespace = auditing.ref_of(obj).namespace or "default"
     ns = modes.get(namespace)
     if ns is None:
         why = f"review ran with --mode {OUTSIDE}" if default == OUTSIDE else ""

@@ -8,11 +8,11 @@ import os
 from dataclasses import dataclass, field
 
 from tests.agent import fakepodresources
-from webhook.agent import nvml
+from webhook.agent.node import nvml
 from webhook.agent.proto import podresources_pb2 as pb
 
 MIB = nvml.MIB
-# How each container runtime and cgroup driver names a container's cgroup (see webhook/agent/attributing.py).
+# How each container runtime and cgroup driver names a container's cgroup (see webhook/agent/metrics/attributing.py).
 LAYOUTS = {
     "cgroupfs-v1": lambda uid, cid: "\n".join([
         f"12:memory:/kubepods/burstable/pod{uid}/{cid}", f"11:cpu,cpuacct:/kubepods/burstable/pod{uid}/{cid}",

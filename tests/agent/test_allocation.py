@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from webhook import settings
-from webhook.agent import allocation, nvml
+from webhook.agent.node import allocation, nvml
 from webhook.core import names
 
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559),

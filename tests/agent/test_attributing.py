@@ -18,7 +18,8 @@ import pytest
 
 from tests.agent import fakekubelet, fakenode, fakepodresources
 from tests.fakekube import FakeKube
-from webhook.agent import attributing, podlisting, podresources
+from webhook.agent.metrics import attributing, podlisting
+from webhook.agent.node import podresources
 from webhook.agent.proto import podresources_pb2 as pb
 from webhook.core import policy as policy_mod
 

@@ -26,7 +26,8 @@ import pytest
 
 from tests.agent import fakekubelet, fakepodresources
 from webhook import settings
-from webhook.agent import nvml, podresources, running
+from webhook.agent import running
+from webhook.agent.node import nvml, podresources
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import podresources_pb2 as prpb
 

@@ -22,7 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import fakekube
 from tests.cluster import kubeobjects
 from webhook import settings
-from webhook.agent import attributing, conflicting, exporting, nvml, publishing, running
+from webhook.agent import running
+from webhook.agent.metrics import attributing, exporting
+from webhook.agent.node import nvml, otherdrivers, publishing
 from webhook.core import names
 
 NODE = "gpu-node-1"
@@ -44,10 +46,10 @@ def test_which_slices_conflict():
               resource_slice("other", "gpu.example.com", uuids=("GPU-bbbb", "GPU-zzzz")),
               resource_slice("nic", "net.example.com", uuids=("MAC-1",)),
               resource_slice("elsewhere", "gpu.nvidia.com", node="gpu-node-2")]
-    assert conflicting.conflicts(slices, NODE, CARDS) == [
-        conflicting.Conflict("gpu.example.com", ("other",), 2, (1,)),
-        conflicting.Conflict("gpu.nvidia.com", ("nv",), 1, ())]
-    assert conflicting.conflicts(slices[2:], NODE, CARDS) == []
+    assert otherdrivers.conflicts(slices, NODE, CARDS) == [
+        otherdrivers.Conflict("gpu.example.com", ("other",), 2, (1,)),
+        otherdrivers.Conflict("gpu.nvidia.com", ("nv",), 1, ())]
+    assert otherdrivers.conflicts(slices[2:], NODE, CARDS) == []
 
 
 @pytest.fixture
@@ -61,7 +63,7 @@ def start_agent(kube, plugin_dir):
     agent = running.Agent(nvml.FakeDevices(CARDS), settings.Settings().policy, plugin_dir,
                           publisher=lambda cards: publishing.Publisher(api, NODE, cards, retry=0.05),
                           poll=0.05, tick=0.2,
-                          conflicts=lambda cards: conflicting.Watcher(api, NODE, cards, interval=0.1))
+                          conflicts=lambda cards: otherdrivers.Watcher(api, NODE, cards, interval=0.1))
     agent.start()
     return agent
 
@@ -79,7 +81,7 @@ def metrics(agent) -> dict[tuple, float]:
 
 
 def test_the_agent_reports_a_conflicting_driver_in_its_inventory_metrics_and_log(kube, plugin_dir, caplog):
-    caplog.set_level(logging.INFO, logger="webhook.agent.conflicting")
+    caplog.set_level(logging.INFO, logger="webhook.agent.node.otherdrivers")
     kube.put("nodes", {"metadata": {"name": NODE}})
     kube.put("resourceslices", resource_slice("nic", "net.example.com", uuids=("MAC-1",)))
     agent = start_agent(kube, plugin_dir)
@@ -116,20 +118,20 @@ def test_the_agent_reports_a_conflicting_driver_in_its_inventory_metrics_and_log
 
 @pytest.mark.parametrize("status", [403, 404])
 def test_no_right_or_no_dra_api_reports_nothing(kube, status, caplog):
-    caplog.set_level(logging.INFO, logger="webhook.agent.conflicting")
+    caplog.set_level(logging.INFO, logger="webhook.agent.node.otherdrivers")
     kube.put("resourceslices", resource_slice("nv-1", "gpu.nvidia.com"))
     kube.fail_next = [status, status]
-    watcher = conflicting.Watcher(kube.api_client(), NODE, lambda: CARDS)
+    watcher = otherdrivers.Watcher(kube.api_client(), NODE, lambda: CARDS)
     assert watcher.check_once() == [] and watcher.check_once() == [] and not watcher.checked
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1
     if status == 403:
         assert "the agent's ClusterRole needs list on resourceslices" in said[0]
-    assert watcher.check_once() == [conflicting.Conflict("gpu.nvidia.com", ("nv-1",), 1, ())]
+    assert watcher.check_once() == [otherdrivers.Conflict("gpu.nvidia.com", ("nv-1",), 1, ())]
 
 
 def test_gpushard_s_own_slice_is_no_conflict():
     """Backend dra publishes gpushard's own slice naming the node's cards; it must not report itself
     (break: drop the own-driver check in conflicting.conflicts and this fails)."""
     own = resource_slice("mine", names.DRA_DRIVER, uuids=("GPU-aaaa", "GPU-bbbb"))
-    assert conflicting.conflicts([own], NODE, CARDS) == []
+    assert otherdrivers.conflicts([own], NODE, CARDS) == []

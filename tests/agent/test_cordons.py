@@ -22,7 +22,10 @@ import pytest
 from tests.agent import drakubelet, draworld, fakekubelet
 from tests.polling import eventually
 from webhook import settings
-from webhook.agent import cordonwatching, drabackend, exporting, nvml, running
+from webhook.agent import running
+from webhook.agent.dra import backend
+from webhook.agent.metrics import exporting
+from webhook.agent.node import cordonwatching, nvml
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.core import draobjects, names, objects
 from webhook.core import policy as policy_mod
@@ -138,11 +141,11 @@ def test_an_api_server_that_fails_at_first_leaves_the_cards_offered(api):
 @pytest.fixture
 def dra_world(api, plugin_dir, kubelet):
     root = fakekubelet.short_tempdir("gsc-")
-    folders = drabackend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"), os.path.join(root, "cdi"))
+    folders = backend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"), os.path.join(root, "cdi"))
     client = api.api_client()
     policy = policy_mod.Policy(backend=policy_mod.DRA, isolation="memory")
     agent = running.Agent(nvml.FakeDevices(CARDS), policy, plugin_dir, poll=0.05, tick=0.2, register_timeout=2,
-                          dra=lambda a: drabackend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
+                          dra=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
                                                               folders, poll=0.05),
                           cordons=watcher(api))
     agent.start()

@@ -18,8 +18,9 @@ import pytest
 
 from tests.agent import fakekubelet
 from webhook import settings
-from webhook.agent import kubelet as agent_kubelet
-from webhook.agent import nvml, running
+from webhook.agent import running
+from webhook.agent.deviceplugin import registration as agent_kubelet
+from webhook.agent.node import nvml
 from webhook.agent.proto import deviceplugin_pb2 as pb
 
 CARDS = [nvml.Card(0, "GPU-11111111-aaaa", "NVIDIA H100 80GB HBM3", 81559),

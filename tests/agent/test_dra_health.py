@@ -23,7 +23,9 @@ import pytest
 
 from tests.agent import drakubelet, fakekubelet, fakepodresources
 from tests.polling import eventually
-from webhook.agent import drabackend, nvml, podresources, running
+from webhook.agent import running
+from webhook.agent.dra import backend
+from webhook.agent.node import nvml, podresources
 from webhook.core import draobjects
 from webhook.core import policy as policy_mod
 
@@ -41,7 +43,7 @@ def make_world(api, plugin_dir, kubelet):
 
     def make():
         root = fakekubelet.short_tempdir("gsh-")
-        folders = drabackend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"),
+        folders = backend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"),
                                      os.path.join(root, "cdi"))
         lister = fakepodresources.FakePodResources(os.path.join(root, "pr.sock")).start()
         devices = nvml.FakeDevices(CARDS)
@@ -49,7 +51,7 @@ def make_world(api, plugin_dir, kubelet):
         agent = running.Agent(
             devices, policy_mod.Policy(backend=policy_mod.DRA, shares_per_card=4), plugin_dir, poll=0.05, tick=0.1,
             register_timeout=2, pod_resources=podresources.Client(lister.path), holders_refresh=0.2,
-            dra=lambda a: drabackend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy, folders,
+            dra=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy, folders,
                                                 poll=0.05, health_resend=RESEND))
         agent.start()
         peer = drakubelet.DraKubelet()

@@ -22,7 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import fakekube
 from tests.agent import drakubelet, draworld, fakekubelet, fakepodresources
 from webhook import top
-from webhook.agent import attributing, draplugin, exporting, health, nvml, podlisting, podresources
+from webhook.agent.dra import kubeletplugin
+from webhook.agent.metrics import attributing, exporting, podlisting
+from webhook.agent.node import health, nvml, podresources
 from webhook.core import policy as policy_mod
 
 NODE = "node-a"
@@ -68,13 +70,13 @@ def world(tmp_path):
     client = podresources.Client(lister.path, timeout=2)
     plugins = []
 
-    def plugin() -> draplugin.DraPlugin:
+    def plugin() -> kubeletplugin.DraPlugin:
         """The agent's DRA plugin (started afresh: a restarted agent), registered with the kubelet's side."""
         for old in plugins:
             old.stop()
-        preparer = draplugin.Preparer(NODE, lambda: CARDS, 100, draplugin.api_claim_reader(api.api_client()),
-                                      draplugin.Checkpoint(checkpoint), cdi_dir=os.path.join(root, "cdi"))
-        started = draplugin.DraPlugin(preparer, os.path.join(root, "reg"), os.path.join(root, "plugins"))
+        preparer = kubeletplugin.Preparer(NODE, lambda: CARDS, 100, kubeletplugin.api_claim_reader(api.api_client()),
+                                      kubeletplugin.Checkpoint(checkpoint), cdi_dir=os.path.join(root, "cdi"))
+        started = kubeletplugin.DraPlugin(preparer, os.path.join(root, "reg"), os.path.join(root, "plugins"))
         started.start()
         plugins.append(started)
         peer = drakubelet.DraKubelet()
@@ -83,7 +85,7 @@ def world(tmp_path):
 
     pods = podlisting.NodePods(api.api_client(), NODE, policy=POLICY, min_interval=0)
 
-    def scrape(started: draplugin.DraPlugin) -> dict:
+    def scrape(started: kubeletplugin.DraPlugin) -> dict:
         observer = exporting.Observer(NODE, list(CARDS.values()), nvml.FakeDevices(list(CARDS.values())),
                                       health.Board(list(CARDS.values())), POLICY,
                                       lambda: client.holdings(POLICY, started.preparer.cards_by_pod, pods.shares),
@@ -142,7 +144,7 @@ def test_a_claim_prepared_without_its_pod_recorded_is_left_out(world):
     # As an agent before this checkpoint field wrote it, and a claim reserved for no single pod.
     os.makedirs(os.path.dirname(world.checkpoint), exist_ok=True)
     with open(world.checkpoint, "w") as out:
-        json.dump({"version": draplugin.CHECKPOINT_VERSION, "claims": {"uid-o": {
+        json.dump({"version": kubeletplugin.CHECKPOINT_VERSION, "claims": {"uid-o": {
             "namespace": "ml", "name": "old-gpu", "devices": [{
                 "request_names": ["gpu"], "pool_name": NODE, "device_name": "card-0",
                 "cdi_device_ids": ["nvidia.com/gpu=GPU-0", "gpushard.io/claim=uid-o-card-0"]}]}}}, out)

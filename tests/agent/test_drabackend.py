@@ -15,7 +15,9 @@ import pytest
 
 from tests.agent import drakubelet, draworld, fakekubelet
 from tests.polling import eventually
-from webhook.agent import cordonwatching, drabackend, nodecount, nvml, running
+from webhook.agent import running
+from webhook.agent.dra import backend, nodecount
+from webhook.agent.node import cordonwatching, nvml
 from webhook.core import draobjects, names
 from webhook.core import policy as policy_mod
 
@@ -31,13 +33,13 @@ KUBELET_STATUS = {"capacity": {"cpu": "16", "memory": "131900000Ki", "pods": "11
 @pytest.fixture
 def world(api, plugin_dir, kubelet):
     root = fakekubelet.short_tempdir("gsb-")
-    folders = drabackend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"), os.path.join(root, "cdi"))
+    folders = backend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"), os.path.join(root, "cdi"))
     devices = nvml.FakeDevices(CARDS)
     policy = policy_mod.Policy(backend=policy_mod.DRA, isolation="memory")
     client = api.api_client()
     api.put("nodes", {"metadata": {"name": NODE}, "status": KUBELET_STATUS})
     agent = running.Agent(devices, policy, plugin_dir, poll=0.05, tick=0.2, register_timeout=2,
-                          dra=lambda a: drabackend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
+                          dra=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
                                                               folders, poll=0.05),
                           cordons=lambda: cordonwatching.Watcher(client, NODE, watch_timeout=5, backoff=(0.05, 0.2)),
                           count=lambda name, shares: nodecount.Keeper(client, NODE, name, shares, retry=(0.05, 0.2)))

@@ -24,7 +24,8 @@ import threading
 import pytest
 
 from tests.agent import drakubelet, draworld, fakekubelet
-from webhook.agent import cdi, draplugin, isolation, nvml
+from webhook.agent.dra import cdi, kubeletplugin
+from webhook.agent.node import containerlimits, nvml
 from webhook.core import asks as req
 from webhook.core import names
 from webhook.core import policy as policy_mod
@@ -48,11 +49,12 @@ def pod_shares(pod):
 
 
 def make_plugin(api, dirs, mode="memory", check_pods=False):
-    checks = {"read_pod": draplugin.api_pod_reader(api.api_client()), "pod_shares": pod_shares} if check_pods else {}
-    preparer = draplugin.Preparer(NODE, lambda: CARDS, 100, draplugin.api_claim_reader(api.api_client()),
-                                  draplugin.Checkpoint(dirs["checkpoint"]), cdi_dir=dirs["cdi"], mode=mode,
-                                  mps_root=isolation.MpsRoot(os.path.join(dirs["plugins"], "mps")), **checks)
-    plugin = draplugin.DraPlugin(preparer, dirs["registry"], dirs["plugins"])
+    checks = {"read_pod": kubeletplugin.api_pod_reader(api.api_client()), "pod_shares": pod_shares} \
+        if check_pods else {}
+    preparer = kubeletplugin.Preparer(NODE, lambda: CARDS, 100, kubeletplugin.api_claim_reader(api.api_client()),
+                                  kubeletplugin.Checkpoint(dirs["checkpoint"]), cdi_dir=dirs["cdi"], mode=mode,
+                                  mps_root=containerlimits.MpsRoot(os.path.join(dirs["plugins"], "mps")), **checks)
+    plugin = kubeletplugin.DraPlugin(preparer, dirs["registry"], dirs["plugins"])
     plugin.start()
     return plugin
 
@@ -123,7 +125,7 @@ def test_unprepare_removes_what_prepare_made_and_may_come_twice(api, dirs, kubel
         response = kubelet.unprepare(("team-a", "uid-u", "c"))
         assert "uid-u" in response.claims and response.claims["uid-u"].error == ""
         assert not os.path.exists(cdi.spec_path(dirs["cdi"], "uid-u"))
-        assert "uid-u" not in draplugin.Checkpoint(dirs["checkpoint"]).claims
+        assert "uid-u" not in kubeletplugin.Checkpoint(dirs["checkpoint"]).claims
 
 
 def test_prepare_twice_gives_the_same_answer(api, kubelet):
@@ -155,7 +157,7 @@ def test_a_claim_for_another_driver_is_refused(api, dirs, kubelet):
     assert entry.error.startswith("gpushard: claim team-a/other has no device of driver gpu.gpushard.io")
     assert not entry.devices
     assert not os.path.exists(cdi.spec_path(dirs["cdi"], "uid-o"))
-    assert "uid-o" not in draplugin.Checkpoint(dirs["checkpoint"]).claims
+    assert "uid-o" not in kubeletplugin.Checkpoint(dirs["checkpoint"]).claims
 
 
 @pytest.mark.parametrize("claim,expected", [
@@ -213,7 +215,7 @@ def test_with_mps_the_spec_mounts_the_cards_pipe_and_shm(api, dirs):
         env = dict(e.split("=", 1) for e in edits["env"])
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={25 * 81559 // 100}M"
-        root = isolation.MpsRoot(os.path.join(dirs["plugins"], "mps"))
+        root = containerlimits.MpsRoot(os.path.join(dirs["plugins"], "mps"))
         hosts = {m["hostPath"]: m["containerPath"] for m in edits["mounts"]}
         assert hosts[root.pipe_dir(CARDS[0])] == names.MPS_CLIENT_PIPE_DIR
         assert all(m["options"][0] == "rbind" for m in edits["mounts"])
@@ -263,7 +265,7 @@ def test_a_claim_that_did_not_come_from_gpushards_template_for_its_pod_is_refuse
     assert entry.error.startswith("gpushard: ") and expected in entry.error, entry.error
     assert not entry.devices
     assert not os.path.exists(cdi.spec_path(dirs["cdi"], "uid-z"))
-    assert "uid-z" not in draplugin.Checkpoint(dirs["checkpoint"]).claims
+    assert "uid-z" not in kubeletplugin.Checkpoint(dirs["checkpoint"]).claims
 
 
 def test_a_slow_api_server_delays_only_the_claim_that_waits_on_it(api, dirs, plugin, kubelet):
@@ -293,7 +295,7 @@ def test_a_slow_api_server_delays_only_the_claim_that_waits_on_it(api, dirs, plu
         answer.set()
         thread.join(30)
     assert waiting["r"].claims["uid-slow"].error == ""
-    assert set(draplugin.Checkpoint(dirs["checkpoint"]).claims) == {"uid-slow", "uid-fast"}
+    assert set(kubeletplugin.Checkpoint(dirs["checkpoint"]).claims) == {"uid-slow", "uid-fast"}
 
 
 def test_a_spec_gone_with_a_reboot_is_written_again_at_start(api, dirs, plugin, kubelet, caplog):
@@ -313,7 +315,7 @@ def test_a_spec_gone_with_a_reboot_is_written_again_at_start(api, dirs, plugin, 
     del kept["claims"]["uid-old"]["cdi"]
     with open(dirs["checkpoint"], "w") as out:
         json.dump(kept, out)
-    caplog.set_level(logging.INFO, logger="webhook.agent.draplugin")
+    caplog.set_level(logging.INFO, logger="webhook.agent.dra.kubeletplugin")
     again = make_plugin(api, dirs)
     try:
         with open(path) as source:

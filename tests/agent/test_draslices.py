@@ -10,7 +10,7 @@
 import threading
 import time
 
-from webhook.agent import draslices
+from webhook.agent.dra import slices
 from webhook.core import draobjects, names
 
 CARDS = [draobjects.CardFacts(i, f"GPU-{i}", "NVIDIA L4", 23034) for i in range(3)]
@@ -26,7 +26,7 @@ def writes(api):
 
 
 def test_created_with_one_device_per_card(api):
-    publisher = draslices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100)
+    publisher = slices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100)
     assert publisher.publish_once()
     obj = stored(api)
     assert obj["apiVersion"] == names.DRA_API_VERSION and obj["kind"] == "ResourceSlice"
@@ -38,7 +38,7 @@ def test_created_with_one_device_per_card(api):
 
 def test_health_changes_keep_it_current(api):
     present = list(CARDS)
-    publisher = draslices.SlicePublisher(api.api_client(), "node-a", lambda: present, 100)
+    publisher = slices.SlicePublisher(api.api_client(), "node-a", lambda: present, 100)
     publisher.publish_once()
     first = stored(api)
     present.remove(CARDS[1])  # Unhealthy or gone: the agent publishes only healthy, present cards
@@ -55,16 +55,16 @@ def test_health_changes_keep_it_current(api):
 
 
 def test_nothing_written_when_nothing_changed(api):
-    publisher = draslices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100)
+    publisher = slices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100)
     publisher.publish_once()
-    again = draslices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100)  # an agent restarted
+    again = slices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100)  # an agent restarted
     assert again.publish_once()
     assert len(writes(api)) == 1
     assert stored(api)["spec"]["pool"]["generation"] == 0
 
 
 def test_a_failing_api_server_is_retried(api):
-    publisher = draslices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100, retry=0.01)
+    publisher = slices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100, retry=0.01)
     api.fail_next = [503]
     assert not publisher.publish_once()
     assert publisher.publish_once()
@@ -73,13 +73,13 @@ def test_a_failing_api_server_is_retried(api):
 
 def test_a_slice_that_breaks_a_rule_is_never_sent(api):
     many = [draobjects.CardFacts(i, f"GPU-{i}", "m", 1) for i in range(129)]
-    publisher = draslices.SlicePublisher(api.api_client(), "node-a", lambda: many, 100)
+    publisher = slices.SlicePublisher(api.api_client(), "node-a", lambda: many, 100)
     assert publisher.publish_once()  # not retried: the answer would not change
     assert writes(api) == []
 
 
 def test_a_deleted_slice_is_made_again(api):
-    publisher = draslices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100, resync=0.05)
+    publisher = slices.SlicePublisher(api.api_client(), "node-a", lambda: CARDS, 100, resync=0.05)
     stop = threading.Event()
     thread = threading.Thread(target=publisher.run, args=(stop,), daemon=True)
     thread.start()

@@ -36,7 +36,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.agent import fakekubelet, fakenode, fakepodresources
 from tests.fakekube import FakeKube
-from webhook.agent import attributing, exporting, health, nvml, podlisting, podresources
+from webhook.agent.metrics import attributing, exporting, podlisting
+from webhook.agent.node import health, nvml, podresources
 from webhook.core import policy as policy_mod
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

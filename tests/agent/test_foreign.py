@@ -1,4 +1,5 @@
-"""We test that a card another device plugin handed to a running container is not offered (webhook/agent/foreign.py),
+"""We test that a card another device plugin handed to a running container is not offered
+(webhook/agent/node/otherplugins.py),
 over real gRPC: the agent's device plugins to a fake kubelet, its PodResources reads from a fake PodResources server:
 - a container of NVIDIA's nvidia.com/gpu holding replicas of card 1 (``<uuid>::<n>``, time-slicing), or card 1
   whole (its UUID, or its index with NVIDIA's ``DEVICE_ID_STRATEGY=index``: ``1``, ``1::2``), makes card 1's
@@ -23,11 +24,13 @@ import pytest
 from tests.agent import fakekubelet, fakepodresources
 from tests.polling import eventually
 from webhook import settings
-from webhook.agent import exporting, foreign, nvml, podresources, publishing, running
+from webhook.agent import running
+from webhook.agent.metrics import exporting
+from webhook.agent.node import nvml, otherplugins, podresources, publishing
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import podresources_pb2 as prpb
 from webhook.auditing import held_cards, node_lines
-from webhook.core import audit, names
+from webhook.core import auditing, names
 
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559), nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)]
 SHARES = 4
@@ -50,13 +53,13 @@ def test_held_names_the_cards_of_other_resources_only():
         pod("elsewhere", nvidia("GPU-not-on-this-node::1"), fakepodresources.container(
             "nic", **{"example.com/nic": ["0000:3b:00.0"]})),
     ])
-    assert foreign.held(response, POLICY, CARDS) == {1: {"nvidia.com/gpu": ["ml/seed-a", "ml/seed-b"]}}
+    assert otherplugins.held(response, POLICY, CARDS) == {1: {"nvidia.com/gpu": ["ml/seed-a", "ml/seed-b"]}}
 
 
 def test_held_reads_nvidias_index_device_ids_too():
     response = prpb.ListPodResourcesResponse(pod_resources=[
         pod("by-index", nvidia("1::2", "1::5")), pod("whole", nvidia("0")), pod("absent", nvidia("7::1", "7"))])
-    assert foreign.held(response, POLICY, CARDS) == {0: {"nvidia.com/gpu": ["ml/whole"]},
+    assert otherplugins.held(response, POLICY, CARDS) == {0: {"nvidia.com/gpu": ["ml/whole"]},
                                                      1: {"nvidia.com/gpu": ["ml/by-index"]}}
 
 
@@ -89,7 +92,7 @@ def ids(card: int) -> dict[str, str]:
 
 def test_a_card_held_by_nvidias_pods_is_withheld_until_they_end(agent, kubelet, plugin_dir, pod_resources, caplog):
     kubelet.wait_for({"gpushard.io/gpu", "gpushard.io/card-0", "gpushard.io/card-1"})
-    with caplog.at_level(logging.INFO, logger="webhook.agent.foreign"), \
+    with caplog.at_level(logging.INFO, logger="webhook.agent.node.otherplugins"), \
             fakekubelet.PluginClient(plugin_dir, "gpushard-io-card-1.sock") as c1, \
             fakekubelet.PluginClient(plugin_dir, "gpushard-io-card-0.sock") as c0:
         card1, card0 = fakekubelet.Stream(c1), fakekubelet.Stream(c0)
@@ -112,7 +115,7 @@ def test_a_card_held_by_nvidias_pods_is_withheld_until_they_end(agent, kubelet, 
         eventually(lambda: latest(card1) == ids(1), "card 1 offered again")
         for stream in (card1, card0):
             stream.cancel()
-    said = [r.getMessage() for r in caplog.records if r.name == "webhook.agent.foreign"]
+    said = [r.getMessage() for r in caplog.records if r.name == "webhook.agent.node.otherplugins"]
     assert said[0].startswith("gpushard: card 1 is held by pods of another device plugin (nvidia.com/gpu: ml/seed-a,")
     assert said[-1].startswith("gpushard: card 1 is no longer held")
     assert len(said) == 3, said  # two holders, then one, then none: one line each
@@ -120,7 +123,7 @@ def test_a_card_held_by_nvidias_pods_is_withheld_until_they_end(agent, kubelet, 
 
 def test_a_failing_pod_resources_server_keeps_the_last_answer(pod_resources):
     client = podresources.Client(pod_resources.path)
-    watcher = foreign.Watcher(client.list, POLICY, CARDS)
+    watcher = otherplugins.Watcher(client.list, POLICY, CARDS)
     pod_resources.fail = grpc.StatusCode.UNAVAILABLE
     assert watcher.check() is False and watcher.withheld == frozenset()
     pod_resources.fail = None
@@ -145,7 +148,7 @@ def test_status_says_which_card_is_held_and_by_whom():
     details = {"cards": {0: {}, 1: {"heldBy": {"nvidia.com/gpu": ["ml/seed-a", "ml/seed-b"]}}}}
     patch = publishing.node_patch(CARDS, details)
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1", **patch["metadata"]}}
-    assert audit.held_by_others(node) == [
+    assert auditing.held_by_others(node) == [
         'gpushard: card 1 of node "gpu-1" is held by pods of another device plugin: nvidia.com/gpu (ml/seed-a, '
         "ml/seed-b); its shares are not offered to new pods until those end"]
     lines = node_lines([], held_cards([node]))

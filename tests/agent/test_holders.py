@@ -13,7 +13,8 @@
 import pytest
 
 from webhook import settings
-from webhook.agent import allocation, holders, nvml, podresources
+from webhook.agent.deviceplugin import holders
+from webhook.agent.node import allocation, nvml, podresources
 from webhook.agent.proto import podresources_pb2 as pb
 
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559),

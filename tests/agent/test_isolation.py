@@ -19,28 +19,29 @@ import pytest
 
 from tests.agent import fakekubelet, mpsstandin, toolkit
 from webhook import settings
-from webhook.agent import allocation, isolation, nvml, running
+from webhook.agent import running
+from webhook.agent.node import allocation, containerlimits, nvml
 from webhook.agent.proto import deviceplugin_pb2 as pb
 
 H100 = nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559)
 L4 = nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)
-ROOT = isolation.MpsRoot("/run/gpushard/mps")
+ROOT = containerlimits.MpsRoot("/run/gpushard/mps")
 
 
 def test_none_gives_nothing():
-    assert isolation.answer(H100, 25, 100, "none") == allocation.Allocation()
+    assert containerlimits.answer(H100, 25, 100, "none") == allocation.Allocation()
 
 
 @pytest.mark.parametrize("card, shares, cap", [(H100, 25, "20389"), (H100, 100, "81559"), (L4, 25, "5622"),
                                                (L4, 1, "224")])
 def test_memory_mode_caps_each_card_by_its_own_memory(card, shares, cap):
-    got = isolation.answer(card, shares, 100, "memory")
+    got = containerlimits.answer(card, shares, 100, "memory")
     assert got == allocation.Allocation({"NVIDIA_GPU_MEMORY_LIMIT": cap, "NVIDIA_GPU_MEMORY_REQUEST": cap,
                                          "NVIDIA_GPU_MEMORY_LIMITS": cap, "NVIDIA_GPU_MEMORY_REQUESTS": cap})
 
 
 def test_mps_mode_gives_pipe_limits_and_mounts():
-    got = isolation.answer(L4, 30, 100, "mps", ROOT)
+    got = containerlimits.answer(L4, 30, 100, "mps", ROOT)
     assert got.envs == {"CUDA_MPS_PIPE_DIRECTORY": "/run/gpushard/mps/pipe",
                         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
                         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=6747M"}
@@ -51,14 +52,14 @@ def test_mps_mode_gives_pipe_limits_and_mounts():
 
 def test_a_card_of_unknown_memory_gets_no_cap():
     card = nvml.Card(0, "GPU-x", "fake", 0)
-    assert isolation.answer(card, 50, 100, "memory") == allocation.Allocation()
-    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in isolation.answer(card, 50, 100, "mps").envs
+    assert containerlimits.answer(card, 50, 100, "memory") == allocation.Allocation()
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in containerlimits.answer(card, 50, 100, "mps").envs
 
 
 def test_the_count_of_ids_is_the_shares_and_the_aggregate_answers_nothing():
     policy = settings.from_mapping({"isolation": "memory"}).policy
     gpu, card0, card1 = allocation.resources([H100, L4], policy)
-    limits = isolation.Limits("memory", 100, ROOT)
+    limits = containerlimits.Limits("memory", 100, ROOT)
     ids = [allocation.device_id(1, s) for s in range(40)]
     assert limits.for_request(card1, ids, [H100, L4]).envs["NVIDIA_GPU_MEMORY_LIMIT"] == "8996"
     assert limits.for_request(gpu, ids, [H100, L4]) == allocation.Allocation()
@@ -101,7 +102,8 @@ def test_the_webhook_removes_every_limit_name_the_plugin_sets_from_an_authors_en
     # Any name the card-k plugin hands the runtime, plural names included, is one an author may not write.
     from webhook.core import isolation as core_isolation
 
-    given = {*isolation.answer(H100, 25, 100, "memory").envs, *isolation.answer(H100, 25, 100, "mps", ROOT).envs}
+    given = {*containerlimits.answer(H100, 25, 100, "memory").envs,
+             *containerlimits.answer(H100, 25, 100, "mps", ROOT).envs}
     assert {"NVIDIA_GPU_MEMORY_LIMITS", "NVIDIA_GPU_MEMORY_REQUESTS"} <= given
     assert all(core_isolation.guarded(name) for name in given)
 

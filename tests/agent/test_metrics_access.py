@@ -10,7 +10,9 @@ Kubernetes API server answering its TokenReviews and SubjectAccessReviews:
 - from the agent pod's own loopback (where a port-forward arrives) no token is needed;
 - connections that stall hold at most CONNECTIONS_MAX of the agent's threads: one past it is closed at once,
   and once they are gone a scrape is answered again;
-- the peer and header rules themselves: loopback in IPv4, IPv6 and IPv4-mapped forms, bearer parsing.
+- the peer and header rules themselves: loopback in IPv4, IPv6 and IPv4-mapped forms, bearer parsing;
+- the kubelet's probes (/healthz, /readyz) need no token, from the network too: 200 "ok" while the agent is whole,
+  503 naming what is wrong when not, and no metric in either answer.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import pytest
 
 from tests.fakekube import FakeKube
 from webhook import authorizing
-from webhook.agent import exporting, nvml
+from webhook.agent.metrics import exporting
+from webhook.agent.node import nvml
 
 NODE = "gpu-node-1"
 PROMETHEUS = "system:serviceaccount:monitoring:prometheus-k8s"
@@ -77,10 +80,10 @@ def agent(kube):
     server.close()
 
 
-def scrape(address: str, port: int, token: str | None = None) -> tuple[int, str]:
+def scrape(address: str, port: int, token: str | None = None, path: str = "/metrics") -> tuple[int, str]:
     conn = http.client.HTTPSConnection(address, port, timeout=10, context=UNVERIFIED)
     try:
-        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"} if token else {})
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
         response = conn.getresponse()
         return response.status, response.read().decode()
     finally:
@@ -181,3 +184,22 @@ def test_stalled_connections_hold_a_bounded_number_of_threads(agent):
     while threading.active_count() > before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert scrape("127.0.0.1", agent.port)[0] == 200
+
+
+def test_the_kubelets_probes_need_no_token_and_say_what_is_wrong(kube):
+    problems = {"/healthz": [], "/readyz": ["the kubelet has not registered gpushard.io/gpu yet"]}
+    server = exporting.Server(exporting.new_registry(_observation), 0, addr="0.0.0.0", node=NODE,
+                              reviewer=authorizing.Reviewer(kube.api_client(), authorizing.node_metrics(NODE)),
+                              probes={path: (lambda path=path: problems[path]) for path in problems})
+    try:
+        address = network_address() or "127.0.0.1"
+        assert scrape(address, server.port, path="/healthz") == (200, "ok\n")
+        assert scrape(address, server.port, path="/readyz") == (
+            503, "gpushard: the kubelet has not registered gpushard.io/gpu yet\n")
+        problems["/healthz"] = ["its gpushard-health loop ended", "its gRPC server on /x.sock does not answer"]
+        assert scrape(address, server.port, path="/healthz") == (
+            503, "gpushard: its gpushard-health loop ended; its gRPC server on /x.sock does not answer\n")
+        assert scrape(address, server.port, path="/metrics")[0] == (401 if address != "127.0.0.1" else 200)
+        assert reviews(kube) == 0
+    finally:
+        server.close()

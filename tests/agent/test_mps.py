@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.agent import mpsstandin
-from webhook.agent import health, isolation, mps, nvml
+from webhook.agent.node import containerlimits, health, mps, nvml
 
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559), nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)]
 
@@ -31,7 +31,7 @@ def standin(tmp_path, monkeypatch):
 
 @pytest.fixture
 def root(tmp_path):
-    return isolation.MpsRoot(str(tmp_path / "mps"))
+    return containerlimits.MpsRoot(str(tmp_path / "mps"))
 
 
 def supervisor(devices, board, root, changes=None, backoff=(0.2, 0.8)):

@@ -1,4 +1,4 @@
-"""We test backend dra's count in the Node's status (webhook/agent/nodecount.py) against the local API server
+"""We test backend dra's count in the Node's status (webhook/agent/dra/nodecount.py) against the local API server
 (tests/fakekube.py), with a kubelet device-manager checkpoint written as the kubelet writes it:
 - the count goes into capacity and allocatable by one merge patch of nodes/status, and nothing else is sent;
 - while the kubelet's checkpoint lists the resource among a device plugin's registered devices (a node that
@@ -21,7 +21,7 @@ import pytest
 
 from tests import fakekube
 from tests.polling import eventually
-from webhook.agent import nodecount
+from webhook.agent.dra import nodecount
 from webhook.core import names
 
 NODE = "gpu-node-1"
@@ -78,7 +78,7 @@ def test_the_count_is_one_merge_patch_of_the_status(api, running):
 
 def test_nothing_is_written_while_the_kubelet_counts_it_as_a_device_plugin_s(api, running, tmp_path, caplog):
     checkpoint(tmp_path, {COUNT: [f"share-{n}" for n in range(200)], "nvidia.com/gpu": ["GPU-1"]})
-    caplog.set_level(logging.INFO, logger="webhook.agent.nodecount")
+    caplog.set_level(logging.INFO, logger="webhook.agent.dra.nodecount")
     keeper = running(nodecount.Keeper(api.api_client(), NODE, COUNT, 200, retry=(0.05, 0.2),
                                       device_plugin_dir=str(tmp_path), held_poll=0.05))
     eventually(lambda: keeper.held, "the agent see the kubelet's hold")
@@ -106,7 +106,7 @@ def test_a_refusal_is_retried_and_said_once_with_the_right_it_needs(api, running
     client = api.api_client()
     client.configuration.api_key = {"authorization": "agent"}
     client.configuration.api_key_prefix = {"authorization": "Bearer"}
-    caplog.set_level(logging.WARNING, logger="webhook.agent.nodecount")
+    caplog.set_level(logging.WARNING, logger="webhook.agent.dra.nodecount")
     keeper = running(nodecount.Keeper(client, NODE, COUNT, 200, retry=(0.02, 0.05)))
     eventually(lambda: len(status_patches(api)) >= 4, "several tries")
     said = [r.getMessage() for r in caplog.records]

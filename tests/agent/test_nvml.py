@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from webhook.agent import nvml
+from webhook.agent.node import nvml
 
 INVENTORY = """
 cards:

@@ -32,7 +32,7 @@ SOURCE = pathlib.Path(__file__).with_name("fakenvml.c")
 
 DRIVER = """
 import dataclasses, json, sys
-from webhook.agent import nvml
+from webhook.agent.node import nvml
 devices = nvml.NvmlDevices(probe_interval=float(sys.argv[1]))
 print(json.dumps([dataclasses.asdict(c) for c in devices.cards()]), flush=True)
 for line in sys.stdin:
@@ -43,7 +43,7 @@ devices.close()
 
 USAGE = """
 import dataclasses, json, sys
-from webhook.agent import nvml
+from webhook.agent.node import nvml
 devices = nvml.NvmlDevices(probe_interval=60)
 for line in sys.stdin:
     if line.strip() == "usage":
@@ -198,7 +198,7 @@ def test_the_agent_on_nvml_registers_and_pins_cards(fake_nvml):
 
 CARD_CALLS = """
 import json, os
-from webhook.agent import nvml
+from webhook.agent.node import nvml
 devices = nvml.NvmlDevices()
 out = {"driver": devices.driver_version(), "memory_limits": devices.memory_limits_supported(),
        "mig": [devices.mig_enabled(c.uuid) for c in devices.cards()],

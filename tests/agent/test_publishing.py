@@ -20,9 +20,10 @@ import pytest
 from tests import fakekube
 from tests.cluster import kubeobjects
 from webhook import settings
-from webhook.agent import nvml, publishing, running
+from webhook.agent import running
+from webhook.agent.node import nvml, publishing
 from webhook.cluster import kube as kube_view
-from webhook.core import audit, decisions, names, placement
+from webhook.core import auditing, decisions, names, placement
 
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559),
          nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)]
@@ -202,7 +203,7 @@ def test_a_mig_card_is_left_out_and_listed_with_the_reason(kube, plugin_dir):
     view_node = kube_view.read_node({"metadata": meta, "status": {"allocatable": {"gpushard.io/card-1": "100"}}},
                                     settings.Settings().policy)
     assert [c.index for c in view_node.cards] == [1]
-    assert list(audit.node_cards({"metadata": meta}, settings.Settings().policy).inventory) == [1]
+    assert list(auditing.node_cards({"metadata": meta}, settings.Settings().policy).inventory) == [1]
 
 
 def test_the_webhooks_view_sizes_memory_asks_by_the_published_labels(kube, plugin_dir):

@@ -7,6 +7,8 @@
 - a socket it cannot bind (its path too long for a unix socket) stops it with a `gpushard:` message and status 1;
 - a loop of a running agent that ends (a bug it could not survive) is told, so that the agent exits for the kubelet
   to start it again; a stopping agent's loops are not;
+- its liveness and readiness (the kubelet's probes): ready once the kubelet registered every resource; a gRPC
+  server whose socket cannot be served again, or a loop that ended, fails both, naming it;
 - its flags and their defaults (the layering is checked for every module in tests/test_layers.py);
 - the config's agent timeouts reach its requests: against an API server that never answers, the inventory's
   publication gives up after agent.requestTimeout, a scrape's token review after agent.metricsRequestTimeout.
@@ -29,7 +31,8 @@ from tests.admission import objects
 from tests.agent import fakekubelet, test_metrics_access, test_nvml
 from tests.audit import world
 from webhook import cli, settings
-from webhook.agent import nvml, running
+from webhook.agent import running
+from webhook.agent.node import nvml
 from webhook.agent.proto import deviceplugin_pb2 as pb
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -259,3 +262,32 @@ def test_a_loop_that_ends_while_the_agent_runs_is_told(plugin_dir, kubelet):
     finally:
         agent.stop()
     assert agent.ended_loops() == [], "a stopping agent's loops end by design"
+
+
+def test_liveness_and_readiness_fail_when_a_server_or_a_loop_dies(plugin_dir, kubelet):
+    cards = [nvml.Card(0, "GPU-aaaa", "NVIDIA L4", 22491)]
+    agent = running.Agent(nvml.FakeDevices(cards), settings.Settings().policy, plugin_dir, poll=0.05, tick=0.2,
+                          register_timeout=2)
+    agent.start()
+    try:
+        polling.eventually(lambda: agent.readiness() == [], "every resource registered with the kubelet")
+        assert agent.liveness() == []
+
+        # The card's socket replaced by something no poll can serve on again: its server is dead for good.
+        [card0] = [p for p in agent.plugins if p.resource.card_index == 0]
+        os.unlink(card0.path)
+        os.mkdir(card0.path)
+        dead = f"its gRPC server on {card0.path} is not serving (the socket is gone or replaced)"
+        polling.eventually(lambda: dead in agent.liveness(), "the dead server told")
+        assert dead in agent.readiness()
+        assert "the kubelet has not registered gpushard.io/card-0 yet" in agent.readiness()
+
+        # Served again once the path is free: whole again.
+        os.rmdir(card0.path)
+        polling.eventually(lambda: agent.readiness() == [], "the server back and registered again")
+
+        agent._thread("gpushard-broken", lambda: None)  # a loop whose work died
+        polling.eventually(lambda: agent.liveness() == ["its gpushard-broken loop ended"], "the ended loop told")
+        assert agent.readiness() == ["its gpushard-broken loop ended"]
+    finally:
+        agent.stop()

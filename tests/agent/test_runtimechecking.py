@@ -17,7 +17,9 @@ import pytest
 from tests.agent import drakubelet, draworld, fakekubelet
 from tests.agent.test_drabackend import CARDS, NODE, slice_devices
 from tests.polling import eventually
-from webhook.agent import drabackend, nvml, publishing, running, runtimechecking
+from webhook.agent import running
+from webhook.agent.dra import backend, runtimechecking
+from webhook.agent.node import nvml, publishing
 from webhook.core import names
 from webhook.core import policy as policy_mod
 
@@ -38,13 +40,13 @@ def world(api, plugin_dir, kubelet, caplog):
     caplog.set_level(logging.INFO)
     api.put("nodes", node("containerd://1.6.20~ds1"))
     root = fakekubelet.short_tempdir("gsr-")
-    folders = drabackend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"), os.path.join(root, "cdi"))
+    folders = backend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"), os.path.join(root, "cdi"))
     client = api.api_client()
     checker = runtimechecking.Checker(client, NODE, interval=0.1)
     agent = running.Agent(nvml.FakeDevices(CARDS), policy_mod.Policy(backend=policy_mod.DRA), plugin_dir,
                           publisher=lambda cards: publishing.Publisher(client, NODE, cards, retry=0.1),
                           poll=0.05, tick=0.2, register_timeout=2,
-                          dra=lambda a: drabackend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
+                          dra=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
                                                               folders, poll=0.05, runtime=checker))
     agent.start()
     yield agent, checker, folders

@@ -1,4 +1,5 @@
-"""We test the agent's unix sockets (webhook/agent/sockets.py), which both backends' gRPC servers use, on real files:
+"""We test the agent's unix sockets (webhook/agent/node/sockets.py), which both backends' gRPC servers use,
+on real files:
 - a server binds a fresh socket over a stale file and gets its identity; one that cannot be bound (a path over
   the 107 bytes of sun_path, a folder it may not write) is an OSError that says why, never a server serving
   nothing;
@@ -16,7 +17,7 @@ import grpc
 import pytest
 
 from tests.agent import fakekubelet
-from webhook.agent import sockets
+from webhook.agent.node import sockets
 
 
 def server() -> grpc.Server:

@@ -1,4 +1,4 @@
-"""We test the agent's reading of NVIDIA's container toolkit config (webhook/agent/toolkitcheck.py), on real files:
+"""We test the agent's reading of NVIDIA's container toolkit config (webhook/agent/node/toolkitcheck.py), on real files:
 - the toolkit's defaults (no key set), an explicit true and a hardened file: only the hardened one keeps an
   unprivileged container's NVIDIA_VISIBLE_DEVICES from the cards; each verdict names the file and the key;
 - the first candidate that exists is read (the GPU Operator's before /etc); none at all judges nothing and
@@ -17,9 +17,11 @@ import logging
 
 import pytest
 
-from webhook.agent import exporting, nvml, publishing, running, toolkitcheck
+from webhook.agent import running
+from webhook.agent.metrics import exporting
+from webhook.agent.node import nvml, publishing, toolkitcheck
 from webhook.auditing import node_lines, toolkit_problems
-from webhook.core import audit, names
+from webhook.core import auditing, names
 from webhook.core.policy import Policy
 
 HARDENED = (f"{toolkitcheck.ENVVAR_KEY} = false\n{toolkitcheck.MOUNTS_KEY} = true\n\n"
@@ -95,7 +97,7 @@ def test_the_checker_logs_each_new_verdict_once(tmp_path, caplog):
     path = tmp_path / "config.toml"
     path.write_text(DEFAULTS)
     checker = toolkitcheck.Checker([str(path)])
-    with caplog.at_level(logging.INFO, logger="webhook.agent.toolkitcheck"):
+    with caplog.at_level(logging.INFO, logger="webhook.agent.node.toolkitcheck"):
         checker.check()
         checker.check()
         path.write_text(HARDENED)
@@ -144,9 +146,9 @@ def test_audit_and_status_name_the_shared_node_whose_toolkit_accepts_the_variabl
     hardened = toolkitcheck.Verdict("/etc/nvidia-container-runtime/config.toml", False, True).as_json()
     nodes = [node("open", accepting), node("closed", hardened), node("plain", accepting, shared=False),
              node("unknown", toolkitcheck.Verdict().as_json()), node("old-agent", None)]
-    items = audit.audit([audit.Located(n) for n in nodes], Policy())
-    found = [(i.ref.name, i.finding.rule) for i in items if i.finding.rule == audit.TOOLKIT_ACCEPTS_ENVVAR]
-    assert found == [("open", audit.TOOLKIT_ACCEPTS_ENVVAR)]
+    items = auditing.audit([auditing.Located(n) for n in nodes], Policy())
+    found = [(i.ref.name, i.finding.rule) for i in items if i.finding.rule == auditing.TOOLKIT_ACCEPTS_ENVVAR]
+    assert found == [("open", auditing.TOOLKIT_ACCEPTS_ENVVAR)]
     problems = toolkit_problems(nodes)
     assert [name for name, _ in problems] == ["open"]
     assert toolkit_problems(nodes, picked={"closed"}) == []

@@ -42,7 +42,7 @@ import pytest
 from tests import fakekube
 from tests.audit import world
 from webhook import cli
-from webhook.core import audit
+from webhook.core import auditing
 
 
 def audit_json(argv: list[str], capsys) -> tuple[int, dict, str]:
@@ -287,7 +287,7 @@ def test_running_pods_keep_their_findings_once_the_namespace_enforces(kubeconfig
     assert notebook["fix"].startswith("recreate the pod")
     shell = next(x for x in report["findings"] if x["name"] == "shell")
     assert shell["message"].endswith("the pod was created before gpushard hid GPUs there and must be recreated")
-    assert shell["fix"] == audit.RECREATE_FIX
+    assert shell["fix"] == auditing.RECREATE_FIX
     # The lab Job's template is admitted again for each pod it makes: nothing to say about it.
     assert not [x for x in report["findings"] if x["kind"] == "Job"]
 
@@ -301,18 +301,18 @@ def test_gpu_less_pods_on_shared_nodes_that_predate_the_opt_in(kubeconfig, capsy
         assert x["message"] == (
             f'gpushard: container "{name}" asks no GPU but may see every card of shared node "gpu-8x"; '
             "the pod was created before gpushard hid GPUs there and must be recreated")
-        assert (x["severity"], x["fix"]) == ("warn", audit.RECREATE_FIX)
+        assert (x["severity"], x["fix"]) == ("warn", auditing.RECREATE_FIX)
     # A debug container added to a GPU pod before the namespace opted in.
     debug = by_container[("train-b", "debug")]
     assert debug["message"] == (
         'gpushard: ephemeral container "debug" asks no GPU but may see every card of shared node "gpu-8x"; '
         "it was added before gpushard hid GPUs there, so the pod must be recreated")
-    assert debug["fix"] == audit.RECREATE_FIX
+    assert debug["fix"] == auditing.RECREATE_FIX
     # Audit mode hides nothing: opting in to enforce is the fix, as for the GPU pod's proxy.
     shell = by_container[("shell", "shell")]
     assert shell["message"] == (
         'gpushard: container "shell" asks no GPU but may see every card of shared node "gpu-2x"')
-    assert shell["fix"] == audit.fix_for("unhidden")
+    assert shell["fix"] == auditing.fix_for("unhidden")
     # Hidden by gpushard (ml/fetch, ml/etl's "logs", ml/train-a's debug container), off shared nodes
     # (ml/web), not yet on a node (ml/queued), or not opted in (research, kube-system): nothing.
     assert not {x["name"] for x in report["findings"]} & {
@@ -361,8 +361,8 @@ def boom(*_args, **_kwargs):
 
 
 def test_an_unexpected_error_exits_2_in_one_line(kubeconfig, monkeypatch, capsys):
-    monkeypatch.setattr(audit, "audit", boom)
-    monkeypatch.setattr(audit, "usage", boom)
+    monkeypatch.setattr(auditing, "audit", boom)
+    monkeypatch.setattr(auditing, "usage", boom)
     for command in ("audit", "status"):
         code = cli.main([command, "--kubeconfig", kubeconfig])
         captured = capsys.readouterr()

@@ -31,7 +31,7 @@ import textwrap
 import pytest
 
 from webhook import cli
-from webhook.core import audit
+from webhook.core import auditing
 
 FRACTION_POD = textwrap.dedent("""\
     apiVersion: v1
@@ -131,7 +131,7 @@ def test_an_exported_pod_keeps_what_enforce_mode_no_longer_fixes(tmp_path, capsy
     assert code == 1
     assert [(x["rule"], x["container"]) for x in report["findings"]] == [
         ("fraction-unrewritten", "train"), ("unhidden", "logs")]
-    assert {x["fix"] for x in report["findings"]} == {audit.RECREATE_FIX}
+    assert {x["fix"] for x in report["findings"]} == {auditing.RECREATE_FIX}
 
 
 GPU_LESS = textwrap.dedent("""\
@@ -171,7 +171,7 @@ def test_gpu_less_pods_are_judged_as_the_webhook_rewrites_them(tmp_path, capsys)
     code, report, _err = run(["-f", str(path)], capsys)
     assert code == 1
     assert [(x["rule"], x["container"], x["fix"]) for x in report["findings"]] == [
-        ("unhidden", "etl", audit.RECREATE_FIX)]
+        ("unhidden", "etl", auditing.RECREATE_FIX)]
     assert 'every card of shared node "gpu-8x"' in report["findings"][0]["message"]
 
 

@@ -37,11 +37,12 @@ from tests.core import podmaker
 from webhook import auditing
 from webhook import settings as settings_mod
 from webhook.core import asks as req
-from webhook.core import audit, decisions, isolation, names, placement
+from webhook.core import auditing as audit_rules
+from webhook.core import decisions, isolation, names, placement
 from webhook.core import findings as f
 from webhook.core import policy as policy_mod
 from webhook.core.policy import Policy
-from webhook.relocation import cache as relocation_cache
+from webhook.replacement import cache as replacement_cache
 
 L4, L40S, H100 = ("NVIDIA L4", 23034), ("NVIDIA L40S", 46068), ("NVIDIA H100 80GB HBM3", 81559)
 MEMORY = names.MEMORY_RESOURCE
@@ -366,7 +367,7 @@ def test_status_shows_the_memory_asked_and_the_card_size_beside_the_shares():
     fraction = podmaker.pod(podmaker.container("a", "0.25"), name="frac")
     fraction = decide(fraction, fleet()).obj
     fraction["spec"]["nodeName"] = "elsewhere"
-    use = audit.usage([cluster_node], [placed, fraction], Policy())
+    use = audit_rules.usage([cluster_node], [placed, fraction], Policy())
     # The cap is shown where isolation gives one (memory or mps); the ask always.
     table = auditing.status_table(use, capped=True)
     # 54 x 23034 / 100 = 12438 >= 12288
@@ -382,11 +383,11 @@ def test_the_replacer_reads_a_memory_pod_as_sized_afresh_when_made_again():
     decision = decide(podmaker.pod(memory_container(ask="12Gi")), fleet())
     listed = {**decision.obj, "status": {"phase": "Pending"}}
     listed["metadata"] = {**listed["metadata"], "uid": "u1", "creationTimestamp": "2026-01-01T00:00:00Z"}
-    waiting = relocation_cache.read_pinned(listed, Policy()).waiting
+    waiting = replacement_cache.read_pinned(listed, Policy()).waiting
     assert waiting.sized and (waiting.card, waiting.shares) == (decision.card, 54)
     fraction = decide(podmaker.pod(podmaker.container("a", "0.25")), fleet()).obj
     fraction = {**fraction, "status": {"phase": "Pending"}}
-    assert not relocation_cache.read_pinned(fraction, Policy()).waiting.sized
+    assert not replacement_cache.read_pinned(fraction, Policy()).waiting.sized
 
 
 SIZES_MIB = (23034, 46068, 81559, 143771)

@@ -19,7 +19,7 @@ import json
 
 from webhook import settings
 from webhook.cluster import kube
-from webhook.core import audit, names, objects
+from webhook.core import auditing, names, objects
 
 POLICY = settings.Settings().policy
 
@@ -37,12 +37,12 @@ def test_a_listed_card_not_offered_shows_in_the_view_and_in_status_alike():
                [{"index": 0, "uuid": "GPU-0", "model": "H100", "memoryMiB": 81559},
                 {"index": 1, "uuid": "GPU-1", "model": "H100", "memoryMiB": 81559}])
     view_cards = [(c.index, c.capacity) for c in kube.read_node(obj, POLICY).cards]
-    status_cards = [(c.index, c.capacity) for c in audit.usage([obj], [], POLICY).nodes[0].cards]
+    status_cards = [(c.index, c.capacity) for c in auditing.usage([obj], [], POLICY).nodes[0].cards]
     assert view_cards == status_cards == [(0, 100), (1, 0)]
     # A node the agent lists cards on but that offers none yet is shared for both.
     bare = node("gpu-b", {}, [{"index": 0, "uuid": "GPU-0", "model": "H100", "memoryMiB": 81559}])
     assert [c.index for c in kube.read_node(bare, POLICY).cards] == [0]
-    assert [(n.name, [c.capacity for c in n.cards]) for n in audit.usage([bare], [], POLICY).nodes] == [
+    assert [(n.name, [c.capacity for c in n.cards]) for n in auditing.usage([bare], [], POLICY).nodes] == [
         ("gpu-b", [0])]
 
 
@@ -50,14 +50,14 @@ def test_a_card_memory_that_is_no_positive_number_reads_as_none_everywhere():
     obj = node("gpu-a", {"gpushard.io/card-0": "100", "gpushard.io/card-1": "100"},
                [{"index": 0, "memoryMiB": True}, {"index": 1, "memoryMiB": -1}])
     assert [c.memory_mib for c in kube.read_node(obj, POLICY).cards] == [0, 0]
-    assert [c.memory_mib for c in audit.usage([obj], [], POLICY).nodes[0].cards] == [0, 0]
+    assert [c.memory_mib for c in auditing.usage([obj], [], POLICY).nodes[0].cards] == [0, 0]
 
 
 def test_an_inventory_too_deep_to_parse_lists_no_cards_for_any_reader():
     obj = node("gpu-a", {"gpushard.io/card-0": "100"}, "[" * 100_000, {names.CARDS_LABEL: "1"})
     assert [c.index for c in kube.read_node(obj, POLICY).cards] == [0]
-    assert audit.node_cards(obj, POLICY).inventory == {}
-    assert [c.index for c in audit.usage([obj], [], POLICY).nodes[0].cards] == [0]
+    assert auditing.node_cards(obj, POLICY).inventory == {}
+    assert [c.index for c in auditing.usage([obj], [], POLICY).nodes[0].cards] == [0]
 
 
 def test_entries_without_a_card_index_are_no_cards():
@@ -74,7 +74,7 @@ def test_one_definition_of_a_shared_node():
     plain = node("d", {"cpu": "8"}, [{"index": 0, "excluded": "MIG mode is on"}])
     assert [objects.node_cards(n, POLICY).shared for n in (offered, listed, labelled, plain)] == [
         True, True, True, False]
-    assert [n.name for n in audit.usage([offered, listed, labelled, plain], [], POLICY).nodes] == ["a", "b", "c"]
+    assert [n.name for n in auditing.usage([offered, listed, labelled, plain], [], POLICY).nodes] == ["a", "b", "c"]
     # The view places on cards: a shared node without any has nothing to offer it.
     assert [kube.read_node(n, POLICY) is not None for n in (offered, listed, labelled, plain)] == [
         True, True, False, False]

@@ -2,7 +2,7 @@
 
 We test, with the policy and binding as the dra overlay renders them (tests/deploy/admission_policy.py
 evaluates the CEL as the API server would), for status updates (nodes/status) by the agent's ServiceAccount:
-- the agent's own patch (webhook/agent/nodecount.py: gpushard.io/gpu in capacity and allocatable) on the Node
+- the agent's own patch (webhook/agent/dra/nodecount.py: gpushard.io/gpu in capacity and allocatable) on the Node
   its token names passes, first written, written again after the kubelet zeroed it, and removed; on another
   Node, or with a token naming no node, it is denied;
 - any other resource it adds, changes or removes in capacity or allocatable (cpu, nvidia.com/gpu, pods) is
@@ -23,7 +23,7 @@ import pytest
 
 from tests.deploy import admission_policy, rendering
 from tests.deploy.test_dra_overlay import OVERLAY
-from webhook.agent import nodecount
+from webhook.agent.dra import nodecount
 from webhook.core import names
 
 AGENT = "system:serviceaccount:gpushard-system:gpushard-agent"

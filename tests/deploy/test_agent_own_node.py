@@ -31,7 +31,7 @@ import pytest
 
 from tests.deploy import admission_policy, rendering
 from tests.deploy.test_manifests import BASE
-from webhook.agent import nvml, publishing
+from webhook.agent.node import nvml, publishing
 from webhook.core import names
 
 AGENT = "system:serviceaccount:gpushard-system:gpushard-agent"

@@ -22,7 +22,7 @@ import yaml
 from tests.deploy import admission_policy, rendering
 from webhook import cli
 from webhook import settings as settings_mod
-from webhook.agent import cdi, draplugin
+from webhook.agent.dra import cdi, kubeletplugin
 from webhook.core import draobjects, names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,11 +69,11 @@ def test_the_agent_mounts_the_plugin_and_cdi_folders(objects):
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     mounted = {m["mountPath"]: host[m["name"]] for m in container["volumeMounts"] if m["name"] in host}
     args = cli.build_parser().parse_args(container["args"])
-    for flag, default in ((args.kubelet_registry_dir, draplugin.REGISTRY_DIR),
-                          (args.kubelet_plugins_dir, draplugin.PLUGINS_DIR), (args.cdi_dir, cdi.DEFAULT_DIR)):
+    for flag, default in ((args.kubelet_registry_dir, kubeletplugin.REGISTRY_DIR),
+                          (args.kubelet_plugins_dir, kubeletplugin.PLUGINS_DIR), (args.cdi_dir, cdi.DEFAULT_DIR)):
         assert flag == default and mounted.get(flag) == default
     read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
-    assert not read_only & {draplugin.REGISTRY_DIR, draplugin.PLUGINS_DIR, cdi.DEFAULT_DIR}
+    assert not read_only & {kubeletplugin.REGISTRY_DIR, kubeletplugin.PLUGINS_DIR, cdi.DEFAULT_DIR}
 
 
 def rules_of(objects, account):

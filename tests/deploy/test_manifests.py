@@ -314,23 +314,23 @@ def test_the_node_policy_binds_the_agent_account(base):
 
 
 def test_agent_mounts_exactly_the_kubelet_folders_it_uses(base):
-    from webhook.agent import kubelet
+    from webhook.agent.deviceplugin import registration
 
     pod = _agent_pod(base)
     container = pod["containers"][0]
     host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     mounted = {m["mountPath"]: host[m["name"]] for m in container["volumeMounts"] if m["name"] in host}
     args = _args(container)
-    assert args.device_plugin_dir == kubelet.DEVICE_PLUGIN_DIR
-    assert mounted.get(args.device_plugin_dir) == kubelet.DEVICE_PLUGIN_DIR
+    assert args.device_plugin_dir == registration.DEVICE_PLUGIN_DIR
+    assert mounted.get(args.device_plugin_dir) == registration.DEVICE_PLUGIN_DIR
     # The pod-resources socket only where the agent's code asks the kubelet about pods.
     source = "\n".join(p.read_text() for p in (ROOT / "webhook/agent").rglob("*.py"))
-    wanted = {kubelet.DEVICE_PLUGIN_DIR}
+    wanted = {registration.DEVICE_PLUGIN_DIR}
     if "pod-resources" in source:
         wanted.add("/var/lib/kubelet/pod-resources")
     # The host's /proc, read-only, where the metrics read GPU processes' cgroups (instead of hostPID).
     if args.metrics_port:
-        from webhook.agent import podresources
+        from webhook.agent.node import podresources
 
         wanted.add("/proc")
         assert mounted[args.proc_root] == "/proc"
@@ -341,7 +341,7 @@ def test_agent_mounts_exactly_the_kubelet_folders_it_uses(base):
         assert not pod.get("hostPID")
     # NVIDIA's container toolkit config, read-only: each file the agent judges is in a folder mounted from the
     # host folder the toolkit reads, the GPU Operator's and a hand install's, in that order.
-    from webhook.agent import toolkitcheck
+    from webhook.agent.node import toolkitcheck
 
     read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
     assert len(args.toolkit_config) == len(toolkitcheck.CONFIG_PATHS)
@@ -418,7 +418,7 @@ def test_isolation_mps_overlay_configures_both_and_gives_the_agent_its_folders(b
 
 
 def test_kind_overlay_runs_the_agent_on_the_fake_inventory():
-    from webhook.agent import nvml
+    from webhook.agent.node import nvml
 
     objects = rendering.render(ROOT / "examples/kind")
     pod = _agent_pod(objects)

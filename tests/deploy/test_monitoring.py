@@ -130,7 +130,8 @@ def _exported_metric_names() -> set[str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     from webhook.admission import metrics
-    from webhook.agent import exporting, nvml
+    from webhook.agent.metrics import exporting
+    from webhook.agent.node import nvml
 
     card = nvml.Card(0, "GPU-0", "m", 1024)
     row = exporting.CardRow(card, True, True, nvml.Usage(0, 1024 * nvml.MIB, 1, process_utilization=True), containers=[

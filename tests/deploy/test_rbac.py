@@ -44,11 +44,11 @@ PROGRAMS = {
     "gpushard-certs": ("webhook.installing",),
     "auditor": ("webhook.auditing",),
     "top": ("webhook.top",),
-    "gpushard-replacer": ("webhook.relocation.controller",),
+    "gpushard-replacer": ("webhook.replacement.controller",),
     "cordoner": ("webhook.cordoning",),
 }
 # The modules whose calls only backend dra makes: the dra overlay grants them, deploy/base does not.
-DRA_ONLY = {"gpushard-agent": ("webhook.agent.nodecount",)}
+DRA_ONLY = {"gpushard-agent": ("webhook.agent.dra.nodecount",)}
 # Objects named in the manifests, for rules limited by resourceNames.
 NAMED = {("", "secrets"): "gpushard-tls", ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): "gpushard",
          ("coordination.k8s.io", "leases"): "gpushard-replacer", ("", "configmaps"): "gpushard-device-policy"}

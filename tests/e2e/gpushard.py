@@ -31,7 +31,7 @@ SYSTEM = "gpushard-system"
 GPUSHARD = str(Path(sys.executable).with_name("gpushard"))
 FAKE_NVML = ROOT / "tests" / "agent" / "fakenvml.c"
 CHART = ROOT / "charts" / "gpushard"
-# What the agent says while the kubelet still counts its count as a device plugin's (webhook/agent/nodecount.py).
+# What the agent says while the kubelet still counts its count as a device plugin's (webhook/agent/dra/nodecount.py).
 NODECOUNT_HELD = "still counts gpushard.io/gpu as a device plugin's"
 KUBELET_CHECKPOINT = "kubelet_internal_checkpoint"  # the kubelet's device manager's, in DEVICE_PLUGIN_DIR
 
@@ -262,7 +262,7 @@ class Agent:
         """Started again on backend dra (the ConfigMap's config now) on a kubelet that ran the device-plugin
         backend. Its device manager still counts gpushard.io/gpu as that plugin's for five minutes (its checkpoint
         lists it; pkg/kubelet/cm/devicemanager), writing none allocatable: the agent must see that and leave the
-        count alone (webhook/agent/nodecount.py). Then the kubelet starts again without that checkpoint, as on a
+        count alone (webhook/agent/dra/nodecount.py). Then the kubelet starts again without that checkpoint, as on a
         node that never ran the device-plugin backend, and the agent writes ``count``."""
         self.stop()
         self.start(wait=False)

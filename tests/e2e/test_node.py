@@ -25,7 +25,7 @@ import kubernetes
 import pytest
 
 from tests.e2e import components, gpushard, objects
-from webhook.agent import podresources
+from webhook.agent.node import podresources
 
 CHECKPOINT = components.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
 NODE = components.NODE_NAME

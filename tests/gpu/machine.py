@@ -14,7 +14,7 @@ import ctypes
 import shutil
 from collections.abc import Callable
 
-from webhook.agent import mps, nvml
+from webhook.agent.node import mps, nvml
 
 # pynvml's text for NVML_ERROR_NO_PERMISSION, which DeviceError carries.
 NO_PERMISSION = "Insufficient Permissions"

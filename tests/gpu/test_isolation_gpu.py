@@ -32,7 +32,7 @@ import pytest
 
 from tests.agent import fakekubelet
 from tests.gpu import machine
-from webhook.agent import allocation, mps, nvml
+from webhook.agent.node import allocation, mps, nvml
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.core import isolation, names
 

@@ -26,7 +26,7 @@ import pytest
 from tests.agent.conftest import fake_nvml  # noqa: F401 (a fixture, shared with the agent tests)
 from tests.agent.test_nvml_backend import ROOT, put
 from tests.gpu import machine
-from webhook.agent import mps, nvml
+from webhook.agent.node import mps, nvml
 
 DECIDE = """
 import json

@@ -36,7 +36,7 @@ from tests.agent import toolkit
 from tests.e2e import components, gpushard
 from tests.runtime import images, nvidia, seeing
 from tests.runtime import node as node_mod
-from webhook.agent import allocation, nvml
+from webhook.agent.node import allocation, nvml
 from webhook.core import names
 
 pytestmark = pytest.mark.skipif(bool(nvidia.why_not()), reason=f"gpushard e2e: {nvidia.why_not()}")

@@ -12,26 +12,22 @@ from collections.abc import Callable
 
 from webhook import connecting
 from webhook import settings as settings_mod
-from webhook.agent import (
+from webhook.agent.deviceplugin import holders, registration, server
+from webhook.agent.dra import backend, nodecount, runtimechecking
+from webhook.agent.metrics import exporting
+from webhook.agent.node import (
     allocation,
-    conflicting,
+    containerlimits,
     cordonwatching,
-    deviceplugin,
-    drabackend,
-    exporting,
     health,
-    holders,
-    isolation,
-    kubelet,
     mps,
-    nodecount,
     nvml,
+    otherdrivers,
     podresources,
     publishing,
-    runtimechecking,
     toolkitcheck,
 )
-from webhook.agent import foreign as foreign_mod
+from webhook.agent.node import otherplugins as foreign_mod
 from webhook.core import names
 from webhook.core import policy as policy_mod
 
@@ -41,6 +37,8 @@ EXIT_SERVE = 1
 EXIT_USAGE = 2
 EXIT_NO_NVML = 3
 EXIT_NO_API = 4
+# How long a probe waits for each of the agent's gRPC servers to take a connection.
+PROBE_TIMEOUT_S = 1.0
 
 
 class Agent:
@@ -49,9 +47,9 @@ class Agent:
     def __init__(self, devices: nvml.Devices, policy: policy_mod.Policy, directory: str,
                  publisher: Callable[[Callable[[], list[nvml.Card]]], publishing.Publisher] | None = None,
                  poll: float = 1.0, tick: float = 1.0, register_timeout: float = 5.0,
-                 mps_root: str = isolation.DEFAULT_MPS_ROOT, mps_options: dict | None = None,
-                 dra: Callable[[Agent], drabackend.DraBackend] | None = None,
-                 conflicts: Callable[[Callable[[], list[nvml.Card]]], conflicting.Watcher] | None = None,
+                 mps_root: str = containerlimits.DEFAULT_MPS_ROOT, mps_options: dict | None = None,
+                 dra: Callable[[Agent], backend.DraBackend] | None = None,
+                 conflicts: Callable[[Callable[[], list[nvml.Card]]], otherdrivers.Watcher] | None = None,
                  pod_resources: podresources.Client | None = None,
                  holders_refresh: float = holders.REFRESH_S,
                  cordons: Callable[[], cordonwatching.Watcher] | None = None,
@@ -71,8 +69,8 @@ class Agent:
             if count is not None:
                 self.count = count(policy.resources.shares, len(self.cards) * policy.shares_per_card)
             self.resources = []
-        root = isolation.MpsRoot(mps_root)
-        limits = isolation.Limits(policy.isolation, policy.shares_per_card, root) \
+        root = containerlimits.MpsRoot(mps_root)
+        limits = containerlimits.Limits(policy.isolation, policy.shares_per_card, root) \
             if policy.isolation != "none" else None
         # The cards an operator cordoned on this Node (read, never written): their shares are not offered.
         self.cordons = cordons() if cordons is not None else None
@@ -91,12 +89,12 @@ class Agent:
             if pod_resources is not None else None
         if self.foreign is not None:
             self.foreign.on_change = self._foreign_changed
-        self.plugins = [deviceplugin.PluginServer(directory, r, self.cards, self.board, policy.shares_per_card, tick,
+        self.plugins = [server.PluginServer(directory, r, self.cards, self.board, policy.shares_per_card, tick,
                                                   strategy=policy.device_list_strategy, limits=limits,
                                                   share_holders=self.share_holders if r.card_index is None else None,
                                                   cordoned=self.cordoned)
                         for r in self.resources]
-        self.keeper = kubelet.Keeper(directory, self.plugins, poll=poll, timeout=register_timeout)
+        self.keeper = registration.Keeper(directory, self.plugins, poll=poll, timeout=register_timeout)
         self.publisher = publisher(self.present_cards) if publisher is not None else None
         if self.publisher is not None:
             self.publisher.details = self.inventory_details
@@ -198,6 +196,30 @@ class Agent:
         if self._stop.is_set():
             return []
         return [thread.name for thread in self._threads if not thread.is_alive()]
+
+    def liveness(self) -> list[str]:
+        """What keeps this agent from serving (its /healthz): a loop that ended, a gRPC server whose socket is
+        gone or not answering. Empty while it is whole. A socket a restarting kubelet removed is served again
+        by the next poll, well within the probe's failure threshold; one that stays gone is a failure."""
+        found = [f"its {name} loop ended" for name in self.ended_loops()]
+        served = [p.socket for p in self.plugins] + (self.dra.plugin.sockets() if self.dra is not None else [])
+        for socket in served:
+            if not socket.is_ours():
+                found.append(f"its gRPC server on {socket.path} is not serving (the socket is gone or replaced)")
+            elif not socket.answers(PROBE_TIMEOUT_S):
+                found.append(f"its gRPC server on {socket.path} does not answer")
+        return found
+
+    def readiness(self) -> list[str]:
+        """Why the kubelet cannot use this agent's cards yet (its /readyz); empty once it can."""
+        found = self.liveness()
+        if self.plugins:
+            waiting = self.keeper.unregistered()
+            if waiting:
+                found.append(f"the kubelet has not registered {', '.join(waiting)} yet")
+        if self.dra is not None:
+            found += self.dra.plugin.unready()
+        return found
 
     def start(self) -> None:
         if self.cordons is not None:
@@ -319,16 +341,16 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
     count = None
     if api is not None:
         def conflicts(cards):
-            return conflicting.Watcher(api, node_name, cards, timeout=timeout)
+            return otherdrivers.Watcher(api, node_name, cards, timeout=timeout)
 
         def cordons():
             return cordonwatching.Watcher(api, node_name)
 
     if settings.policy.backend == policy_mod.DRA:
-        folders = drabackend.Folders(
-            registry=getattr(args, "kubelet_registry_dir", None) or drabackend.Folders.registry,
-            plugins=getattr(args, "kubelet_plugins_dir", None) or drabackend.Folders.plugins,
-            cdi=getattr(args, "cdi_dir", None) or drabackend.Folders.cdi)
+        folders = backend.Folders(
+            registry=getattr(args, "kubelet_registry_dir", None) or backend.Folders.registry,
+            plugins=getattr(args, "kubelet_plugins_dir", None) or backend.Folders.plugins,
+            cdi=getattr(args, "cdi_dir", None) or backend.Folders.cdi)
 
         def count(resource, shares):
             return nodecount.Keeper(api, node_name, resource, shares, timeout=timeout,
@@ -336,11 +358,11 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
 
         def dra(agent):
             runtime = runtimechecking.Checker(api, node_name, settings.agent.runtime_cdi, timeout=timeout)
-            return drabackend.DraBackend(api, node_name, agent.devices, agent.cards, agent.board, agent.policy,
+            return backend.DraBackend(api, node_name, agent.devices, agent.cards, agent.board, agent.policy,
                                          folders, agent.mps_root, poll=args.poll_interval, timeout=timeout,
                                          runtime=runtime)
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
-                  mps_root=getattr(args, "mps_root", None) or isolation.DEFAULT_MPS_ROOT, dra=dra,
+                  mps_root=getattr(args, "mps_root", None) or containerlimits.DEFAULT_MPS_ROOT, dra=dra,
                   conflicts=conflicts, cordons=cordons, count=count,
                   toolkit=toolkitcheck.Checker(getattr(args, "toolkit_config", None) or toolkitcheck.CONFIG_PATHS),
                   pod_resources=podresources.Client(getattr(args, "pod_resources_socket", None) or podresources.SOCKET))
@@ -368,7 +390,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
             metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name,
                                       conflicts=agent.conflicts, cordoned=agent.operator_cordoned,
                                       toolkit=agent.toolkit, withheld=agent.foreign,
-                                      cards_by_pod=agent.dra.plugin.preparer.cards_by_pod if agent.dra else None)
+                                      cards_by_pod=agent.dra.plugin.preparer.cards_by_pod if agent.dra else None,
+                                      probes={"/healthz": agent.liveness, "/readyz": agent.readiness})
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}; pick a "
                                      "free --metrics-port")

@@ -6,7 +6,7 @@ handling are separate. A sink reduces a listed page to what it keeps, takes a wh
 place of what it held, takes one watch event at a time, and hears when a watch opens and
 closes (a closed watch that failed is a gap: events may be missing until the next watch
 resumes, or the next list replaces everything). The live view (``kube.KubeView``) and the
-re-placement cache (``relocation.cache.Cache``) are two such sinks, each composed with one
+re-placement cache (``replacement.cache.Cache``) are two such sinks, each composed with one
 informer following shared nodes and gpushard pods.
 
 A daemon thread per resource runs the loop. Lists come in pages, each parsed and reduced

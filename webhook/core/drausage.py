@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from webhook.core import audit, draobjects, names, objects
+from webhook.core import auditing, draobjects, names, objects
 
 
 def _attribute(device: dict, name: str) -> object:
@@ -32,7 +32,7 @@ def _holder_name(claim: dict) -> str:
 
 
 def usage(slices: Iterable[dict], claims: Iterable[dict], shares_per_card: int,
-          driver: str = names.DRA_DRIVER, nodes: Iterable[dict] = ()) -> audit.Usage:
+          driver: str = names.DRA_DRIVER, nodes: Iterable[dict] = ()) -> auditing.Usage:
     """Per node and card: the slice's shares, and the claims allocated on it. ``nodes``: the Nodes, for
     the cards an operator cordoned (such a card has left the slice: it shows with capacity 0, as one
     that turned Unhealthy, with its cordon)."""
@@ -50,7 +50,7 @@ def usage(slices: Iterable[dict], claims: Iterable[dict], shares_per_card: int,
                 continue
             value = ((device.get("capacity") or {}).get(names.DRA_SHARES_CAPACITY) or {}).get("value")
             cards[k] = (int(value) if isinstance(value, str) and value.isdigit() else 0, device)
-    held: dict[tuple[str, int], list[audit.Holder]] = {}
+    held: dict[tuple[str, int], list[auditing.Holder]] = {}
     for claim in claims:
         try:
             results = draobjects.our_results(claim, driver, shares_per_card)
@@ -59,7 +59,7 @@ def usage(slices: Iterable[dict], claims: Iterable[dict], shares_per_card: int,
         namespace = str((claim.get("metadata") or {}).get("namespace", ""))
         for result in results:
             held.setdefault((result.pool, result.card), []).append(
-                audit.Holder(namespace, _holder_name(claim), result.shares))
+                auditing.Holder(namespace, _holder_name(claim), result.shares))
     out = []
     for node in sorted(set(offered) | {n for n, _k in held} | {n for n, found in cordons.items() if found}):
         cards = []
@@ -68,10 +68,10 @@ def usage(slices: Iterable[dict], claims: Iterable[dict], shares_per_card: int,
             capacity, device = offered.get(node, {}).get(k, (0, {}))
             holders = tuple(sorted(held.get((node, k), ()), key=lambda h: (h.namespace, h.name)))
             memory = _attribute(device, "memoryMiB")
-            cards.append(audit.CardUse(
+            cards.append(auditing.CardUse(
                 index=k, capacity=capacity, used=sum(h.shares for h in holders), holders=holders,
                 model=str(_attribute(device, "model") or ""), uuid=str(_attribute(device, "uuid") or ""),
                 memory_mib=memory if isinstance(memory, int) and not isinstance(memory, bool) and memory > 0 else 0,
                 cordon=cordoned.get(k)))
-        out.append(audit.NodeUse(node, tuple(cards)))
-    return audit.Usage(tuple(out))
+        out.append(auditing.NodeUse(node, tuple(cards)))
+    return auditing.Usage(tuple(out))

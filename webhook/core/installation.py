@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from webhook.core import audit, names
+from webhook.core import auditing, names
 from webhook.core import findings as f
 
 BINDING_WITHOUT_POLICY = "binding-without-policy"
@@ -83,11 +83,11 @@ def _ours(name: str) -> bool:
     return name.startswith(names.POLICY_PREFIX)
 
 
-def _item(kind: str, name: str, rule: str, message: str, fix: str, namespace: str = "") -> audit.Item:
-    return audit.Item(audit.Ref(kind, namespace, name), f.Finding(rule, f.WARN, message), fix_here=fix)
+def _item(kind: str, name: str, rule: str, message: str, fix: str, namespace: str = "") -> auditing.Item:
+    return auditing.Item(auditing.Ref(kind, namespace, name), f.Finding(rule, f.WARN, message), fix_here=fix)
 
 
-def _policy_items(policies: list[dict], bindings: list[dict]) -> list[audit.Item]:
+def _policy_items(policies: list[dict], bindings: list[dict]) -> list[auditing.Item]:
     by_name = {_name(p): p for p in policies}
     ours = sorted(n for n in by_name if _ours(n))
     bound: dict[str, list[dict]] = {}
@@ -165,7 +165,7 @@ def service_of(config: dict | None) -> tuple[str, str] | None:
     return None
 
 
-def _webhook_items(installed: Installed) -> list[audit.Item]:
+def _webhook_items(installed: Installed) -> list[auditing.Item]:
     config = installed.webhook_configuration
     if config is None:
         return []
@@ -211,7 +211,7 @@ def _webhook_items(installed: Installed) -> list[audit.Item]:
     return items
 
 
-def _leftover_items(installed: Installed) -> list[audit.Item]:
+def _leftover_items(installed: Installed) -> list[auditing.Item]:
     config_map = installed.old_device_policy
     if config_map is None:
         return []
@@ -235,7 +235,7 @@ def checked(installed: Installed) -> int:
     return count + (installed.webhook_configuration is not None) + (installed.old_device_policy is not None)
 
 
-def check(installed: Installed) -> list[audit.Item]:
+def check(installed: Installed) -> list[auditing.Item]:
     """Every half-done state of the install, each with what to run."""
     items = []
     if installed.policies is not None and installed.bindings is not None:

@@ -28,7 +28,7 @@ CARD_MEMORY_ANNOTATION = "gpushard.io/card-memory-mib"
 # What the agent writes on its Node.
 INVENTORY_ANNOTATION = "gpushard.io/inventory"
 # The key of each card's inventory entry that says what the node's NVIDIA container toolkit does with an
-# unprivileged container's NVIDIA_VISIBLE_DEVICES, as the agent read it (webhook/agent/toolkitcheck.py).
+# unprivileged container's NVIDIA_VISIBLE_DEVICES, as the agent read it (webhook/agent/node/toolkitcheck.py).
 INVENTORY_TOOLKIT = "toolkit"
 CARDS_LABEL = "gpushard.io/cards"
 # Each card's memory in MiB (NVML's total), one label per card: gpushard.io/card-3.memory-mib=81559.

@@ -6,7 +6,7 @@ lets its controller create a new pod, which gpushard places again. This module d
 view of the bound pods' usage, which waiting pods to evict and how many: only as many as the
 free cards can take together, oldest first, after the room that the other waiting pods will get
 anyway, and none whose card is about to have room when its terminating pods are gone. The
-adapter (``webhook.relocation``) lists, evicts and records; it decides nothing.
+adapter (``webhook.replacement``) lists, evicts and records; it decides nothing.
 
 How each owner counts an eviction (see docs/placement.md for the sources):
 

@@ -42,7 +42,7 @@ from tests.cluster import kubeobjects as o
 from webhook import settings as settings_mod
 from webhook.cluster import kube
 from webhook.core import names, placement
-from webhook.relocation import controller
+from webhook.replacement import controller
 
 NOW = 1_800_000_000.0
 NS = "gpushard-system"

@@ -17,13 +17,13 @@ import os
 import threading
 import zlib
 from collections.abc import Callable, Mapping
-from concurrent import futures
 from dataclasses import asdict, dataclass
 
 import grpc
 import kubernetes
 
-from webhook.agent import allocation, cdi, drahealth, isolation, nvml, sockets
+from webhook.agent.dra import cdi, resourcehealth
+from webhook.agent.node import allocation, containerlimits, nvml, sockets
 from webhook.agent.proto import dra_health_pb2 as hpb
 from webhook.agent.proto import dra_pb2 as dpb
 from webhook.agent.proto import dra_pb2_grpc as dpb_grpc
@@ -143,7 +143,7 @@ class Preparer:
 
     def __init__(self, node: str, cards: Callable[[], Mapping[int, nvml.Card]], shares_per_card: int,
                  read_claim: Callable[[str, str], dict], checkpoint: Checkpoint, cdi_dir: str = cdi.DEFAULT_DIR,
-                 mode: str = "none", mps_root: isolation.MpsRoot | None = None,
+                 mode: str = "none", mps_root: containerlimits.MpsRoot | None = None,
                  driver: str = names.DRA_DRIVER, read_pod: Callable[[str, str], dict] | None = None,
                  pod_shares: Callable[[dict], int] | None = None,
                  refusal: Callable[[], str | None] | None = None) -> None:
@@ -284,7 +284,7 @@ class Preparer:
 
     def _answer(self, card: nvml.Card, shares: int) -> allocation.Allocation:
         fraction = quantities.fraction_text(shares, self.shares_per_card)
-        limits = isolation.answer(card, shares, self.shares_per_card, self.mode, self.mps_root)
+        limits = containerlimits.answer(card, shares, self.shares_per_card, self.mode, self.mps_root)
         # The fraction is always there: CDI refuses a device with no edits, and it tells the pod its part.
         return allocation.combined(allocation.Allocation({names.FRACTION_ENV: fraction}), limits)
 
@@ -389,42 +389,13 @@ class RegistrationServicer(rpb_grpc.RegistrationServicer):
         return rpb.RegistrationStatusResponse()
 
 
-def add_health_services(servicer: drahealth.HealthServicer, server: grpc.Server) -> None:
+def add_health_services(servicer: resourcehealth.HealthServicer, server: grpc.Server) -> None:
     """NodeWatchResources under every name of HEALTH_SERVICES, the same messages on the wire."""
     handlers = {"NodeWatchResources": grpc.unary_stream_rpc_method_handler(
         servicer.NodeWatchResources, request_deserializer=hpb.NodeWatchResourcesRequest.FromString,
         response_serializer=hpb.NodeWatchResourcesResponse.SerializeToString)}
     for name in HEALTH_SERVICES:
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
-
-
-class _Socket:
-    """One gRPC server on one unix socket, restartable when the file goes."""
-
-    def __init__(self, path: str, add: Callable[[grpc.Server], None]) -> None:
-        self.path = path
-        self.add = add
-        self.server: grpc.Server | None = None
-        self.identity: tuple[int, int] | None = None
-
-    def start(self) -> None:
-        self.stop()
-        # Room for the health streams (each holds a worker for its life) beside prepare and unprepare.
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 + drahealth.MAX_STREAMS))
-        self.add(server)
-        self.identity = sockets.bind(server, self.path)
-        server.start()
-        self.server = server
-
-    def is_ours(self) -> bool:
-        return self.identity is not None and sockets.identity(self.path) == self.identity
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop(grace=1).wait()
-            self.server = None
-            sockets.remove_if_ours(self.path, self.identity)
-            self.identity = None
 
 
 class DraPlugin:
@@ -436,7 +407,7 @@ class DraPlugin:
     """
 
     def __init__(self, preparer: Preparer, registry_dir: str = REGISTRY_DIR, plugins_dir: str = PLUGINS_DIR,
-                 driver: str = names.DRA_DRIVER, health: drahealth.HealthServicer | None = None) -> None:
+                 driver: str = names.DRA_DRIVER, health: resourcehealth.HealthServicer | None = None) -> None:
         self.preparer = preparer
         self.driver = driver
         self.health = health
@@ -448,13 +419,25 @@ class DraPlugin:
             dpb_grpc.add_DRAPluginServicer_to_server(servicer, server)
             if health is not None:
                 add_health_services(health, server)
-        self._plugin = _Socket(self.endpoint, add)
-        self._registry = _Socket(registration_socket(registry_dir, driver),
-                                 lambda s: rpb_grpc.add_RegistrationServicer_to_server(self.registration, s))
+        # Room for the health streams (each holds a worker for its life) beside prepare and unprepare.
+        self._plugin = sockets.Server(self.endpoint, add, workers=4 + resourcehealth.MAX_STREAMS, name="dra")
+        self._registry = sockets.Server(registration_socket(registry_dir, driver),
+                                        lambda s: rpb_grpc.add_RegistrationServicer_to_server(self.registration, s),
+                                        workers=2, name="dra-registration")
 
     @property
     def registration_path(self) -> str:
         return self._registry.path
+
+    def sockets(self) -> list[sockets.Server]:
+        return [self._plugin, self._registry]
+
+    def unready(self) -> list[str]:
+        """Why the kubelet cannot use the driver yet; empty once it took the registration."""
+        if self.registration.registered.is_set():
+            return []
+        said = f" (it said: {self.registration.error})" if self.registration.error else ""
+        return [f"the kubelet has not registered DRA driver {self.driver} yet{said}"]
 
     def start(self) -> None:
         # The specs of the claims prepared before, first: the kubelet may be starting their containers already.

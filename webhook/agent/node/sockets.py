@@ -9,6 +9,8 @@ socket, says why when it cannot, and removes on stop only a file that is still i
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from concurrent import futures
 
 import grpc
 
@@ -61,3 +63,54 @@ def remove_if_ours(path: str, ours: tuple[int, int] | None) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+class Server:
+    """One gRPC server on one unix socket, started again on a fresh socket when its file goes.
+
+    ``add`` puts the services on each new grpc.Server (a fresh servicer per start, where one is needed);
+    ``workers`` bounds the calls and streams served at once (each stream holds a worker for its life).
+    """
+
+    def __init__(self, path: str, add: Callable[[grpc.Server], None], workers: int, name: str = "") -> None:
+        self.path = path
+        self.add = add
+        self.workers = workers
+        self.name = name or os.path.basename(path)
+        self._server: grpc.Server | None = None
+        self.identity: tuple[int, int] | None = None
+
+    def start(self) -> None:
+        """Serve on a fresh socket, replacing any stale file left by an earlier run (OSError when it cannot)."""
+        self.stop()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix=self.name))
+        self.add(server)
+        self.identity = bind(server, self.path)
+        server.start()
+        self._server = server
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def is_ours(self) -> bool:
+        """False once the socket file is gone or replaced, as a restarting kubelet does."""
+        return self.identity is not None and identity(self.path) == self.identity
+
+    def answers(self, timeout: float = 2.0) -> bool:
+        """Whether a client connecting to the socket now gets an HTTP/2 connection within ``timeout``."""
+        with grpc.insecure_channel(f"unix://{self.path}") as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=timeout)
+            except grpc.FutureTimeoutError:
+                return False
+        return True
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stop serving and remove the socket (only if it is still ours)."""
+        if self._server is None:
+            return
+        self._server.stop(grace).wait(grace + 1.0)
+        self._server = None
+        remove_if_ours(self.path, self.identity)
+        self.identity = None

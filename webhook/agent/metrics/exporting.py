@@ -21,7 +21,8 @@ from prometheus_client import core as prom
 from prometheus_client import exposition, registry
 
 from webhook import authorizing, certificates, connecting
-from webhook.agent import attributing, health, nvml, podlisting, podresources, publishing
+from webhook.agent.metrics import attributing, podlisting
+from webhook.agent.node import health, nvml, podresources, publishing
 from webhook.core import isolation as isolation_mod
 from webhook.core import policy as policy_mod
 
@@ -79,7 +80,7 @@ class Observation:
     cards: list[CardRow]
     pod_resources_up: bool
     seconds: float = 0.0
-    # Other DRA drivers offering this node's GPUs (webhook.agent.conflicting); None: not checked (yet).
+    # Other DRA drivers offering this node's GPUs (webhook.agent.node.otherdrivers); None: not checked (yet).
     dra_conflicts: list | None = None
     # Whether the node's NVIDIA toolkit ignores an unprivileged container's NVIDIA_VISIBLE_DEVICES (toolkitcheck);
     # None: no config found, or none read yet.
@@ -375,8 +376,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def do_GET(self):
-        if self.path.split("?", 1)[0] != "/metrics":
-            return self._answer(404, b"gpushard: only /metrics is served here\n")
+        path = self.path.split("?", 1)[0]
+        probe = self.server.probes.get(path)
+        if probe is not None:
+            # The kubelet's probes carry no token; they learn only whether the agent is whole, and what is not.
+            problems = probe()
+            if problems:
+                return self._answer(503, f"gpushard: {'; '.join(problems)}\n".encode())
+            return self._answer(200, b"ok\n")
+        if path != "/metrics":
+            return self._answer(404, b"gpushard: only /metrics, /healthz and /readyz are served here\n")
         verdict = authorizing.check(self.client_address[0], self.headers.get("Authorization"), self.server.reviewer)
         if not verdict.allowed:
             if verdict.status == 403:
@@ -393,8 +402,10 @@ class _HTTPSServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address, registry, context: ssl.SSLContext, reviewer) -> None:
+    def __init__(self, address, registry, context: ssl.SSLContext, reviewer,
+                 probes: Mapping[str, Callable[[], list[str]]] | None = None) -> None:
         self.registry = registry
+        self.probes = dict(probes or {})
         self.context = context
         self.reviewer = reviewer
         # A thread per connection, but no more than this at once: a connection past it is closed at once,
@@ -435,7 +446,8 @@ class _HTTPSServer(http.server.ThreadingHTTPServer):
 
 
 class Server:
-    """The metrics endpoint (``/metrics``) on a port of the agent's own, over TLS.
+    """The metrics endpoint (``/metrics``) on a port of the agent's own, over TLS, with the kubelet's probes
+    (``/healthz``, ``/readyz``) beside it, answered to anyone.
 
     A request from the network needs a bearer token the API server authenticates and authorizes
     (``webhook.agent.authorizing``); one from the pod's own loopback is a port-forward the API server
@@ -444,9 +456,9 @@ class Server:
 
     def __init__(self, reg: registry.CollectorRegistry, port: int, addr: str = "0.0.0.0",
                  reviewer: authorizing.Reviewer | None = None, context: ssl.SSLContext | None = None,
-                 node: str = "") -> None:
+                 node: str = "", probes: Mapping[str, Callable[[], list[str]]] | None = None) -> None:
         self.context = context or self_signed_context(node)
-        self._server = _HTTPSServer((addr, port), reg, self.context, reviewer)
+        self._server = _HTTPSServer((addr, port), reg, self.context, reviewer, probes)
         self._thread = threading.Thread(target=self._server.serve_forever, name="gpushard-metrics", daemon=True)
         self._thread.start()
         self.port = self._server.server_address[1]
@@ -460,8 +472,10 @@ class Server:
 def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: health.Board, api,
           node_name: str | None, conflicts=None,
           cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None,
-          cordoned: Callable[[], frozenset[int]] = frozenset, toolkit=None, withheld=None) -> Server | None:
-    """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts.
+          cordoned: Callable[[], frozenset[int]] = frozenset, toolkit=None, withheld=None,
+          probes: Mapping[str, Callable[[], list[str]]] | None = None) -> Server | None:
+    """`gpushard agent`'s metrics on ``--metrics-port`` (0: none), from its flags and its parts, with the
+    kubelet's ``probes`` (path: what is wrong, nothing when well) beside them.
 
     ``cards_by_pod`` (backend dra: the DRA plugin's prepared claims) says which card each pod's
     containers use, where PodResources names none."""
@@ -492,7 +506,8 @@ def serve(args, settings, cards: list[nvml.Card], devices: nvml.Devices, board: 
         if api is not None else None
     if reviewer is None:
         log.warning("gpushard: no Kubernetes API credentials: metrics are served to port-forwards only")
-    server = Server(new_registry(observer), args.metrics_port, reviewer=reviewer, node=node_name or "")
+    server = Server(new_registry(observer), args.metrics_port, reviewer=reviewer, node=node_name or "",
+                    probes=probes)
     log.info("gpushard: metrics on port %d over TLS, to callers allowed get nodes/metrics of this node and to "
              "port-forwards (processes read from %s, shares from %s)", server.port,
              args.proc_root, args.pod_resources_socket)

@@ -11,7 +11,7 @@ We test:
 from __future__ import annotations
 
 from tests.cluster import kubeobjects as o
-from tests.relocation.test_controller import (
+from tests.replacement.test_controller import (
     _stand_by_after,  # noqa: F401 - stops the replacers made here
     events,
     make,

@@ -8,7 +8,8 @@ import threading
 
 import grpc
 
-from webhook.agent import deviceplugin, sockets
+from webhook.agent.deviceplugin import server
+from webhook.agent.node import sockets
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import deviceplugin_pb2_grpc as pb_grpc
 
@@ -22,7 +23,7 @@ KUBELET_SOCKET = "kubelet.sock"
 def register(kubelet_socket: str, endpoint: str, resource_name: str, timeout: float = 5.0) -> None:
     """Tell the kubelet where a resource is served; raises grpc.RpcError when it will not listen."""
     request = pb.RegisterRequest(version=VERSION, endpoint=endpoint, resource_name=resource_name,
-                                 options=deviceplugin.OPTIONS)
+                                 options=server.OPTIONS)
     with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
         pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
 
@@ -35,7 +36,7 @@ class Keeper:
     socket is gone and register again with any kubelet.sock we have not registered with.
     """
 
-    def __init__(self, directory: str, plugins: list[deviceplugin.PluginServer], poll: float = 1.0,
+    def __init__(self, directory: str, plugins: list[server.PluginServer], poll: float = 1.0,
                  timeout: float = 5.0) -> None:
         self.directory = directory
         self.plugins = plugins
@@ -60,8 +61,8 @@ class Keeper:
             name = plugin.resource.name
             if not plugin.socket_is_ours():
                 log.info("gpushard: socket %s is gone; serving %s again", plugin.path, name)
+                self._registered[name] = None  # the kubelet forgot it with its socket
                 plugin.start()
-                self._registered[name] = None
             if self._registered.get(name) == kubelet:
                 continue
             try:
@@ -75,6 +76,12 @@ class Keeper:
             self._failing.discard(name)
             self._registered[name] = kubelet
             log.info("gpushard: registered %s at %s", name, plugin.path)
+
+    def unregistered(self) -> list[str]:
+        """The resources the kubelet of the moment has not registered (all of them while it is down)."""
+        kubelet = sockets.identity(self.kubelet_socket)
+        return [p.resource.name for p in self.plugins
+                if kubelet is None or self._registered.get(p.resource.name) != kubelet]
 
     def run(self, stop: threading.Event) -> None:
         """Poll until ``stop`` is set; the plugins keep serving until ``close``."""

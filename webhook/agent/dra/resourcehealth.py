@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from webhook.agent import health, nvml
+from webhook.agent.node import health, nvml
 from webhook.agent.proto import dra_health_pb2 as hpb
 from webhook.agent.proto import dra_health_pb2_grpc as hpb_grpc
 from webhook.core import draobjects

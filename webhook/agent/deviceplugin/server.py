@@ -6,11 +6,11 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent import futures
 
 import grpc
 
-from webhook.agent import allocation, health, holders, isolation, nvml, sockets
+from webhook.agent.deviceplugin import holders
+from webhook.agent.node import allocation, containerlimits, health, nvml, sockets
 from webhook.agent.proto import deviceplugin_pb2 as pb
 from webhook.agent.proto import deviceplugin_pb2_grpc as pb_grpc
 from webhook.core import policy as policy_mod
@@ -35,7 +35,7 @@ class Servicer(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: allocation.Resource, cards: list[nvml.Card], board: health.Board,
                  shares_per_card: int, tick: float = 1.0,
                  strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY,
-                 limits: isolation.Limits | None = None, share_holders: holders.Holders | None = None,
+                 limits: containerlimits.Limits | None = None, share_holders: holders.Holders | None = None,
                  cordoned: Callable[[], frozenset[int]] = frozenset) -> None:
         self.resource = resource
         self.strategy = strategy
@@ -139,7 +139,7 @@ class PluginServer:
     def __init__(self, directory: str, resource: allocation.Resource, cards: list[nvml.Card],
                  board: health.Board, shares_per_card: int, tick: float = 1.0, workers: int = 8,
                  strategy: tuple[str, ...] = policy_mod.DEFAULT_DEVICE_LIST_STRATEGY,
-                 limits: isolation.Limits | None = None, share_holders: holders.Holders | None = None,
+                 limits: containerlimits.Limits | None = None, share_holders: holders.Holders | None = None,
                  cordoned: Callable[[], frozenset[int]] = frozenset) -> None:
         self.directory = directory
         self.resource = resource
@@ -147,39 +147,36 @@ class PluginServer:
             share_holders = holders.Holders(None)  # one for every start: what Allocate handed out outlives a restart
         self._servicer_args = (resource, list(cards), board, shares_per_card, tick, strategy, limits, share_holders,
                                cordoned)
-        self._workers = workers
         self.servicer: Servicer | None = None
-        self._server: grpc.Server | None = None
-        self.identity: tuple[int, int] | None = None
+        # Each ListAndWatch stream holds a worker for its whole life; leave room for the unary calls.
+        self.socket = sockets.Server(os.path.join(directory, resource.endpoint), self._add, workers,
+                                     name=f"dp-{resource.endpoint}")
+
+    def _add(self, server: grpc.Server) -> None:
+        # A fresh servicer per start: the old one's streams are ended and stay ended.
+        self.servicer = Servicer(*self._servicer_args)
+        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
 
     @property
     def path(self) -> str:
-        return os.path.join(self.directory, self.resource.endpoint)
+        return self.socket.path
+
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        return self.socket.identity
 
     def start(self) -> None:
         """Serve on a fresh socket, replacing any stale file left by an earlier run."""
         self.stop()
-        # A fresh servicer per start: the old one's streams are ended and stay ended.
-        self.servicer = Servicer(*self._servicer_args)
-        # Each ListAndWatch stream holds a worker for its whole life; leave room for the unary calls.
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers,
-                                                        thread_name_prefix=f"dp-{self.resource.endpoint}"))
-        pb_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
-        self.identity = sockets.bind(server, self.path)
-        server.start()
-        self._server = server
+        self.socket.start()
 
     def socket_is_ours(self) -> bool:
         """False once the socket file is gone or replaced, as a restarting kubelet does."""
-        return self.identity is not None and sockets.identity(self.path) == self.identity
+        return self.socket.is_ours()
 
     def stop(self, grace: float = 1.0) -> None:
         """Close the streams, stop serving, and remove our socket (only if it is still ours)."""
-        if self._server is None:
+        if not self.socket.serving:
             return
-        ours = self.identity
         self.servicer.stop()
-        self._server.stop(grace).wait(grace + 1.0)
-        self._server = None
-        sockets.remove_if_ours(self.path, ours)
-        self.identity = None
+        self.socket.stop(grace)

@@ -24,7 +24,7 @@ import pytest
 from tests.cluster import kubeobjects as o
 from webhook import settings as settings_mod
 from webhook.core import names
-from webhook.relocation import controller
+from webhook.replacement import controller
 
 NOW = 1_800_000_000.0
 NS = "gpushard-system"

@@ -17,7 +17,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from webhook.agent import nvml
+from webhook.agent.node import nvml
 from webhook.agent.proto import podresources_pb2 as pb
 from webhook.core import policy as policy_mod
 

@@ -41,9 +41,9 @@ from webhook import connecting, kubectlflags
 from webhook import settings as settings_mod
 from webhook.cluster import kube
 from webhook.core import names, placement, refusals, replacement
-from webhook.relocation import metrics
-from webhook.relocation.cache import Cache, assemble, read_pinned
-from webhook.relocation.lease import REQUEST_TIMEOUT_S, Elector, json_body, now_text
+from webhook.replacement import metrics
+from webhook.replacement.cache import Cache, assemble, read_pinned
+from webhook.replacement.lease import REQUEST_TIMEOUT_S, Elector, json_body, now_text
 
 log = logging.getLogger(__name__)
 
@@ -500,7 +500,7 @@ class Reloader:
 
 def serve_health(port: int, replacer: Replacer, stall_s: float = STALL_S) -> http.server.ThreadingHTTPServer:
     """``GET /healthz`` on ``port``: 200 while the loop comes round, 503 once it has stalled for ``stall_s``;
-    and ``GET /metrics``, the replacer's Prometheus metrics (``relocation.metrics``).
+    and ``GET /metrics``, the replacer's Prometheus metrics (``replacement.metrics``).
 
     The Deployment's liveness probe reads /healthz, so a loop stuck for good is restarted.
     """

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from webhook.agent import allocation
+from webhook.agent.node import allocation
 from webhook.agent.proto import podresources_pb2 as pb
 from webhook.agent.proto import podresources_pb2_grpc as pb_grpc
 from webhook.core import policy as policy_mod

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 import kubernetes
 
 from webhook import connecting
-from webhook.agent import nvml
+from webhook.agent.node import nvml
 from webhook.core import names, objects
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from webhook.agent import allocation
+from webhook.agent.node import allocation
 from webhook.core import names
 
 DEFAULT_DIR = "/var/run/cdi"

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from webhook.agent import allocation, nvml
+from webhook.agent.node import allocation, nvml
 from webhook.core import isolation, names
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from webhook.agent import health, isolation, nvml
+from webhook.agent.node import containerlimits, health, nvml
 from webhook.core import names
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ SAVED_MODE = "compute-mode-before-mps"
 class CardDaemon:
     """The MPS control daemon of one card, started, watched and stopped by the supervisor."""
 
-    def __init__(self, devices: nvml.Devices, card: nvml.Card, root: isolation.MpsRoot,
+    def __init__(self, devices: nvml.Devices, card: nvml.Card, root: containerlimits.MpsRoot,
                  control: str = CONTROL, backoff: tuple[float, float] = (1.0, 60.0),
                  command_timeout: float = 10.0) -> None:
         self.devices = devices
@@ -184,7 +184,7 @@ class Supervisor:
     """Every card's daemon, their checks, and their health on the board."""
 
     def __init__(self, devices: nvml.Devices, cards: list[nvml.Card], board: health.Board,
-                 root: isolation.MpsRoot, on_change: Callable[[], None] | None = None, interval: float = 5.0,
+                 root: containerlimits.MpsRoot, on_change: Callable[[], None] | None = None, interval: float = 5.0,
                  **daemon_options) -> None:
         self.board = board
         self.on_change = on_change

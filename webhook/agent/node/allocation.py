@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from webhook.agent import nvml
+from webhook.agent.node import nvml
 from webhook.core import names
 from webhook.core import policy as policy_mod
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import kubernetes
 
-from webhook.agent import cdi, drahealth, draplugin, draslices, health, isolation, nvml, runtimechecking
+from webhook.agent.dra import cdi, kubeletplugin, resourcehealth, runtimechecking, slices
+from webhook.agent.node import containerlimits, health, nvml
 from webhook.core import asks as req
 from webhook.core import draobjects, names
 from webhook.core import policy as policy_mod
@@ -23,8 +24,8 @@ from webhook.core import policy as policy_mod
 class Folders:
     """Host folders the DRA side uses; the agent sees each at the same path as the kubelet and runtime do."""
 
-    registry: str = draplugin.REGISTRY_DIR
-    plugins: str = draplugin.PLUGINS_DIR
+    registry: str = kubeletplugin.REGISTRY_DIR
+    plugins: str = kubeletplugin.PLUGINS_DIR
     cdi: str = cdi.DEFAULT_DIR
 
     def checkpoint(self, driver: str = names.DRA_DRIVER) -> str:
@@ -36,8 +37,8 @@ class DraBackend:
 
     def __init__(self, api: kubernetes.client.ApiClient, node: str, devices: nvml.Devices, cards: list[nvml.Card],
                  board: health.Board, policy: policy_mod.Policy, folders: Folders = Folders(),
-                 mps_root: isolation.MpsRoot | None = None, poll: float = 1.0, timeout: float = 10.0,
-                 health_resend: float = drahealth.RESEND_S,
+                 mps_root: containerlimits.MpsRoot | None = None, poll: float = 1.0, timeout: float = 10.0,
+                 health_resend: float = resourcehealth.RESEND_S,
                  runtime: runtimechecking.Checker | None = None) -> None:
         self.node = node
         # The node's container runtime must apply CDI devices, or a prepared claim's container starts without
@@ -51,15 +52,15 @@ class DraBackend:
         self.poll = poll
         self.memory_limits = devices.memory_limits_supported()
         # ``timeout``: each API request, the config's agent.requestTimeout.
-        self.slices = draslices.SlicePublisher(api, node, self.healthy_facts, policy.shares_per_card, timeout=timeout)
-        preparer = draplugin.Preparer(node, self.present_cards, policy.shares_per_card,
-                                      draplugin.api_claim_reader(api, timeout),
-                                      draplugin.Checkpoint(folders.checkpoint()),
+        self.slices = slices.SlicePublisher(api, node, self.healthy_facts, policy.shares_per_card, timeout=timeout)
+        preparer = kubeletplugin.Preparer(node, self.present_cards, policy.shares_per_card,
+                                      kubeletplugin.api_claim_reader(api, timeout),
+                                      kubeletplugin.Checkpoint(folders.checkpoint()),
                                       cdi_dir=folders.cdi, mode=policy.isolation, mps_root=mps_root,
-                                      read_pod=draplugin.api_pod_reader(api, timeout), pod_shares=self.pod_shares,
+                                      read_pod=kubeletplugin.api_pod_reader(api, timeout), pod_shares=self.pod_shares,
                                       refusal=self.refusal)
-        self.health = drahealth.HealthServicer(board, self.device_health, resend=health_resend)
-        self.plugin = draplugin.DraPlugin(preparer, folders.registry, folders.plugins, health=self.health)
+        self.health = resourcehealth.HealthServicer(board, self.device_health, resend=health_resend)
+        self.plugin = kubeletplugin.DraPlugin(preparer, folders.registry, folders.plugins, health=self.health)
         # Set by the agent: the cards an operator cordoned, which leave the slice as an unhealthy card does.
         self.cordoned: Callable[[], frozenset[int]] = frozenset
 
@@ -89,10 +90,10 @@ class DraBackend:
             return None
         return self.runtime.verdict.reason
 
-    def device_health(self, snapshot: health.Snapshot) -> list[drahealth.DeviceState]:
+    def device_health(self, snapshot: health.Snapshot) -> list[resourcehealth.DeviceState]:
         """Every card's health for the kubelet: those in the slice Healthy, and those that left it Unhealthy
         (a claim prepared before may still hold one)."""
-        return drahealth.card_states(self.node, self.cards, snapshot)
+        return resourcehealth.card_states(self.node, self.cards, snapshot)
 
     def present_cards(self) -> dict[int, nvml.Card]:
         """The cards a claim may be prepared on: a card allocated before it turned Unhealthy still is."""

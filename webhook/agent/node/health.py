@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from webhook.agent import nvml
+from webhook.agent.node import nvml
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tests.cluster import kubeobjects as o
 from webhook import settings as settings_mod
-from webhook.relocation.cache import Cache
+from webhook.replacement.cache import Cache
 
 
 def compact(fake) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import kubernetes
 
-from webhook.agent import nvml
+from webhook.agent.node import nvml
 from webhook.core import names
 
 log = logging.getLogger(__name__)

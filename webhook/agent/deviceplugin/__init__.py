@@ -1,0 +1,1 @@
+"""The kubelet device-plugin backend: a gRPC server per resource, registered with the kubelet."""
