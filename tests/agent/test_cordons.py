@@ -145,8 +145,8 @@ def dra_world(api, plugin_dir, kubelet):
     client = api.api_client()
     policy = policy_mod.Policy(backend=policy_mod.DRA, isolation="memory")
     agent = running.Agent(nvml.FakeDevices(CARDS), policy, plugin_dir, poll=0.05, tick=0.2, register_timeout=2,
-                          dra=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
-                                                              folders, poll=0.05),
+                          backend=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
+                                                               folders, poll=0.05, cordoned=a.cordoned),
                           cordons=watcher(api))
     agent.start()
     yield agent, folders
@@ -173,8 +173,8 @@ def test_with_backend_dra_the_cordoned_card_leaves_the_slice(api, dra_world):
     eventually(lambda: slice_devices(api) == ["card-0"], "the cordoned card leave the slice")
     # A claim allocated on it before the cordon is still prepared: its pod keeps the card.
     peer = drakubelet.DraKubelet()
-    eventually(lambda: os.path.exists(agent.dra.plugin.registration_path), "the registration socket")
-    peer.register(agent.dra.plugin.registration_path)
+    eventually(lambda: os.path.exists(agent.backend.plugin.registration_path), "the registration socket")
+    peer.register(agent.backend.plugin.registration_path)
     entry = peer.prepare(("team-a", "uid-1", "c")).claims["uid-1"]
     assert entry.error == "" and list(entry.devices[0].cdi_device_ids)[0] == "nvidia.com/gpu=GPU-bbbb"
     api.put("nodes", node())

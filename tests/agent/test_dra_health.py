@@ -51,12 +51,12 @@ def make_world(api, plugin_dir, kubelet):
         agent = running.Agent(
             devices, policy_mod.Policy(backend=policy_mod.DRA, shares_per_card=4), plugin_dir, poll=0.05, tick=0.1,
             register_timeout=2, pod_resources=podresources.Client(lister.path), holders_refresh=0.2,
-            dra=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy, folders,
-                                                poll=0.05, health_resend=RESEND))
+            backend=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy, folders,
+                                                 poll=0.05, health_resend=RESEND, cordoned=a.cordoned))
         agent.start()
         peer = drakubelet.DraKubelet()
-        eventually(lambda: os.path.exists(agent.dra.plugin.registration_path), "the registration socket")
-        peer.register(agent.dra.plugin.registration_path)
+        eventually(lambda: os.path.exists(agent.backend.plugin.registration_path), "the registration socket")
+        peer.register(agent.backend.plugin.registration_path)
         made.append((agent, lister, root))
         return agent, devices, peer, lister
 
@@ -135,7 +135,7 @@ def test_an_xid_turns_its_card_unhealthy_and_the_stream_goes_on(api, world):
 
 def test_a_client_that_hangs_up_is_cleaned_up(world):
     agent, _devices, peer, _lister = world
-    health = agent.dra.health
+    health = agent.backend.health
     first = peer.watch_health()
     first.message(0)
     assert health.streams == 1
@@ -165,7 +165,7 @@ def test_stopping_the_agent_ends_the_stream_ok(make_world):
     stream = peer.watch_health()
     stream.message(0)
     started = time.monotonic()
-    agent.dra.plugin.stop()
+    agent.backend.plugin.stop()
     assert stream.ended.wait(5)
     assert time.monotonic() - started < 3
     assert stream.error is None, stream.error

@@ -39,10 +39,12 @@ def world(api, plugin_dir, kubelet):
     client = api.api_client()
     api.put("nodes", {"metadata": {"name": NODE}, "status": KUBELET_STATUS})
     agent = running.Agent(devices, policy, plugin_dir, poll=0.05, tick=0.2, register_timeout=2,
-                          dra=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
-                                                              folders, poll=0.05),
-                          cordons=lambda: cordonwatching.Watcher(client, NODE, watch_timeout=5, backoff=(0.05, 0.2)),
-                          count=lambda name, shares: nodecount.Keeper(client, NODE, name, shares, retry=(0.05, 0.2)))
+                          backend=lambda a: backend.DraBackend(
+                              client, NODE, a.devices, a.cards, a.board, a.policy, folders, poll=0.05,
+                              cordoned=a.cordoned,
+                              count=lambda name, shares: nodecount.Keeper(client, NODE, name, shares,
+                                                                          retry=(0.05, 0.2))),
+                          cordons=lambda: cordonwatching.Watcher(client, NODE, watch_timeout=5, backoff=(0.05, 0.2)))
     agent.start()
     yield agent, devices, folders
     agent.stop()
@@ -65,18 +67,20 @@ def test_the_sum_is_in_the_node_status_and_no_device_plugin_registers(api, world
     agent, devices, _folders = world
     whole = str(len(CARDS) * policy_mod.Policy().shares_per_card)
     eventually(lambda: counted(api) == (whole, whole), "the count in the Node's status")
-    eventually(lambda: agent.count.writes == 1, "the agent count its write")
+    eventually(lambda: agent.backend.count.writes == 1, "the agent count its write")
     status = api.get("nodes", NODE)["status"]
     # Beside what the kubelet keeps there, untouched.
     assert status["conditions"] == KUBELET_STATUS["conditions"]
     assert {k: v for k, v in status["capacity"].items() if k != names.SHARES_RESOURCE} == KUBELET_STATUS["capacity"]
-    assert agent.resources == [] and agent.plugins == []
+    # Only the DRA plugin's sockets are served, and nothing in the device-plugin folder.
+    assert [s.path for s in agent.backend.sockets()] == [s.path for s in agent.backend.plugin.sockets()]
+    assert set(os.listdir(plugin_dir)) <= {"kubelet.sock"}
     # The kubelet zeroes a device-plugin resource once after its plugin went: the agent writes it back.
     capacity = {**status["capacity"], names.SHARES_RESOURCE: "0"}
     api.put("nodes", {"metadata": {"name": NODE}, "status": {**status, "capacity": capacity,
                                                               "allocatable": capacity}})
     eventually(lambda: counted(api) == (whole, whole), "the count written again")
-    eventually(lambda: agent.count.writes == 2, "the agent count its second write")  # after the answer
+    eventually(lambda: agent.backend.count.writes == 2, "the agent count its second write")  # after the answer
     # A card that turns Unhealthy leaves the slice, not the count (pods on it still hold their part of it).
     devices.inject(nvml.HealthEvent("GPU-bbbb", healthy=False, reason="Xid 79"))
     eventually(lambda: slice_devices(api) == ["card-0"], "the Unhealthy card leave the slice")
@@ -99,8 +103,8 @@ def test_the_slice_follows_health(api, world):
 def test_the_kubelet_prepares_a_claim_through_the_agent(api, world):
     agent, devices, folders = world
     peer = drakubelet.DraKubelet()
-    eventually(lambda: os.path.exists(agent.dra.plugin.registration_path), "the registration socket")
-    peer.register(agent.dra.plugin.registration_path)
+    eventually(lambda: os.path.exists(agent.backend.plugin.registration_path), "the registration socket")
+    peer.register(agent.backend.plugin.registration_path)
     api.put("resourceclaims", draworld.reserved(draworld.claim("team-a", "c", "uid-1", NODE, "card-1", 50), "p",
                                                 "pod-1"))
     api.put("pods", draworld.holder("team-a", "p", "pod-1", 20, 30))

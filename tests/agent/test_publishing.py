@@ -192,7 +192,7 @@ def test_a_mig_card_is_left_out_and_listed_with_the_reason(kube, plugin_dir):
     agent = start_agent(kube, plugin_dir, devices)
     try:
         meta = kubeobjects.wait_for(published(kube, 1))
-        assert [r.name for r in agent.resources] == ["gpushard.io/gpu", "gpushard.io/card-1"]
+        assert [r.name for r in agent.backend.resources] == ["gpushard.io/gpu", "gpushard.io/card-1"]
     finally:
         agent.stop()
     listed = json.loads(meta["annotations"][names.INVENTORY_ANNOTATION])

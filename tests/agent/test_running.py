@@ -274,7 +274,7 @@ def test_liveness_and_readiness_fail_when_a_server_or_a_loop_dies(plugin_dir, ku
         assert agent.liveness() == []
 
         # The card's socket replaced by something no poll can serve on again: its server is dead for good.
-        [card0] = [p for p in agent.plugins if p.resource.card_index == 0]
+        [card0] = [p for p in agent.backend.plugins if p.resource.card_index == 0]
         os.unlink(card0.path)
         os.mkdir(card0.path)
         dead = f"its gRPC server on {card0.path} is not serving (the socket is gone or replaced)"

@@ -46,8 +46,9 @@ def world(api, plugin_dir, kubelet, caplog):
     agent = running.Agent(nvml.FakeDevices(CARDS), policy_mod.Policy(backend=policy_mod.DRA), plugin_dir,
                           publisher=lambda cards: publishing.Publisher(client, NODE, cards, retry=0.1),
                           poll=0.05, tick=0.2, register_timeout=2,
-                          dra=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
-                                                              folders, poll=0.05, runtime=checker))
+                          backend=lambda a: backend.DraBackend(client, NODE, a.devices, a.cards, a.board, a.policy,
+                                                               folders, poll=0.05, runtime=checker,
+                                                               cordoned=a.cordoned))
     agent.start()
     yield agent, checker, folders
     agent.stop()
@@ -59,8 +60,8 @@ def prepare(agent, api, uid):
                                                 f"pod-{uid}"))
     api.put("pods", draworld.holder("team-a", "p", f"pod-{uid}", 20, 30))
     peer = drakubelet.DraKubelet()
-    eventually(lambda: os.path.exists(agent.dra.plugin.registration_path), "the registration socket")
-    peer.register(agent.dra.plugin.registration_path)
+    eventually(lambda: os.path.exists(agent.backend.plugin.registration_path), "the registration socket")
+    peer.register(agent.backend.plugin.registration_path)
     return peer.prepare(("team-a", uid, f"c-{uid}")).claims[uid]
 
 

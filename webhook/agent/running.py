@@ -8,26 +8,29 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from webhook import connecting
 from webhook import settings as settings_mod
-from webhook.agent.deviceplugin import holders, registration, server
-from webhook.agent.dra import backend, nodecount, runtimechecking
+from webhook.agent.deviceplugin import backend as dpbackend
+from webhook.agent.deviceplugin import holders
+from webhook.agent.dra import backend as drabackend
+from webhook.agent.dra import nodecount, runtimechecking
 from webhook.agent.metrics import exporting
 from webhook.agent.node import (
-    allocation,
     containerlimits,
     cordonwatching,
     health,
     mps,
     nvml,
     otherdrivers,
+    otherplugins,
     podresources,
     publishing,
+    sockets,
     toolkitcheck,
 )
-from webhook.agent.node import otherplugins as foreign_mod
 from webhook.core import names
 from webhook.core import policy as policy_mod
 
@@ -41,60 +44,79 @@ EXIT_NO_API = 4
 PROBE_TIMEOUT_S = 1.0
 
 
+class Backend(Protocol):
+    """What the agent asks of its one backend (``deviceplugin.backend`` or ``dra.backend``)."""
+
+    # (namespace, pod) -> card index, where PodResources names no card (the metrics'), or None.
+    cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None
+    # Given the agent's Node each time it is read or watched, or None.
+    seen_node: Callable[[dict | None], None] | None
+    # Set by the agent, called by the backend when its card_details change.
+    on_change: Callable[[], None] | None
+
+    def start(self, threads: Callable[[str, Callable[[threading.Event], None]], None]) -> None:
+        """Serve the kubelet (OSError when it cannot), its loops run on ``threads(name, target)``."""
+
+    def stop(self) -> None: ...
+
+    def changed(self) -> None:
+        """The cards' health, their cordons or the node's facts changed."""
+
+    def card_details(self) -> dict:
+        """What the backend adds to every card's entry of the Node's inventory."""
+
+    def sockets(self) -> list[sockets.Server]: ...
+
+    def unready(self) -> list[str]:
+        """Why the kubelet cannot use the backend yet; empty once it can."""
+
+    def describe(self) -> str:
+        """What it serves, for the log."""
+
+
 class Agent:
-    """Everything the agent runs, startable and stoppable in one process (tests use it directly)."""
+    """Everything the agent runs, startable and stoppable in one process (tests use it directly).
+
+    ``backend`` makes the one backend from the agent's node pieces; without it, the device-plugin backend
+    serves in ``directory``."""
 
     def __init__(self, devices: nvml.Devices, policy: policy_mod.Policy, directory: str,
                  publisher: Callable[[Callable[[], list[nvml.Card]]], publishing.Publisher] | None = None,
                  poll: float = 1.0, tick: float = 1.0, register_timeout: float = 5.0,
                  mps_root: str = containerlimits.DEFAULT_MPS_ROOT, mps_options: dict | None = None,
-                 dra: Callable[[Agent], backend.DraBackend] | None = None,
+                 backend: Callable[[Agent], Backend] | None = None,
                  conflicts: Callable[[Callable[[], list[nvml.Card]]], otherdrivers.Watcher] | None = None,
                  pod_resources: podresources.Client | None = None,
                  holders_refresh: float = holders.REFRESH_S,
                  cordons: Callable[[], cordonwatching.Watcher] | None = None,
                  toolkit: toolkitcheck.Checker | None = None, toolkit_interval: float = 60.0,
-                 foreign_interval: float = foreign_mod.INTERVAL_S,
-                 count: Callable[[str, int], nodecount.Keeper] | None = None) -> None:
+                 foreign_interval: float = otherplugins.INTERVAL_S) -> None:
         self.devices = devices
         self.policy = policy
         self.cards, self.excluded = _whole_cards(devices)
         self.board = health.Board(self.cards)
-        self.resources = allocation.resources(self.cards, policy)
-        # Backend dra: the scheduler picks the card from the ResourceSlice, and the quota-able sum (the pods'
-        # gpushard.io/gpu) is in the Node's status (nodecount: no device plugin, so nothing for the kubelet's
-        # device manager to refuse a pod over when it admits pods before the agent is back).
-        self.count = None
-        if policy.backend == policy_mod.DRA:
-            if count is not None:
-                self.count = count(policy.resources.shares, len(self.cards) * policy.shares_per_card)
-            self.resources = []
-        root = containerlimits.MpsRoot(mps_root)
-        limits = containerlimits.Limits(policy.isolation, policy.shares_per_card, root) \
-            if policy.isolation != "none" else None
+        self.mps_root = containerlimits.MpsRoot(mps_root)
         # The cards an operator cordoned on this Node (read, never written): their shares are not offered.
         self.cordons = cordons() if cordons is not None else None
         if self.cordons is not None:
             self.cordons.on_change = self._cordons_changed
-            if self.count is not None:
-                self.cordons.on_node = self.count.seen
-        # The node-wide resource's IDs take the health of the card their container is on, which the kubelet's
-        # PodResources tells; without it they stay Healthy.
         self.pod_resources = pod_resources
-        self.share_holders = holders.Holders(self._read_share_holders if pod_resources is not None else None,
-                                             refresh=holders_refresh)
         # Cards another device plugin handed to containers that still run (a node moved from NVIDIA's plugin):
         # withheld from new pods, as a cordoned card is, until none holds one. Read from PodResources.
-        self.foreign = foreign_mod.Watcher(pod_resources.list, policy, self.cards, foreign_interval) \
+        self.foreign = otherplugins.Watcher(pod_resources.list, policy, self.cards, foreign_interval) \
             if pod_resources is not None else None
         if self.foreign is not None:
             self.foreign.on_change = self._foreign_changed
-        self.plugins = [server.PluginServer(directory, r, self.cards, self.board, policy.shares_per_card, tick,
-                                                  strategy=policy.device_list_strategy, limits=limits,
-                                                  share_holders=self.share_holders if r.card_index is None else None,
-                                                  cordoned=self.cordoned)
-                        for r in self.resources]
-        self.keeper = registration.Keeper(directory, self.plugins, poll=poll, timeout=register_timeout)
+        if backend is None:
+            def backend(agent: Agent) -> Backend:
+                return dpbackend.DevicePluginBackend(directory, agent.cards, agent.board, agent.policy,
+                                                     agent.mps_root, agent.cordoned, agent.pod_resources,
+                                                     poll=poll, tick=tick, register_timeout=register_timeout,
+                                                     holders_refresh=holders_refresh)
+        self.backend = backend(self)
+        self.backend.on_change = self._inventory_changed
+        if self.cordons is not None:
+            self.cordons.on_node = self.backend.seen_node
         self.publisher = publisher(self.present_cards) if publisher is not None else None
         if self.publisher is not None:
             self.publisher.details = self.inventory_details
@@ -102,26 +124,16 @@ class Agent:
         self.conflicts = conflicts(lambda: list(self.cards)) if conflicts is not None else None
         if self.conflicts is not None:
             self.conflicts.on_change = self._changed
-        self.mps = mps.Supervisor(devices, self.cards, self.board, root, self._changed, **(mps_options or {})) \
-            if policy.isolation == "mps" else None
+        self.mps = mps.Supervisor(devices, self.cards, self.board, self.mps_root, self._changed,
+                                  **(mps_options or {})) if policy.isolation == "mps" else None
         self.driver = devices.driver_version()
         self.memory_limits = devices.memory_limits_supported()
         self.tick = tick
-        self.mps_root = root
-        self.dra = dra(self) if dra is not None else None
-        if self.dra is not None:
-            self.dra.cordoned = self.cordoned
-            if self.dra.runtime is not None:
-                # A new verdict on the runtime changes the slice and the Node's inventory.
-                self.dra.runtime.on_change = self._changed
         # The node's NVIDIA container toolkit: whether it keeps outsiders' NVIDIA_VISIBLE_DEVICES from the cards.
         self.toolkit = toolkit
         self.toolkit_interval = toolkit_interval
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-
-    def _read_share_holders(self) -> dict[str, int | None]:
-        return self.pod_resources.share_holders(self.policy)
 
     def present_cards(self) -> list[nvml.Card]:
         present = self.board.snapshot().present
@@ -142,16 +154,18 @@ class Agent:
             self.publisher.changed()
 
     def _cordons_changed(self) -> None:
-        # The streams list again (the card-k plugin withdraws or offers its shares); health is untouched.
+        # The card-k plugin's stream lists again (it withdraws or offers its shares), the slice is published
+        # again; health is untouched.
         self.board.touch()
-        if self.dra is not None:
-            self.dra.changed()
+        self.backend.changed()
 
     def _changed(self) -> None:
+        self._inventory_changed()
+        self.backend.changed()
+
+    def _inventory_changed(self) -> None:
         if self.publisher is not None:
             self.publisher.changed()
-        if self.dra is not None:
-            self.dra.changed()
 
     def inventory_details(self) -> dict:
         """What the Node's inventory says beyond each card's identity: isolation, and cards left out."""
@@ -165,7 +179,7 @@ class Agent:
         if self.conflicts is not None:
             for index, found in self.conflicts.card_details().items():
                 per_card.setdefault(index, {}).update(found)
-        refused = self.dra.runtime.card_details() if self.dra is not None and self.dra.runtime is not None else {}
+        refused = self.backend.card_details()
         for card in self.cards:
             per_card[card.index].update(refused)
         if self.foreign is not None:
@@ -202,8 +216,7 @@ class Agent:
         gone or not answering. Empty while it is whole. A socket a restarting kubelet removed is served again
         by the next poll, well within the probe's failure threshold; one that stays gone is a failure."""
         found = [f"its {name} loop ended" for name in self.ended_loops()]
-        served = [p.socket for p in self.plugins] + (self.dra.plugin.sockets() if self.dra is not None else [])
-        for socket in served:
+        for socket in self.backend.sockets():
             if not socket.is_ours():
                 found.append(f"its gRPC server on {socket.path} is not serving (the socket is gone or replaced)")
             elif not socket.answers(PROBE_TIMEOUT_S):
@@ -212,14 +225,7 @@ class Agent:
 
     def readiness(self) -> list[str]:
         """Why the kubelet cannot use this agent's cards yet (its /readyz); empty once it can."""
-        found = self.liveness()
-        if self.plugins:
-            waiting = self.keeper.unregistered()
-            if waiting:
-                found.append(f"the kubelet has not registered {', '.join(waiting)} yet")
-        if self.dra is not None:
-            found += self.dra.plugin.unready()
-        return found
+        return self.liveness() + self.backend.unready()
 
     def start(self) -> None:
         if self.cordons is not None:
@@ -232,16 +238,8 @@ class Agent:
         if self.foreign is not None:
             # Before the plugins register: a card another plugin's pods hold is never offered, not even at first.
             self.foreign.check()
-        if self.count is not None:
-            # Before the DRA plugin: a pod the scheduler binds here counts on it.
-            self._thread("gpushard-count", self.count.run, self._stop)
-        if self.plugins:
-            self.keeper.start()
-            self._thread("gpushard-kubelet", self.keeper.run, self._stop)
-        if self.dra is not None:
-            self.dra.start(lambda name, target: self._thread(name, target, self._stop))
-        on_change = self._changed if self.publisher is not None or self.dra is not None else None
-        self._thread("gpushard-health", health.watch, self.devices, self.board, self._stop, on_change,
+        self.backend.start(lambda name, target: self._thread(name, target, self._stop))
+        self._thread("gpushard-health", health.watch, self.devices, self.board, self._stop, self._changed,
                      min(self.tick, 0.5))
         if self.publisher is not None:
             self._thread("gpushard-publish", self.publisher.run, self._stop)
@@ -262,9 +260,7 @@ class Agent:
             self.publisher.changed()  # wakes it to see the stop
         for thread in self._threads:
             thread.join(timeout=10)
-        self.keeper.close()
-        if self.dra is not None:
-            self.dra.stop()
+        self.backend.stop()
         if self.mps is not None:
             self.mps.stop()
         self.board.close()
@@ -335,10 +331,8 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         def publisher(cards):
             return publishing.Publisher(api, node_name, cards, timeout=timeout)
 
-    dra = None
     conflicts = None
     cordons = None
-    count = None
     if api is not None:
         def conflicts(cards):
             return otherdrivers.Watcher(api, node_name, cards, timeout=timeout)
@@ -346,24 +340,30 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         def cordons():
             return cordonwatching.Watcher(api, node_name)
 
+    # The one place that picks the backend.
     if settings.policy.backend == policy_mod.DRA:
-        folders = backend.Folders(
-            registry=getattr(args, "kubelet_registry_dir", None) or backend.Folders.registry,
-            plugins=getattr(args, "kubelet_plugins_dir", None) or backend.Folders.plugins,
-            cdi=getattr(args, "cdi_dir", None) or backend.Folders.cdi)
+        folders = drabackend.Folders(
+            registry=getattr(args, "kubelet_registry_dir", None) or drabackend.Folders.registry,
+            plugins=getattr(args, "kubelet_plugins_dir", None) or drabackend.Folders.plugins,
+            cdi=getattr(args, "cdi_dir", None) or drabackend.Folders.cdi)
 
         def count(resource, shares):
             return nodecount.Keeper(api, node_name, resource, shares, timeout=timeout,
                                     device_plugin_dir=args.device_plugin_dir)
 
-        def dra(agent):
+        def backend(agent):
             runtime = runtimechecking.Checker(api, node_name, settings.agent.runtime_cdi, timeout=timeout)
-            return backend.DraBackend(api, node_name, agent.devices, agent.cards, agent.board, agent.policy,
+            return drabackend.DraBackend(api, node_name, agent.devices, agent.cards, agent.board, agent.policy,
                                          folders, agent.mps_root, poll=args.poll_interval, timeout=timeout,
-                                         runtime=runtime)
+                                         runtime=runtime, cordoned=agent.cordoned, count=count)
+    else:
+        def backend(agent):
+            return dpbackend.DevicePluginBackend(args.device_plugin_dir, agent.cards, agent.board, agent.policy,
+                                                 agent.mps_root, agent.cordoned, agent.pod_resources,
+                                                 poll=args.poll_interval)
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
-                  mps_root=getattr(args, "mps_root", None) or containerlimits.DEFAULT_MPS_ROOT, dra=dra,
-                  conflicts=conflicts, cordons=cordons, count=count,
+                  mps_root=getattr(args, "mps_root", None) or containerlimits.DEFAULT_MPS_ROOT, backend=backend,
+                  conflicts=conflicts, cordons=cordons,
                   toolkit=toolkitcheck.Checker(getattr(args, "toolkit_config", None) or toolkitcheck.CONFIG_PATHS),
                   pod_resources=podresources.Client(getattr(args, "pod_resources_socket", None) or podresources.SOCKET))
     stop = threading.Event()
@@ -380,17 +380,12 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve the device plugins in {args.device_plugin_dir}: "
                                      f"{exc} (the agent needs that host folder mounted read-write)")
-        if agent.count is not None:
-            log.info("gpushard: %d card(s); %s=%d in node %r's status, the cards in its ResourceSlice",
-                     len(agent.cards), agent.count.resource, agent.count.count, node_name)
-        else:
-            log.info("gpushard: %d card(s); serving %s in %s", len(agent.cards),
-                     ", ".join(r.name for r in agent.resources), args.device_plugin_dir)
+        log.info("gpushard: %d card(s); %s", len(agent.cards), agent.backend.describe())
         try:
             metrics = exporting.serve(args, settings, agent.cards, agent.devices, agent.board, api, node_name,
                                       conflicts=agent.conflicts, cordoned=agent.operator_cordoned,
                                       toolkit=agent.toolkit, withheld=agent.foreign,
-                                      cards_by_pod=agent.dra.plugin.preparer.cards_by_pod if agent.dra else None,
+                                      cards_by_pod=agent.backend.cards_by_pod,
                                       probes={"/healthz": agent.liveness, "/readyz": agent.readiness})
         except OSError as exc:
             return _fail(EXIT_SERVE, f"gpushard: cannot serve metrics on port {args.metrics_port}: {exc}; pick a "

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import kubernetes
 
-from webhook.agent.dra import cdi, kubeletplugin, resourcehealth, runtimechecking, slices
-from webhook.agent.node import containerlimits, health, nvml
+from webhook.agent.dra import cdi, kubeletplugin, nodecount, resourcehealth, runtimechecking, slices
+from webhook.agent.node import containerlimits, health, nvml, sockets
 from webhook.core import asks as req
 from webhook.core import draobjects, names
 from webhook.core import policy as policy_mod
@@ -39,13 +39,22 @@ class DraBackend:
                  board: health.Board, policy: policy_mod.Policy, folders: Folders = Folders(),
                  mps_root: containerlimits.MpsRoot | None = None, poll: float = 1.0, timeout: float = 10.0,
                  health_resend: float = resourcehealth.RESEND_S,
-                 runtime: runtimechecking.Checker | None = None) -> None:
+                 runtime: runtimechecking.Checker | None = None,
+                 cordoned: Callable[[], frozenset[int]] = frozenset,
+                 count: Callable[[str, int], nodecount.Keeper] | None = None) -> None:
         self.node = node
         # The node's container runtime must apply CDI devices, or a prepared claim's container starts without
         # its card: while it does not (or is not read yet), the slice offers no card and no claim is prepared.
         self.runtime = runtime
         if runtime is not None:
-            runtime.on_change = self.changed
+            runtime.on_change = self._runtime_changed
+        # Told when the runtime's verdict changes what the Node's inventory says (the agent publishes it again).
+        self.on_change: Callable[[], None] | None = None
+        # The quota-able sum (the pods' gpushard.io/gpu) in the Node's status: no device plugin, so nothing for
+        # the kubelet's device manager to refuse a pod over when it admits pods before the agent is back.
+        self.count = count(policy.resources.shares, len(cards) * policy.shares_per_card) \
+            if count is not None else None
+        self.seen_node = self.count.seen if self.count is not None else None
         self.cards = list(cards)
         self.board = board
         self.policy = policy
@@ -61,8 +70,10 @@ class DraBackend:
                                       refusal=self.refusal)
         self.health = resourcehealth.HealthServicer(board, self.device_health, resend=health_resend)
         self.plugin = kubeletplugin.DraPlugin(preparer, folders.registry, folders.plugins, health=self.health)
-        # Set by the agent: the cards an operator cordoned, which leave the slice as an unhealthy card does.
-        self.cordoned: Callable[[], frozenset[int]] = frozenset
+        self.cards_by_pod = preparer.cards_by_pod
+        # The cards an operator cordoned (and those another plugin's pods hold): they leave the slice as an
+        # unhealthy card does.
+        self.cordoned = cordoned
 
     def pod_shares(self, pod: dict) -> int:
         """A pod's shares as gpushard counts them (its containers' gpushard.io/gpu), as the webhook did."""
@@ -103,8 +114,31 @@ class DraBackend:
     def changed(self) -> None:
         self.slices.changed()
 
+    def _runtime_changed(self) -> None:
+        self.changed()
+        if self.on_change is not None:
+            self.on_change()
+
+    def card_details(self) -> dict:
+        """Why no claim is prepared here now, when the runtime refuses CDI devices: on every card."""
+        return self.runtime.card_details() if self.runtime is not None else {}
+
+    def sockets(self) -> list[sockets.Server]:
+        return self.plugin.sockets()
+
+    def unready(self) -> list[str]:
+        return self.plugin.unready()
+
+    def describe(self) -> str:
+        counted = f"{self.count.resource}={self.count.count} in node {self.node!r}'s status, " \
+            if self.count is not None else ""
+        return f"{counted}the cards in its ResourceSlice"
+
     def start(self, threads: Callable[[str, object], None]) -> None:
         """Serve the plugin, then run the slice publisher and the socket keeper on ``threads(name, target)``."""
+        if self.count is not None:
+            # Before the DRA plugin: a pod the scheduler binds here counts on it.
+            threads("gpushard-count", self.count.run)
         self.plugin.start()
         if self.runtime is not None:
             threads("gpushard-dra-runtime", self.runtime.run)
