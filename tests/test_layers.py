@@ -23,6 +23,10 @@ FORBIDDEN = {
     "webhook.admission": ("webhook.agent", "webhook.cli"),
     "webhook.agent": ("webhook.admission", "webhook.cluster", "webhook.cli"),
     "webhook.cluster": ("webhook.admission", "webhook.agent", "webhook.cli"),
+    # The API plumbing: imported by every adapter, it imports none of them.
+    "webhook.kubeapi": ("webhook.admission", "webhook.agent", "webhook.cluster", "webhook.cli", "webhook.replacement",
+                        "webhook.auditing", "webhook.reviewing", "webhook.installing", "webhook.top",
+                        "webhook.cordoning"),
     "webhook.certificates": ("webhook.admission", "webhook.agent", "webhook.cluster", "webhook.cli"),
     "webhook.replacement": ("webhook.admission", "webhook.agent", "webhook.cli"),
     # The agent's rooms (webhook/agent/__init__.py): the two backends never meet; the node's own pieces stand
@@ -39,12 +43,12 @@ COMMANDS = ("webhook.auditing", "webhook.reviewing", "webhook.installing", "webh
             "webhook.admission", "webhook.agent", "webhook.cordoning")
 
 # The few modules that talk to the API server through the kubernetes client library; everything
-# else reads plain JSON (webhook.core.objects) or goes through webhook.connecting.
+# else reads plain JSON (webhook.core.objects) or goes through webhook.kubeapi.connecting.
 KUBERNETES_CLIENTS = {
-    "webhook.connecting", "webhook.cluster.informing", "webhook.cluster.kube", "webhook.cluster.templates",
+    "webhook.kubeapi.connecting", "webhook.kubeapi.informing", "webhook.cluster.kube", "webhook.cluster.templates",
     "webhook.cluster.deviceclasses", "webhook.cluster.peers",
     "webhook.auditing", "webhook.cordoning",
-    "webhook.installing", "webhook.top", "webhook.replacement.controller", "webhook.replacement.lease",
+    "webhook.installing", "webhook.top", "webhook.replacement.controller", "webhook.kubeapi.lease",
     "webhook.authorizing", "webhook.agent.node.otherdrivers", "webhook.agent.node.cordonwatching",
     "webhook.agent.dra.backend", "webhook.agent.dra.kubeletplugin",
     "webhook.agent.dra.slices", "webhook.agent.dra.nodecount", "webhook.agent.metrics.podlisting",

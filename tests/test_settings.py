@@ -115,7 +115,7 @@ def test_the_replacement_section():
 
 
 def test_the_view_and_agent_timeouts():
-    from webhook.cluster import informing
+    from webhook.kubeapi import informing
 
     defaults = settings.from_mapping({})
     assert (defaults.view.connect_timeout, defaults.view.list_timeout, defaults.view.watch_timeout) == (

@@ -783,11 +783,11 @@ def test_each_cluster_command_fails_alike(printed):
 # The modules the command line reports failures from, each with the functions that only inform
 # (success, progress) and so are not failures the doc lists.
 SOURCES = {
-    "webhook/cli.py": (), "webhook/connecting.py": (), "webhook/kubectlflags.py": (), "webhook/settings.py": (),
+    "webhook/cli.py": (), "webhook/kubeapi/connecting.py": (), "webhook/kubectlflags.py": (), "webhook/settings.py": (),
     "webhook/auditing.py": ("audit_table", "_without_summary", "read_manifests", "parse_text", "_expand", "_files",
                             "_failed"),
     "webhook/top.py": (), "webhook/installing.py": ("lines",),
-    "webhook/replacement/controller.py": (), "webhook/replacement/lease.py": (), "webhook/replacement/cache.py": (),
+    "webhook/replacement/controller.py": (), "webhook/kubeapi/lease.py": (), "webhook/replacement/cache.py": (),
     "webhook/agent/running.py": (),
 }
 # Lines that say what was done, not what failed; and an error nobody foresaw (a bug), which no failure

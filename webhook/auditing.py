@@ -16,9 +16,10 @@ from typing import IO
 
 import yaml
 
-from webhook import connecting, kubectlflags
+from webhook import kubectlflags
 from webhook.core import auditing, installation, isolation, names, refusals
 from webhook.core import findings as f
+from webhook.kubeapi import connecting
 
 EXIT_CLEAN = kubectlflags.OK
 EXIT_FOUND = kubectlflags.FOUND
@@ -42,7 +43,7 @@ class UsageError(Exception):
         self.status = status
 
 
-# What grants the reads of `audit` and `status`, told with a 403 (webhook.connecting.forbidden).
+# What grants the reads of `audit` and `status`, told with a 403 (webhook.kubeapi.connecting.forbidden).
 AUDITOR_RIGHTS = ("the ClusterRole gpushard-auditor grants it (deploy/base/rbac-auditor.yaml): bind it to this "
                   "account, as examples/auditor-binding.yaml does")
 DRA_AUDITOR_RIGHTS = ("the ClusterRole gpushard-auditor of deploy/overlays/dra grants it: bind it to this account, "

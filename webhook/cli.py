@@ -58,7 +58,8 @@ def _static_view(path: str | None, shares_per_card: int):
 # --- certs -----------------------------------------------------------------------------------
 
 def cmd_certs(args: argparse.Namespace) -> int:
-    from webhook import certificates, connecting
+    from webhook import certificates
+    from webhook.kubeapi import connecting
 
     if args.install:
         from webhook import installing
@@ -258,7 +259,8 @@ def _own_usage(parser: argparse.ArgumentParser, sub) -> None:
 # --- top ---------------------------------------------------------------------------------------
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from webhook import connecting, top
+    from webhook import top
+    from webhook.kubeapi import connecting
 
     try:
         conn = kubectlflags.client_for(args)

@@ -22,8 +22,9 @@ import sys
 import uuid
 from typing import IO
 
-from webhook import connecting, kubectlflags
+from webhook import kubectlflags
 from webhook.core import names, objects
+from webhook.kubeapi import connecting
 
 MERGE_PATCH = "application/merge-patch+json"
 # Where Events about cluster-scoped objects go, as client-go's recorder puts a Node's.

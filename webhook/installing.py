@@ -15,7 +15,8 @@ from cryptography import exceptions as crypto_exceptions
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from webhook import certificates, connecting, kubectlflags
+from webhook import certificates, kubectlflags
+from webhook.kubeapi import connecting
 
 SECRET_TYPE = "kubernetes.io/tls"
 # The keys of a kubernetes.io/tls Secret are the file names `gpushard certs` writes, so
@@ -71,7 +72,7 @@ class Outcome:
 
 def client(kubeconfig: str | None = None, context: str | None = None,
            timeout: float | None = TIMEOUT) -> connecting.Client:
-    """A client from the one kubeconfig loader (webhook.connecting, kubectl's order): --kubeconfig,
+    """A client from the one kubeconfig loader (webhook.kubeapi.connecting, kubectl's order): --kubeconfig,
     else $KUBECONFIG, else ~/.kube/config, else the in-cluster service account (the Job)."""
     try:
         return connecting.client(kubeconfig, context, timeout)

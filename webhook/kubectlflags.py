@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from webhook import connecting
+from webhook.kubeapi import connecting
 
 # The exit codes of every gpushard command (docs/cli.md, "Exit codes", lists the same table).
 OK = 0

@@ -23,7 +23,8 @@ from typing import IO
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from webhook import connecting, kubectlflags
+from webhook import kubectlflags
+from webhook.kubeapi import connecting
 
 AGENT_NAMESPACE = "gpushard-system"
 AGENT_SELECTOR = "app.kubernetes.io/name=gpushard,app.kubernetes.io/component=agent"

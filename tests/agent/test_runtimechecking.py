@@ -34,10 +34,30 @@ INFO = ("architecture", "bootID", "kernelVersion", "kubeProxyVersion", "kubeletV
         "operatingSystem", "osImage", "systemUUID")
 
 
+class Kept(logging.Handler):
+    """Every record of the checker's logger, whichever test phase its thread logs in."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
 @pytest.fixture
-def world(api, plugin_dir, kubelet, caplog):
-    # The first verdict is logged as the agent starts, in this fixture: capture it from here.
-    caplog.set_level(logging.INFO)
+def logged():
+    kept, logger = Kept(), logging.getLogger("webhook.agent.dra.runtimechecking")
+    logger.addHandler(kept)
+    before, logger.level = logger.level, logging.INFO
+    yield kept.records
+    logger.removeHandler(kept)
+    logger.setLevel(before)
+
+
+@pytest.fixture
+def world(api, plugin_dir, kubelet, logged):
+    # The first verdict is logged as the agent starts, in this fixture: ``logged`` keeps it.
     api.put("nodes", node("containerd://1.6.20~ds1"))
     root = fakekubelet.short_tempdir("gsr-")
     folders = backend.Folders(os.path.join(root, "reg"), os.path.join(root, "plugins"), os.path.join(root, "cdi"))
@@ -65,7 +85,7 @@ def prepare(agent, api, uid):
     return peer.prepare(("team-a", uid, f"c-{uid}")).claims[uid]
 
 
-def test_containerd_16_takes_no_claim_and_says_why(api, world, caplog):
+def test_containerd_16_takes_no_claim_and_says_why(api, world, logged):
     agent, checker, folders = world
     eventually(lambda: checker.read_once, "the runtime read")
     eventually(lambda: slice_devices(api) == [], "a slice with no card")
@@ -75,7 +95,6 @@ def test_containerd_16_takes_no_claim_and_says_why(api, world, caplog):
     assert not os.path.exists(os.path.join(folders.cdi, "gpushard.io-claim_uid-1.json"))
     details = agent.inventory_details()["cards"]
     assert all("has no CDI" in details[c.index]["draRefused"] for c in CARDS)
-    logged = caplog.get_records("setup") + caplog.records
     errors = [r for r in logged if r.levelno == logging.ERROR and "has no CDI" in r.getMessage()]
     assert len(errors) == 1, errors
 

@@ -32,7 +32,8 @@ import pytest
 import yaml
 
 from tests.audit import world
-from webhook import cli, connecting, kubectlflags
+from webhook import cli, kubectlflags
+from webhook.kubeapi import connecting
 
 ROOT = Path(__file__).resolve().parents[2]
 

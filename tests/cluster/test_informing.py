@@ -8,7 +8,8 @@ import threading
 import kubernetes
 
 from tests.cluster import kubeobjects as o
-from webhook.cluster import informing
+from webhook.cluster import kube
+from webhook.kubeapi import informing
 
 
 class Recorder:
@@ -50,7 +51,8 @@ def test_pages_a_list_then_watches_then_relists_after_410_gone(fake):
         fake.put("pods", o.pod(f"p{i}", 0, 10, "gpu-a"))
     sink = Recorder()
     informer = informing.Informer(fake.api_client(), sink, page_size=2, watch_timeout=5, backoff=(0.05, 0.3),
-                                  resources=(informing.PODS,), after_list=lambda: sink._note("after the list"))
+                                  resources=(informing.PODS,), calls=kube.shared_calls(fake.api_client()),
+                                  after_list=lambda: sink._note("after the list"))
     informer.start()
     try:
         o.wait_for(lambda: ("opened", "pods") in sink.seen(), what="the watch")
@@ -113,7 +115,7 @@ def test_an_api_server_without_resource_k8s_io_gives_an_empty_list_and_no_warnin
     sink = Slices()
     informer = informing.Informer(fake.api_client(), sink, watch_timeout=5, backoff=(0.05, 0.2),
                                   resources=(informing.DEVICECLASSES,))
-    with caplog.at_level("INFO", logger="webhook.cluster.informing"):
+    with caplog.at_level("INFO", logger="webhook.kubeapi.informing"):
         informer.start()
         try:
             o.wait_for(lambda: ("list", "deviceclasses", {}) in sink.seen(), what="the empty list")
@@ -166,7 +168,7 @@ def test_a_watch_ended_early_leaves_no_unread_bytes_for_the_next_request(fake, c
     fake.put("pods", o.pod("p0", 0, 10, "gpu-a"))
     sink = Recorder()
     informer = informing.Informer(fake.api_client(), sink, watch_timeout=30, backoff=(0.05, 0.3),
-                                  resources=(informing.PODS,))
+                                  resources=(informing.PODS,), calls=kube.shared_calls(fake.api_client()))
     informer.start()
     try:
         o.wait_for(lambda: ("opened", "pods") in sink.seen(), what="the watch")
@@ -194,7 +196,7 @@ def test_an_object_too_deep_to_parse_is_skipped_and_counted_and_the_rest_syncs(f
         fake.put("pods", pod)
     sink = Recorder()
     informer = informing.Informer(fake.api_client(), sink, page_size=2, watch_timeout=5, backoff=(0.05, 0.3),
-                                  resources=(informing.PODS,))
+                                  resources=(informing.PODS,), calls=kube.shared_calls(fake.api_client()))
     informer.start()
     try:
         o.wait_for(lambda: ("opened", "pods") in sink.seen(), what="the watch")

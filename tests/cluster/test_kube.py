@@ -318,7 +318,7 @@ def test_the_configs_view_timeouts_reach_the_view(fake, tmp_path, monkeypatch, c
 def test_a_relist_after_410_is_logged(fake, start_view, caplog):
     """The operator is told when the view rebuilds from a list (etcd compacted past its watch, or a restarted
     API server's watch cache starts later): once, at INFO, naming the resource."""
-    caplog.set_level(logging.INFO, logger="webhook.cluster.informing")
+    caplog.set_level(logging.INFO, logger="webhook.kubeapi.informing")
     fake.put("nodes", o.node("gpu-a", {0: 100}))
     view = start_view()
     o.wait_for(view.snapshot, what="the first sync")

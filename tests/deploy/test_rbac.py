@@ -122,7 +122,7 @@ def _closure(entries: tuple[str, ...]) -> set[str]:
 
 
 # A module watches what it lists when it opens a watch itself, or hands its list calls to an informer
-# (webhook.cluster.informing), which lists, then watches with the same call.
+# (webhook.kubeapi.informing), which lists, then watches with the same call.
 WATCHING = re.compile(r"watch\.Watch\(|\bwatch=True\b|\binforming\.Informer\(")
 
 

@@ -70,7 +70,8 @@ def _metrics_reviewer(cluster: str | None):
     (no API server) or no credentials, nobody (a port-forward, on the pod's loopback, still does)."""
     if cluster is not None:
         return None
-    from webhook import authorizing, connecting
+    from webhook import authorizing
+    from webhook.kubeapi import connecting
 
     try:
         return authorizing.Reviewer(connecting.client().api, authorizing.METRICS_URL)

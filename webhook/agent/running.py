@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from webhook import connecting
 from webhook import settings as settings_mod
 from webhook.agent.deviceplugin import backend as dpbackend
 from webhook.agent.deviceplugin import holders
@@ -33,6 +32,7 @@ from webhook.agent.node import (
 )
 from webhook.core import names
 from webhook.core import policy as policy_mod
+from webhook.kubeapi import connecting
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ def open_templates(settings):
     """With backend dra, what makes sure each namespace has the claim templates its pods name; else None."""
     if settings is None or settings.policy.backend != "dra":
         return None
-    from webhook import connecting
     from webhook.cluster import templates
+    from webhook.kubeapi import connecting
 
     return templates.Templates(connecting.client().api).start()

@@ -18,10 +18,9 @@ from collections.abc import Mapping
 
 import kubernetes
 
-from webhook import connecting
 from webhook import settings as settings_mod
-from webhook.cluster import informing
 from webhook.core import extended
+from webhook.kubeapi import connecting, informing
 
 log = logging.getLogger(__name__)
 

@@ -41,12 +41,12 @@ from dataclasses import dataclass
 
 import kubernetes
 
-from webhook import connecting
 from webhook import settings as settings_mod
-from webhook.cluster import informing, remembering, static
+from webhook.cluster import remembering, static
 from webhook.core import draobjects, names, objects, placement
 from webhook.core import policy as policy_mod
 from webhook.core.policy import Policy
+from webhook.kubeapi import connecting, informing
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,18 @@ BACKOFF_S = informing.BACKOFF_S
 REMEMBER_WAIT_S = 0.05
 NODES, PODS = informing.NODES, informing.PODS
 SLICES, CLAIMS = informing.SLICES, informing.CLAIMS
+
+
+def shared_calls(api_client: kubernetes.client.ApiClient | None) -> dict[str, Callable[..., object]]:
+    """How the view and the re-placement cache list and watch nodes and pods: only the nodes the agent has
+    published on (the rest of a large cluster would cost every worker memory and watch traffic for nothing),
+    and only gpushard's pods."""
+    if api_client is None:
+        return {}
+    core = kubernetes.client.CoreV1Api(api_client)
+    pods = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
+    return {NODES: lambda **kw: core.list_node(label_selector=names.CARDS_LABEL, **kw),
+            PODS: lambda **kw: core.list_pod_for_all_namespaces(label_selector=pods, **kw)}
 
 
 @dataclass(slots=True)
@@ -235,6 +247,7 @@ class KubeView:
         self.informer = informing.Informer(api_client, self, watch_timeout=watch_timeout, backoff=backoff,
                                            page_size=page_size, connect_timeout=connect_timeout,
                                            list_timeout=list_timeout, after_list=after_list,
+                                           calls=shared_calls(api_client),
                                            resources=tuple(r for r in (NODES, PODS, SLICES, CLAIMS)
                                                            if r in self._required))
         self._policy = policy

@@ -36,9 +36,8 @@ from dataclasses import dataclass
 
 import kubernetes
 
-from webhook import connecting
 from webhook import settings as settings_mod
-from webhook.cluster import informing
+from webhook.kubeapi import connecting, informing
 
 log = logging.getLogger(__name__)
 

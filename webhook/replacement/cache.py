@@ -10,10 +10,11 @@ import logging
 import threading
 
 from webhook import settings as settings_mod
-from webhook.cluster import informing, kube
+from webhook.cluster import kube
 from webhook.core import findings as f
 from webhook.core import names, objects, placement, refusals, replacement
 from webhook.core import policy as policy_mod
+from webhook.kubeapi import informing
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class Cache:
     def __init__(self, api_client, policy: policy_mod.Policy, *, watch_timeout: int = informing.WATCH_TIMEOUT_S,
                  backoff: tuple[float, float] = informing.BACKOFF_S, page_size: int = informing.LIST_PAGE):
         self.informer = informing.Informer(api_client, self, watch_timeout=watch_timeout, backoff=backoff,
-                                           page_size=page_size)
+                                           page_size=page_size, calls=kube.shared_calls(api_client))
         self._policy = policy
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)

@@ -37,13 +37,14 @@ from collections.abc import Callable
 
 import kubernetes
 
-from webhook import connecting, kubectlflags
+from webhook import kubectlflags
 from webhook import settings as settings_mod
 from webhook.cluster import kube
 from webhook.core import names, placement, refusals, replacement
+from webhook.kubeapi import connecting
+from webhook.kubeapi.lease import REQUEST_TIMEOUT_S, Elector, json_body, now_text
 from webhook.replacement import metrics
 from webhook.replacement.cache import Cache, assemble, read_pinned
-from webhook.replacement.lease import REQUEST_TIMEOUT_S, Elector, json_body, now_text
 
 log = logging.getLogger(__name__)
 
@@ -459,7 +460,7 @@ def pause(interval: float, took: float) -> float:
 
 
 def api_client(kubeconfig: str | None = None, context: str | None = None, timeout: float | None = None):
-    """A client from the one kubeconfig loader (webhook.connecting, kubectl's order); in a pod, with no
+    """A client from the one kubeconfig loader (webhook.kubeapi.connecting, kubectl's order); in a pod, with no
     kubeconfig around, the in-cluster service account."""
     return connecting.client(kubeconfig, context, timeout).api
 

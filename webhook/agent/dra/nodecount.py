@@ -34,7 +34,7 @@ import time
 
 import kubernetes
 
-from webhook import connecting
+from webhook.kubeapi import connecting
 
 log = logging.getLogger(__name__)
 

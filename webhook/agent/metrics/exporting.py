@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from prometheus_client import core as prom
 from prometheus_client import exposition, registry
 
-from webhook import authorizing, certificates, connecting
+from webhook import authorizing, certificates
 from webhook.agent.metrics import attributing, podlisting
 from webhook.agent.node import health, nvml, podresources, publishing
 from webhook.core import isolation as isolation_mod
 from webhook.core import policy as policy_mod
+from webhook.kubeapi import connecting
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 import kubernetes
 
-from webhook import connecting
 from webhook.agent.node import nvml
 from webhook.core import names, objects
+from webhook.kubeapi import connecting
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from typing import Protocol
 
 import kubernetes
 
-from webhook import connecting
 from webhook.core import names, scanning
+from webhook.kubeapi import connecting
 
 log = logging.getLogger(__name__)
 
@@ -141,18 +141,21 @@ class _ContinueGone(Exception):
 
 
 class Informer:
-    """Lists then watches shared nodes and gpushard pods, feeding one sink."""
+    """Lists then watches ``resources``, each by its call in ``calls`` (or, for resource.k8s.io's, the generic
+    custom-object call), feeding one sink."""
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None, sink: Sink, *,
                  watch_timeout: int = WATCH_TIMEOUT_S, backoff: tuple[float, float] = BACKOFF_S,
                  page_size: int = LIST_PAGE, resources: tuple[str, ...] = (NODES, PODS),
                  connect_timeout: float = CONNECT_TIMEOUT_S, list_timeout: float = LIST_TIMEOUT_S,
                  calls: Mapping[str, Callable[..., object]] | None = None,
-                 after_list: Callable[[], None] | None = None):
-        self.api = kubernetes.client.CoreV1Api(api_client) if api_client is not None else None
+                 after_list: Callable[[], None] | None = None,
+                 meanwhile: str = "card choice uses what the view last saw",
+                 stop: threading.Event | None = None):
+        self._client = api_client
         self.custom = kubernetes.client.CustomObjectsApi(api_client) if api_client is not None else None
-        # A resource's own list method of the client (its typed API's list_<kind>), in place of the
-        # generic call below; it lists and, with watch=True, watches, as any list method does.
+        # A resource's own list method of the client (its typed API's list_<kind>, with the reader's selectors),
+        # in place of the generic call below; it lists and, with watch=True, watches, as any list method does.
         self._calls = dict(calls or {})
         self._sink = sink
         # Called after each complete list has reached the sink: the process's own business (the webhook's
@@ -164,7 +167,9 @@ class Informer:
         self._backoff = backoff
         self._page_size = page_size
         self._resources = resources
-        self._stop = threading.Event()
+        # What the reader does while the API fails, for the log; the event that ends the loops (``close`` sets it).
+        self._meanwhile = meanwhile
+        self._stop = stop if stop is not None else threading.Event()
         self.threads: list[threading.Thread] = []
         self._responses: dict[str, object] = {}  # open watch responses, to cut on close()
         # For the webhook's metrics, by resource: lists and watches made, watches that failed, and
@@ -179,7 +184,7 @@ class Informer:
 
     def start(self) -> None:
         """One daemon thread per resource; none without an API client."""
-        if self.api is None:
+        if self._client is None:
             return
         for resource in self._resources:
             thread = threading.Thread(target=self.run, args=(resource,), daemon=True,
@@ -204,13 +209,6 @@ class Informer:
         call = self._calls.get(resource)
         if call is not None:
             return call(_preload_content=False, **kwargs)
-        if resource == NODES:
-            # Only nodes the agent has published on offer cards; the rest of a large cluster
-            # would cost every worker memory and watch traffic for nothing.
-            return self.api.list_node(label_selector=names.CARDS_LABEL, _preload_content=False, **kwargs)
-        if resource == PODS:
-            selector = f"{names.SHARED_LABEL}={names.SHARED_LABEL_VALUE}"
-            return self.api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False, **kwargs)
         group, version = names.DRA_API_VERSION.split("/")
         if resource == SLICES:
             # Only gpushard's driver: other drivers' slices say nothing about gpushard's cards.
@@ -379,9 +377,8 @@ class Informer:
                 # What failed, in words an operator can act on (the API server's own message, or
                 # what went wrong on the wire); a failure that is no API's is a bug: its traceback.
                 api_side = status is not None or connecting.is_transport_failure(exc)
-                log.warning("gpushard: listing or watching %s failed: %s; retrying in %.1fs (until then card "
-                            "choice uses what the view last saw)", resource, connecting.failure_text(exc), delay,
-                            exc_info=not api_side)
+                log.warning("gpushard: listing or watching %s failed: %s; retrying in %.1fs (until then %s)",
+                            resource, connecting.failure_text(exc), delay, self._meanwhile, exc_info=not api_side)
                 self._stop.wait(delay)
                 delay = min(delay * 2, self._backoff[1])
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import kubernetes
 
-from webhook import connecting
+from webhook.kubeapi import connecting
 
 log = logging.getLogger(__name__)
 
