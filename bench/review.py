@@ -128,7 +128,7 @@ def stages(body: bytes, policy, view: kube.KubeView, rounds: int, reset) -> list
             request["dryRun"], old=request["oldObject"], seed=request["uid"], namespace=request["namespace"]),
             policy, view.snapshot())
         t2 = now()
-        patch = decision.patch if decision.patch is not None else patches.make(request["object"], decision.obj)
+        patch = patches.make(request["object"], decision.obj)
         reviews.encode_patch(patch)
         t3 = now()
         view.remember(decision.node, decision.card, decision.shares)

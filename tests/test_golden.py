@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from webhook import cli, settings
+from webhook.admission import patches
 from webhook.core import auditing, decisions, extended, names
 from webhook.core import findings as f
 
@@ -168,8 +169,7 @@ def test_admission_fails_the_fail_manifest(rule):
             assert enforced.allowed and enforced.code == 200
             assert f.DENY not in {x.severity for x in of_rule(enforced, rule)}
             assert enforced.obj == patched[i], f"object {i}: enforce admits another object than the patched golden"
-            if enforced.patch is not None:
-                assert jsonpatch.apply_patch(obj, enforced.patch) == patched[i]
+            assert jsonpatch.apply_patch(obj, patches.make(obj, enforced.obj)) == patched[i]
             assert not of_rule(decide(enforced.obj, names.MODE_AUDIT, policy, served), rule)
     text = "\n".join(messages)
     missing = [w for w in words if w not in text]

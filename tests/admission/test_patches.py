@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from webhook import settings as settings_mod
 from webhook.admission import patches
-from webhook.core import decisions, names, placement, rewrite
+from webhook.core import decisions, names, placement
 
 LEAVES = st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False, allow_infinity=False) \
     | st.text(max_size=5)
@@ -171,64 +171,42 @@ def pods(draw) -> dict:
 
 @settings(max_examples=400, deadline=None)
 @given(pods(), st.sampled_from(range(len(POLICIES))), st.booleans())
-def test_the_recorded_patch_is_the_walk_s(pod, which, with_view):
+def test_the_walk_s_patch_makes_the_decided_pod(pod, which, with_view):
     decision = decisions.decide(decisions.Request(pod, "Pod", seed="uid-1", namespace="ml"), POLICIES[which],
                                 CLUSTER if with_view else None)
-    if decision.patch is None:
-        assert not decision.allowed or POLICIES[which].isolation != "none"  # only isolation's env removal walks
+    if not decision.allowed:
         return
     walk = patches.make(pod, decision.obj)
-    for patch in (decision.patch, walk):
-        result = jsonpatch.apply_patch(copy.deepcopy(pod), patch)
-        assert result == decision.obj and _types(result) == _types(decision.obj), (pod, patch)
-    assert bool(decision.patch) == bool(walk), (pod, decision.patch, walk)
-    assert json.loads(json.dumps(decision.patch)) == decision.patch
+    result = jsonpatch.apply_patch(copy.deepcopy(pod), walk)
+    assert result == decision.obj and _types(result) == _types(decision.obj), (pod, walk)
+    assert json.loads(json.dumps(walk)) == walk
     # Reviewed again (another webhook reinvokes gpushard over its own output): nothing to change.
     again = decisions.decide(decisions.Request(decision.obj, "Pod", seed="uid-2", namespace="ml"), POLICIES[which],
                              CLUSTER if with_view else None)
-    assert again.patch == [] and patches.make(decision.obj, again.obj) == [], (decision.obj, again.patch)
+    assert patches.make(decision.obj, again.obj) == [], decision.obj
 
 
-def test_resources_that_are_no_mapping_are_recorded_whole():
-    ops = rewrite.Ops()
-    container = {"name": "c", "resources": None}
-    rewrite._set_resources(container, POLICIES[0], {"gpushard.io/gpu": "5"}, ops, "/spec/containers/0")
-    pod = {"spec": {"containers": [{"name": "c", "resources": None}]}}
-    assert jsonpatch.apply_patch(pod, ops.items)["spec"]["containers"][0] == container
-    assert ops.items == [{"op": "add", "path": "/spec/containers/0/resources", "value": container["resources"]}]
-
-
-def test_the_recorded_patch_for_the_usual_pod():
+def test_the_patch_for_the_usual_pod():
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"app": "x"}},
            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "0.25"},
                                                               "requests": {"nvidia.com/gpu": "0.25"}},
                                     "env": [{"name": "A", "value": "1"}]}]}}
     decision = decisions.decide(decisions.Request(pod, "Pod", seed="u"), POLICIES[0], CLUSTER)
-    assert decision.patch == [
-        {"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [placement.preferred_affinity_term(decision.node)]}}},
-        {"op": "add", "path": "/spec/containers/0/resources/limits",
-         "value": {"gpushard.io/gpu": "25", f"gpushard.io/card-{decision.card}": "25"}},
-        {"op": "add", "path": "/spec/containers/0/resources/requests",
-         "value": {"gpushard.io/gpu": "25", f"gpushard.io/card-{decision.card}": "25"}},
+    card = f"gpushard.io~1card-{decision.card}"
+    assert patches.make(pod, decision.obj) == [
+        {"op": "add", "path": "/metadata/labels/gpushard.io~1shared", "value": "true"},
+        {"op": "add", "path": "/metadata/annotations", "value": {"gpushard.io/card": str(decision.card),
+                                                                 "gpushard.io/shares": "25"}},
+        *[op for part in ("limits", "requests") for op in (
+            {"op": "remove", "path": f"/spec/containers/0/resources/{part}/nvidia.com~1gpu"},
+            {"op": "add", "path": f"/spec/containers/0/resources/{part}/gpushard.io~1gpu", "value": "25"},
+            {"op": "add", "path": f"/spec/containers/0/resources/{part}/{card}", "value": "25"})],
         {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "NVIDIA_VISIBLE_DEVICES",
                                                                    "value": str(decision.card)}},
         {"op": "add", "path": "/spec/containers/0/env/-", "value": {"name": "GPUSHARD_FRACTION", "value": "0.25"}},
-        {"op": "add", "path": "/metadata/annotations", "value": {"gpushard.io/card": str(decision.card),
-                                                                 "gpushard.io/shares": "25"}},
-        {"op": "add", "path": "/metadata/labels/gpushard.io~1shared", "value": "true"},
+        {"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [placement.preferred_affinity_term(decision.node)]}}},
     ]
-
-
-def test_a_dropped_resource_alone_is_recorded():
-    ops = rewrite.Ops()
-    limits = {"gpushard.io/gpu": "5", "gpushard.io/card-1": "5", "nvidia.com/gpu": "1", "cpu": "1"}
-    container = {"name": "c", "resources": {"limits": dict(limits), "requests": {"cpu": "1"}}}
-    pod = {"spec": {"containers": [copy.deepcopy(container)]}}
-    rewrite._set_resources(container, POLICIES[0], {"gpushard.io/gpu": "5", "gpushard.io/card-1": "5"}, ops,
-                           "/spec/containers/0")
-    assert jsonpatch.apply_patch(pod, ops.items)["spec"]["containers"][0] == container
-    assert "nvidia.com/gpu" not in container["resources"]["limits"]
 
 
 @pytest.mark.parametrize("affinity", [
@@ -239,14 +217,14 @@ def test_a_dropped_resource_alone_is_recorded():
                       "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                           {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["x"]}]}]}}},
 ])
-def test_the_recorded_patch_with_a_required_node(affinity):
+def test_the_patch_with_a_required_node(affinity):
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "0.25"}}}]}}
     if affinity is not None:
         pod["spec"]["affinity"] = affinity
     decision = decisions.decide(decisions.Request(pod, "Pod", seed="u"), POLICIES[4], CLUSTER)
-    assert decision.node is not None and decision.patch
-    result = jsonpatch.apply_patch(copy.deepcopy(pod), decision.patch)
+    assert decision.node is not None
+    result = jsonpatch.apply_patch(copy.deepcopy(pod), patches.make(pod, decision.obj))
     assert result == decision.obj
     terms = result["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"]

@@ -83,8 +83,7 @@ def decide(obj: dict, view: placement.View | None, policy: Policy | None = None,
 
 def admitted(obj: dict, decision: decisions.Decision) -> dict:
     assert decision.allowed, decision.message
-    return applypatch.admit(obj, decision.patch if decision.patch is not None
-                           else applypatch.make_patch(obj, decision.obj))
+    return applypatch.admit(obj, applypatch.make_patch(obj, decision.obj))
 
 
 def required_terms(obj: dict) -> list[dict]:

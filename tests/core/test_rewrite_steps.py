@@ -1,9 +1,8 @@
-"""The rewrite's one-walk steps give what their step-by-step forms give.
+"""The rewrite's steps on one container.
 
-- Setting a share-holding container's two env entries at once (rewrite._set_envs) leaves the
-  same env and records the same JSONPatch as setting them one after the other (set_env), for
-  every shape of env list: absent, no list, holding neither name, one name, both, a duplicate,
-  a malformed entry, a name that is no text.
+- Setting a share-holding container's env entries (rewrite.set_env) leaves each name once, with its value,
+  after every other entry in its place, for every shape of env list: absent, no list, holding neither name, one
+  name, both, a duplicate, a malformed entry, a name that is no text; set again, nothing changes.
 - Replacing the GPU resources keeps every other name in its place and puts the new ones last,
   as deleting them from a copy and updating it would.
 - A policy that renames gpushard's resources reads asks under the new names only.
@@ -33,18 +32,21 @@ ENVS = [
 
 
 @pytest.mark.parametrize("env", ENVS)
-def test_two_env_entries_at_once_are_two_set_envs(env):
-    container = {"name": "train"} if env is None else {"name": "train", "env": env}
-    one_walk, step_by_step = copy.deepcopy(container), copy.deepcopy(container)
-    ops_one, ops_steps = rewrite.Ops(), rewrite.Ops()
-
-    rewrite._set_envs(one_walk, ENTRIES, ops_one, "/spec/containers/0")
+def test_each_env_entry_is_set_once_after_the_others(env):
+    container = {"name": "train"} if env is None else {"name": "train", "env": copy.deepcopy(env)}
     for name, value in ENTRIES.items():
-        rewrite.set_env(step_by_step, name, value, ops_steps, "/spec/containers/0")
-
-    assert one_walk == step_by_step
-    assert ops_one.items == ops_steps.items
-    assert container == ({"name": "train"} if env is None else {"name": "train", "env": env})  # input untouched
+        rewrite.set_env(container, name, value)
+    ours = tuple(ENTRIES)  # compared with ==: a name that is a list is no key to look up
+    others = [e for e in (env if isinstance(env, list) else []) if not (isinstance(e, dict) and e.get("name") in ours)]
+    set_here = [e for e in container["env"] if isinstance(e, dict) and e.get("name") in ours]
+    assert container["env"][:len(others)] == others
+    assert sorted(set_here, key=lambda e: e["name"]) == sorted(
+        ({"name": n, "value": v} for n, v in ENTRIES.items()), key=lambda e: e["name"])
+    assert len(container["env"]) == len(others) + len(ENTRIES)
+    before = container["env"]
+    for name, value in ENTRIES.items():
+        rewrite.set_env(container, name, value)
+    assert container["env"] is before  # already so: not even a new list
 
 
 def test_gpu_resources_are_replaced_in_place_of_nothing_and_added_last():
@@ -52,17 +54,14 @@ def test_gpu_resources_are_replaced_in_place_of_nothing_and_added_last():
         "limits": {"cpu": "4", names.FRACTION_RESOURCE: "0.05", "memory": "16Gi", "gpushard.io/card-x": "1"},
         "requests": {names.SHARES_RESOURCE: "9", "cpu": "2", "gpushard.io/card-1": "9"}}}
     wanted = {names.SHARES_RESOURCE: "5", "gpushard.io/card-3": "5"}
-    ops = rewrite.Ops()
 
-    rewrite._set_resources(container, POLICY, wanted, ops, "/spec/containers/0")
+    rewrite._set_resources(container, POLICY, wanted)
 
     limits, requests = container["resources"]["limits"], container["resources"]["requests"]
     # "gpushard.io/card-x" names no card: it stays, where it was.
     assert list(limits.items()) == [("cpu", "4"), ("memory", "16Gi"), ("gpushard.io/card-x", "1"),
                                     (names.SHARES_RESOURCE, "5"), ("gpushard.io/card-3", "5")]
     assert list(requests.items()) == [("cpu", "2"), (names.SHARES_RESOURCE, "5"), ("gpushard.io/card-3", "5")]
-    assert [op["path"] for op in ops.items] == ["/spec/containers/0/resources/limits",
-                                                "/spec/containers/0/resources/requests"]
 
 
 def test_renamed_resources_are_read_under_their_new_names_only():

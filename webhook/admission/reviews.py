@@ -332,7 +332,7 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
         response["warnings"] = warnings
     outcome = ALLOWED
     if not audit and decision.obj is not None and isinstance(obj, dict):
-        patch = decision.patch if decision.patch is not None else patches.make(obj, decision.obj)
+        patch = patches.make(obj, decision.obj)
         if patch:
             response["patchType"] = "JSONPatch"
             response["patch"] = encode_patch(patch)

@@ -43,9 +43,6 @@ class Decision:
     card: int | None = None
     node: str | None = None  # the node whose card placement chose, when one fitted
     shares: int = 0
-    # The JSONPatch from the object to ``obj``, when the rewrite recorded it (a Pod created in
-    # enforce mode); None when whoever needs one must compare the two (admission's patch walk).
-    patch: list[dict] | None = None
     # A pod placed by its memory ask: the MiB it asked and the card size its shares are for (0 otherwise).
     memory_mib: int = 0
     card_memory_mib: int = 0
@@ -385,12 +382,10 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         card, node = choice.card, choice.node
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)
-    ops = rewrite.Ops()
-    new = rewrite.pod(obj, asks, card, shares, policy, node=node, ops=ops, sized=sized)
-    patch = ops.items
+    new = rewrite.pod(obj, asks, card, shares, policy, node=node, sized=sized)
     if limit_found and any(x.rule == f.LIMIT_ENV_SET for x in limit_found):  # else strip_env has nothing to remove
-        new, patch = isolation.strip_env(new, asks), None
-    return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares, patch=patch,
+        new = isolation.strip_env(new, asks)
+    return Decision(allowed=True, obj=new, findings=found, card=card, node=node, shares=shares,
                     memory_mib=sized[1] if sized else 0, card_memory_mib=sized[0] if sized else 0)
 
 

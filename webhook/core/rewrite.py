@@ -7,36 +7,9 @@ from webhook.core import names, placement, quantities
 from webhook.core.policy import Policy
 
 # The rewrite copies only the path to what it changes and shares every untouched subtree with
-# the input (which it never changes). The admission server's patch walk then skips shared
-# subtrees by identity, so a review costs what gpushard changes, not the size of the pod.
-#
-# ``pod`` can also say its changes as it makes them: a JSONPatch (RFC 6902) from the input to
-# the pod it returns, without the walk (which cost about a sixth of a review, bench/review.py).
-# Each change records its operation where it is made, and a value set whole records nothing
-# below it. The tests apply these patches and the walk's to generated pods and compare both
-# with the pod returned.
-
-
-def pointer_token(key: object) -> str:
-    """A JSON Pointer reference token (RFC 6901), for the rewrite's patch and admission's walk alike."""
-    if type(key) is str and "~" not in key and "/" not in key:
-        return key  # most keys: nothing to escape
-    return str(key).replace("~", "~0").replace("/", "~1")
-
-
-class Ops:
-    """JSONPatch operations recorded while rewriting, in the order they apply."""
-
-    __slots__ = ("items",)
-
-    def __init__(self) -> None:
-        self.items: list[dict] = []
-
-    # The changes every pod gets append to ``items`` directly, in this same form: a method call
-    # for each operation cost more than building it.
-    def add(self, path: str, value: object) -> None:
-        # "add" on a member that exists replaces it (RFC 6902 4.1), as a walk's "replace" would.
-        self.items.append({"op": "add", "path": path, "value": value})
+# the input (which it never changes). The admission server's patch walk (admission/patches.py)
+# then skips shared subtrees by identity, so a review costs what gpushard changes, not the size
+# of the pod.
 
 
 def _own(holder: dict, key: str) -> dict:
@@ -66,72 +39,24 @@ def env_value(container: dict, name: str) -> list[object]:
     env = container.get("env")
     if not isinstance(env, list):
         return []  # no env, or one that is no list (set_env replaces it)
-    values = []
-    for e in env:  # a loop, not a comprehension: env lists are short, and a comprehension is a call
-        if isinstance(e, dict) and e.get("name") == name:
-            values.append(e.get("value", e.get("valueFrom")))
-    return values
+    return [e.get("value", e.get("valueFrom")) for e in env if isinstance(e, dict) and e.get("name") == name]
 
 
-def set_env(container: dict, name: str, value: str, ops: Ops | None = None, at: str = "") -> None:
-    """Make ``name=value`` the container's only entry for ``name``; a correct lone entry stays put.
-
-    With ``ops``, the change is recorded for the container at JSON Pointer ``at``.
-    """
+def set_env(container: dict, name: str, value: str) -> None:
+    """Make ``name=value`` the container's only entry for ``name``; a correct lone entry stays put."""
     env = container.get("env")
-    listed = isinstance(env, list)
-    same = []
-    if listed:
-        # A loop, not a comprehension: env lists are short, and a comprehension is a call.
-        for e in env:
-            if isinstance(e, dict) and e.get("name") == name:
-                same.append(e)
-    else:
-        env = []
+    env = env if isinstance(env, list) else []
+    same = [e for e in env if isinstance(e, dict) and e.get("name") == name]
     entry = {"name": name, "value": value}
-    if not same:  # the usual case: nothing to drop, one walk of the list
-        container["env"] = [*env, entry]
-        if ops is not None:
-            if listed:
-                ops.items.append({"op": "add", "path": f"{at}/env/-", "value": entry})
-            else:
-                ops.add(f"{at}/env", container["env"])
+    if same == [entry]:
         return
-    if len(same) == 1 and same[0] == entry:
-        return
-    container["env"] = [e for e in env if not (isinstance(e, dict) and e.get("name") == name)]
-    container["env"].append(entry)
-    if ops is not None:
-        ops.add(f"{at}/env", container["env"])
+    container["env"] = [e for e in env if not (isinstance(e, dict) and e.get("name") == name)] + [entry]
 
 
-def _set_envs(container: dict, entries: dict[str, str], ops: Ops | None, at: str) -> None:
-    """``set_env`` for each name and value of ``entries`` in turn, with one walk of the env list and
-    one new list when it holds none of the names, which is the usual case."""
-    env = container.get("env")
-    if isinstance(env, list):
-        wanted = tuple(entries)  # compared with ==: a bad name (a list, say) is no key to look up
-        for e in env:
-            if isinstance(e, dict) and e.get("name") in wanted:
-                break
-        else:
-            env = container["env"] = list(env)
-            for name, value in entries.items():
-                entry = {"name": name, "value": value}
-                env.append(entry)
-                if ops is not None:
-                    ops.items.append({"op": "add", "path": f"{at}/env/-", "value": entry})
-            return
-    for name, value in entries.items():
-        set_env(container, name, value, ops, at)
-
-
-def remove_env(container: dict, name: str, ops: Ops | None = None, at: str = "") -> None:
+def remove_env(container: dict, name: str) -> None:
     env = container.get("env")
     if isinstance(env, list):
         container["env"] = [e for e in env if not (isinstance(e, dict) and e.get("name") == name)]
-        if ops is not None and len(container["env"]) != len(env):
-            ops.add(f"{at}/env", container["env"])
 
 
 def hide_ephemeral(obj: dict, policy: Policy, only: list[int] | None = None) -> dict:
@@ -146,44 +71,25 @@ def hide_ephemeral(obj: dict, policy: Policy, only: list[int] | None = None) -> 
     return new
 
 
-def _set_resources(container: dict, policy: Policy, wanted: dict[str, str], ops: Ops | None = None,
-                   at: str = "") -> None:
-    """Replace every GPU resource in limits and requests by ``wanted``, keeping the rest."""
+def _set_resources(container: dict, policy: Policy, wanted: dict[str, str]) -> None:
+    """Replace every GPU resource in limits and requests by ``wanted``, keeping the rest in their order."""
     res = policy.resources
-    ours, prefix = res.gpu_names, res.card_prefix
-    whole = not isinstance(container.get("resources"), dict)  # then recorded as one value at the end
     resources = _own(container, "resources")
     for part in ("limits", "requests"):
         was = resources.get(part)
-        # The names kept, in their order, then ``wanted``: as deleting the GPU names from a copy
-        # and updating it would leave them, in one walk of the names.
-        current = {}
-        if isinstance(was, dict):
-            for key, value in was.items():
-                if key in ours or (isinstance(key, str) and key.startswith(prefix)
-                                   and res.card_index(key) is not None):
-                    continue
-                current[key] = value
-        current.update(wanted)
-        resources[part] = current
-        if ops is None or whole:
-            continue
-        # The whole mapping, when anything in it changed: one operation instead of one per name,
-        # and limits and requests hold a handful of names. Python's == is JSON's here: the values
-        # that can differ are gpushard's text, and "25" equals neither 25 nor True.
-        if not isinstance(was, dict) or current != was:
-            ops.items.append({"op": "add", "path": f"{at}/resources/{part}", "value": current})
-    if ops is not None and whole:
-        ops.add(f"{at}/resources", resources)
+        kept = {key: value for key, value in was.items()
+                if key not in res.gpu_names and not (isinstance(key, str) and key.startswith(res.card_prefix)
+                                                     and res.card_index(key) is not None)} \
+            if isinstance(was, dict) else {}
+        resources[part] = {**kept, **wanted}
 
 
 def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: int, policy: Policy,
-        node: str | None = None, ops: Ops | None = None, sized: tuple[int, int] | None = None) -> dict:
+        node: str | None = None, sized: tuple[int, int] | None = None) -> dict:
     """The pod as gpushard admits it: shares pinned to ``card``, env owned, metadata marked.
 
     ``node``, when placement found room there, becomes a soft preference: the scheduler may
-    still pick any node whose card ``card`` has room, but packing follows the choice. With
-    ``ops``, every change is also recorded there as a JSONPatch operation on ``obj``.
+    still pick any node whose card ``card`` has room, but packing follows the choice.
     ``sized`` (card MiB, asked MiB), for a pod that asked GPU memory: its memory asks become the
     shares the asks carry, a required node affinity keeps it on card ``card`` of that size, and
     annotations record what it asked and the card size its shares are for.
@@ -191,38 +97,33 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     new = dict(obj)
     spec = _own_spec(new)
     if sized is not None and card is not None:
-        _require_card_memory(spec, card, sized[0], ops)
+        _require_card_memory(spec, card, sized[0])
     # Without an affinity there is no preferred term to look for (most pods).
     if node is not None and policy.node_affinity != "none" and not spec.get("nodeName") and (
             spec.get("affinity") is None or placement.preferred_node(spec) is None):
-        prefer_node(spec, node, ops, required=policy.node_affinity == "required")
+        prefer_node(spec, node, required=policy.node_affinity == "required")
     res = policy.resources
     card_text = card_resource = None  # the same for every container that holds a share
     for ask in asks:
-        at = f"/spec/{ask.list_key}/{ask.position}" if ops is not None else ""
         if ask.holds_share:
             if card_resource is None:
                 card_text, card_resource = str(card), res.card(card)
             container = _own_container(spec, ask)
             count = str(ask.shares)
-            _set_resources(container, policy, {res.shares: count, card_resource: count}, ops, at)
-            _set_envs(container, {names.VISIBLE_DEVICES_ENV: card_text,
-                                  names.FRACTION_ENV: quantities.fraction_text(ask.shares, policy.shares_per_card)},
-                      ops, at)
+            _set_resources(container, policy, {res.shares: count, card_resource: count})
+            set_env(container, names.VISIBLE_DEVICES_ENV, card_text)
+            set_env(container, names.FRACTION_ENV, quantities.fraction_text(ask.shares, policy.shares_per_card))
         elif ask.passthrough:
             # Whole cards from another device plugin: its value must reach the container, not a
             # user's "all" (the container's own env wins over the plugin's).
             if env_value(spec[ask.list_key][ask.position], names.VISIBLE_DEVICES_ENV):
-                remove_env(_own_container(spec, ask), names.VISIBLE_DEVICES_ENV, ops, at)
+                remove_env(_own_container(spec, ask), names.VISIBLE_DEVICES_ENV)
         elif policy.hide_unrequested_gpus:
-            set_env(_own_container(spec, ask), names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE, ops, at)
+            set_env(_own_container(spec, ask), names.VISIBLE_DEVICES_ENV, names.VISIBLE_NONE)
     if card is not None and policy.runtime_class_name and not spec.get("runtimeClassName"):
         # The author's runtime class is kept: they may run a runtime of their own that also hands out GPUs.
         spec["runtimeClassName"] = policy.runtime_class_name
-        if ops is not None:
-            ops.add("/spec/runtimeClassName", policy.runtime_class_name)
     if card is not None:
-        meta_was = new.get("metadata")
         meta = _own(new, "metadata")
         annotations, labels = meta.get("annotations"), meta.get("labels")  # as in meta_was, when a mapping
         ours = {names.CARD_ANNOTATION: str(card), names.SHARES_ANNOTATION: str(pod_shares)}
@@ -231,38 +132,13 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
             ours[names.CARD_MEMORY_ANNOTATION] = str(sized[0])
         meta["annotations"] = {**annotations, **ours} if isinstance(annotations, dict) else {**ours}
         meta["labels"] = {**labels, **_SHARED} if isinstance(labels, dict) else {**_SHARED}
-        if ops is not None:
-            if not isinstance(meta_was, dict):
-                ops.add("/metadata", meta)
-            else:
-                _record_keys(ops, "/metadata/annotations", annotations, meta["annotations"], ours)
-                _record_keys(ops, "/metadata/labels", labels, meta["labels"], _SHARED)
     return new
 
 
 _SHARED = {names.SHARED_LABEL: names.SHARED_LABEL_VALUE}  # read, never changed
 
 
-def _record_keys(ops: Ops, where: str, was: object, now: dict, set_keys: dict[str, str]) -> None:
-    """Record ``set_keys`` set in the mapping at ``where`` (``was`` before, ``now`` after)."""
-    if not isinstance(was, dict):
-        ops.items.append({"op": "add", "path": where, "value": now})
-        return
-    for key, value in set_keys.items():
-        old = was.get(key)
-        if type(old) is not str or old != value:  # not already this text
-            token = _TOKENS.get(key)
-            path = f"{where}/{token if token is not None else pointer_token(key)}"
-            ops.items.append({"op": "add", "path": path, "value": value})
-
-
-# The reference tokens of the names gpushard sets on a pod, escaped once ("/" in each).
-_TOKENS = {key: pointer_token(key) for key in (names.CARD_ANNOTATION, names.SHARES_ANNOTATION,
-                                               names.MEMORY_ANNOTATION, names.CARD_MEMORY_ANNOTATION,
-                                               names.SHARED_LABEL)}
-
-
-def prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool = False) -> None:
+def prefer_node(spec: dict, node: str, required: bool = False) -> None:
     """Name ``node`` in a preferred term (and, with ``required``, AND it into the required terms)."""
     affinity = spec.get("affinity")
     affinity = affinity if isinstance(affinity, dict) else None
@@ -276,30 +152,17 @@ def prefer_node(spec: dict, node: str, ops: Ops | None = None, required: bool = 
     if required:
         new_aff[REQUIRED] = _with_required_node(new_aff.get(REQUIRED), node)
     spec["affinity"] = {**(affinity or {}), "nodeAffinity": new_aff}
-    if ops is None:
-        return
-    if affinity is None:
-        ops.items.append({"op": "add", "path": "/spec/affinity", "value": spec["affinity"]})
-    elif node_aff is None:
-        ops.add("/spec/affinity/nodeAffinity", new_aff)
-    else:
-        if terms is None:
-            ops.add(f"/spec/affinity/nodeAffinity/{key}", new_aff[key])
-        else:
-            ops.add(f"/spec/affinity/nodeAffinity/{key}/-", term)
-        if required:
-            ops.add(f"/spec/affinity/nodeAffinity/{REQUIRED}", new_aff[REQUIRED])
 
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
-def _require_card_memory(spec: dict, card: int, size_mib: int, ops: Ops | None) -> None:
+def _require_card_memory(spec: dict, card: int, size_mib: int) -> None:
     """AND ``card``'s memory label ``In [size_mib]`` into the pod's required node affinity.
 
     The shares were computed for that card size; without this the scheduler could bind the pod to
     a node whose card ``card`` is smaller (the same index, a different model), where the shares
-    hold less memory than the pod asked. Recorded as one operation on spec.affinity.
+    hold less memory than the pod asked.
     """
     affinity = spec.get("affinity")
     affinity = affinity if isinstance(affinity, dict) else {}
@@ -318,8 +181,6 @@ def _require_card_memory(spec: dict, card: int, size_mib: int, ops: Ops | None) 
             terms.append({**t, "matchExpressions": [*(exprs if isinstance(exprs, list) else ()), expression]})
         new_required = {**required, "nodeSelectorTerms": terms}
     spec["affinity"] = {**affinity, "nodeAffinity": {**node_aff, REQUIRED: new_required}}
-    if ops is not None:
-        ops.add("/spec/affinity", spec["affinity"])
 
 
 def _with_required_node(required: object, node: str) -> dict:
