@@ -92,8 +92,10 @@ e2e-components:
 e2e-pin:
 	$(PYTHON) e2e/build.py pin
 
+# ruff over everything, and mypy over the package (its settings in setup.cfg); CI runs both.
 lint: $(STAMP)
 	$(PY) -m ruff check webhook tests bench examples docs charts .ci e2e
+	$(PY) -m mypy webhook
 
 bench: $(STAMP)
 	@for b in bench/*.py; do [ $$b = bench/e2e_scale.py ] && continue; echo "== $$b"; $(PY) $$b || exit 1; done

@@ -450,7 +450,7 @@ class FakeKube:
                         # The stream's end as a write of its own, after the last event (a client that stops at
                         # that event has the end still to come on its connection).
                         self.wfile.flush()
-                        time.sleep(0.1)
+                        time.sleep(0.1)  # on purpose, not a wait: the end comes apart from the last event
                         self.wfile.write(b"0\r\n\r\n")
                         self.wfile.flush()
                 except (BrokenPipeError, ConnectionResetError):

@@ -10,13 +10,13 @@ import shutil
 import sys
 import textwrap
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import yaml
 
-from webhook import kubectlflags
+from webhook import kubectlflags, tables
 from webhook.core import auditing, installation, isolation, names, refusals
 from webhook.core import findings as f
 from webhook.kubeapi import connecting
@@ -361,7 +361,7 @@ def read_install(conn: connecting.Client, err: IO[str]) -> installation.Installe
     core = kubernetes.client.CoreV1Api(conn.api)
     refused: list[str] = []
 
-    def attempt(read: Callable[[], object], what: str, unread: object = None) -> object:
+    def attempt(read: Callable[[], Any], what: str, unread: object = None) -> Any:  # raw JSON, or unread
         try:
             return read()
         except connecting.ApiError as exc:
@@ -490,7 +490,7 @@ def dra_slices_exist(conn: connecting.Client) -> bool:
 
     group, version = names.DRA_API_VERSION.split("/")
     try:
-        response = kubernetes.client.CustomObjectsApi(conn.api).list_cluster_custom_object(
+        response: Any = kubernetes.client.CustomObjectsApi(conn.api).list_cluster_custom_object(  # read raw
             group, version, "resourceslices", field_selector=f"spec.driver={names.DRA_DRIVER}", limit=1,
             _preload_content=False, _request_timeout=conn.timeout)
         return bool(json.loads(response.data).get("items"))
@@ -611,8 +611,8 @@ def audit_wide(items: list[auditing.Item], no_headers: bool = False) -> str:
     """One line per finding, every field a column (for grep and awk)."""
     rows = [[i.ref.namespace or "-", i.ref.kind, i.ref.name, i.finding.container or "-", i.finding.severity,
              i.finding.rule, " ".join(i.finding.message.removeprefix("gpushard: ").split())] for i in items]
-    return _aligned(rows, None if no_headers else
-                    ["NAMESPACE", "KIND", "NAME", "CONTAINER", "SEVERITY", "RULE", "MESSAGE"], right=set(), gap="   ")
+    return tables.aligned(rows, None if no_headers else
+                          ["NAMESPACE", "KIND", "NAME", "CONTAINER", "SEVERITY", "RULE", "MESSAGE"])
 
 
 def audit_names(items: list[auditing.Item]) -> str:
@@ -781,7 +781,7 @@ def status_table(use: auditing.Usage, wide: bool = False, no_headers: bool = Fal
         row("TOTAL", str(sum(len(n.cards) for n in use.nodes)), "", "", use.used, use.free, use.capacity,
             f"{count} pod{'s' if count != 1 else ''}{f' in {namespace}' if namespace else ''} on {len(use.nodes)} "
             f"node{'s' if len(use.nodes) != 1 else ''}")
-    text = _aligned(rows, None if no_headers else head, right={1, *range(len(head) - 5, len(head) - 1)})
+    text = tables.aligned(rows, None if no_headers else head, right={1, *range(len(head) - 5, len(head) - 1)}, gap="  ")
     lines = []
     if not no_headers and not use.nodes:
         if selector and shared_nodes:
@@ -801,21 +801,6 @@ def status_table(use: auditing.Usage, wide: bool = False, no_headers: bool = Fal
               f"pod{'s' if len(c.holders) != 1 else ''} still on it"
               for n in use.nodes for c in n.cards if c.cordon is not None]
     return text + "".join(line + "\n" for line in lines)
-
-
-def _aligned(rows: list[list[str]], headers: list[str] | None, right: set[int], gap: str = "  ") -> str:
-    """A table as kubectl prints one: columns padded to their widest cell, never wrapped, the
-    ``right`` ones (numbers) right-aligned; trailing blanks cut."""
-    table = ([headers] if headers else []) + rows
-    if not table:
-        return ""
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    out = []
-    for r in table:
-        cells = [cell.rjust(w) if i in right else cell.ljust(w)
-                 for i, (cell, w) in enumerate(zip(r, widths, strict=True))]
-        out.append(gap.join(cells).rstrip())
-    return "\n".join(out) + "\n"
 
 
 def install_json(items: list[auditing.Item]) -> list[dict]:
@@ -869,7 +854,7 @@ def refused_lines(refused: list[dict]) -> str:
     return "".join(lines)
 
 
-def node_lines(problems: list[tuple[str, str]], held: list[tuple[str, str]] = ()) -> str:
+def node_lines(problems: list[tuple[str, str]], held: Sequence[tuple[str, str]] = ()) -> str:
     """Under the status table: what was found on each node, then what to do."""
     fix = auditing.FIXES[auditing.TOOLKIT_ACCEPTS_ENVVAR]
     lines = [f"node: {message.removeprefix('gpushard: ')}\n  fix: {fix}\n" for _, message in problems]

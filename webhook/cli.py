@@ -14,6 +14,8 @@ class Parser(argparse.ArgumentParser):
     """argparse, with its complaint about a flag told as every other gpushard message: one ``gpushard:``
     line after the command's usage, saying where the flags are listed."""
 
+    command_parsers: dict[str, argparse.ArgumentParser]  # set by _own_usage on a parser with commands
+
     def error(self, message: str):
         self.print_usage(sys.stderr)
         self.exit(kubectlflags.USAGE, f"gpushard: {message}; see {self.prog} --help\n")
@@ -251,7 +253,7 @@ def build_plugin_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _own_usage(parser: argparse.ArgumentParser, sub) -> None:
+def _own_usage(parser: Parser, sub) -> None:
     """Each command's parser remembered, so that a flag it lacks is told with its own usage line."""
     parser.command_parsers = dict(sub.choices)
 

@@ -20,7 +20,7 @@ import json
 import socket
 import sys
 import uuid
-from typing import IO
+from typing import IO, Any
 
 from webhook import kubectlflags
 from webhook.core import names, objects
@@ -66,10 +66,11 @@ def whoami(conn: connecting.Client) -> str:
     """The user the API server takes these credentials for (a SelfSubjectReview); "" where it will not say."""
     import kubernetes
 
-    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    # Any: the client takes a manifest for its model, and answers raw (_preload_content=False) with the HTTP response.
+    review: Any = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
     with connecting.reaching(conn.target, "ask who this account is (selfsubjectreviews)"):
         try:
-            response = kubernetes.client.AuthenticationV1Api(conn.api).create_self_subject_review(
+            response: Any = kubernetes.client.AuthenticationV1Api(conn.api).create_self_subject_review(
                 review, _preload_content=False, _request_timeout=conn.timeout)
         except kubernetes.client.ApiException as exc:
             if exc.status == 401:
@@ -132,6 +133,7 @@ def change(conn: connecting.Client, node_name: str, index: int, cordon: bool, re
         return
     by = whoami(conn)
     card = _card_words(index, inventory)
+    patch: dict[str, Any]
     if cordon:
         record = objects.Cordon(reason=reason, by=by, at=_now())
         patch = {"metadata": {"annotations": {key: objects.write_cordon(record)}}}

@@ -8,6 +8,7 @@ import datetime
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import urllib3
@@ -206,6 +207,7 @@ def _patch_ca_bundle(admission: kubernetes.client.AdmissionregistrationV1Api,
     encoded = base64.b64encode(bundle).decode()
     ops: list[dict] = []
     changed = []
+    assert config.webhooks is not None  # _read_config refuses a configuration without webhooks
     for i, hook in enumerate(config.webhooks):
         if (hook.client_config.ca_bundle or "") == encoded:
             continue
@@ -215,6 +217,7 @@ def _patch_ca_bundle(admission: kubernetes.client.AdmissionregistrationV1Api,
         ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": encoded})
         changed.append(hook.name)
     if ops:
+        assert config.metadata is not None and config.metadata.name is not None  # as read from the API server
         name = config.metadata.name
         try:
             admission.patch_mutating_webhook_configuration(name, ops, _request_timeout=reach.timeout)
@@ -250,12 +253,14 @@ def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-syst
     with _reaching(reach):
         config = _read_config(admission, webhook_config, reach)
         existing = _read_secret(core, namespace, secret, reach)
+    assert config.webhooks is not None  # _read_config refuses a configuration without webhooks
     if existing is not None and existing.type != SECRET_TYPE:
         # Checked before the caBundle changes: a Secret's type cannot change, so the new
         # certificate could never be stored.
         raise InstallError(f"gpushard: Secret {namespace}/{secret} has type {existing.type!r}, not {SECRET_TYPE}, "
                            f"and a Secret's type cannot change; delete it (kubectl -n {namespace} delete secret "
                            f"{secret}) and run this again")
+    why: str | None
     if existing is None:
         why = "there was none"
     elif force:
@@ -268,6 +273,7 @@ def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-syst
         bundle = files[certificates.CA_FILE]
         action, why = "kept", "still valid"
     else:
+        assert why is not None  # the reason for a new certificate
         files = _make_bundle(out, service, namespace, days)
         bundle = files[certificates.CA_FILE]
         if existing is not None:
@@ -289,13 +295,15 @@ def install(api: kubernetes.client.ApiClient, *, namespace: str = "gpushard-syst
 def _write_secret(core: kubernetes.client.CoreV1Api, namespace: str, name: str, files: dict[str, bytes],
                   existing: kubernetes.client.V1Secret | None, reach: _Reach) -> None:
     metadata: dict = {"name": name, "namespace": namespace, "labels": dict(LABELS)}
-    body = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": SECRET_TYPE,
-            "data": {key: base64.b64encode(value).decode() for key, value in files.items()}}
+    # Any: a manifest, which the client takes for a V1Secret.
+    body: Any = {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "type": SECRET_TYPE,
+                 "data": {key: base64.b64encode(value).decode() for key, value in files.items()}}
     try:
         if existing is None:
             core.create_namespaced_secret(namespace, body, _request_timeout=reach.timeout)
             return
         # The resourceVersion makes the replace fail if someone changed the Secret since we read it.
+        assert existing.metadata is not None  # as read from the API server
         metadata["resourceVersion"] = existing.metadata.resource_version
         metadata["labels"] = {**(existing.metadata.labels or {}), **LABELS}
         if existing.metadata.annotations:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any, cast
 
 import yaml
 
@@ -52,7 +52,7 @@ def documents(paths: list[str]) -> Iterator[tuple[str, int, object]]:
 def describe(obj: object) -> str:
     if not isinstance(obj, dict):
         return "object"
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = cast(dict, obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {})
     name = meta.get("name") or meta.get("generateName") or "(no name)"
     ns = meta.get("namespace")
     return f"{obj.get('kind', '?')} {ns + '/' if ns else ''}{name}"
@@ -78,7 +78,7 @@ def _namespace_modes(items: list[tuple[str, int, object]]) -> dict[str, auditing
     for _path, _number, obj in items:
         if isinstance(obj, dict) and obj.get("kind") == auditing.NAMESPACE_KIND:
             ref = auditing.ref_of(obj)
-            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+            meta = cast(dict, obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {})
             modes[ref.name] = auditing.namespace_mode(ref.name, meta.get("labels"))
     return modes
 
@@ -108,15 +108,15 @@ def _asks_gpushard(obj: dict, kind: str, policy: Policy) -> str | None:
         return None
     res = policy.resources
     for _key, _i, container in listed:
-        resources = container.get("resources") if isinstance(container.get("resources"), dict) else {}
+        resources = cast(dict, container.get("resources") if isinstance(container.get("resources"), dict) else {})
         for part in ("limits", "requests"):
-            asked = resources.get(part) if isinstance(resources.get(part), dict) else {}
+            asked = cast(dict, resources.get(part) if isinstance(resources.get(part), dict) else {})
             if any(str(k) == res.shares or str(k).startswith(res.card_prefix) for k in asked):
                 return str(container.get("name") or "")
     return None
 
 
-def _outside(obj: object, kind: str, why: str, policy: Policy) -> decisions.Decision:
+def _outside(obj: Any, kind: str, why: str, policy: Policy) -> decisions.Decision:
     """An object in a namespace that did not opt in: nothing rewrites it; the opt-in guard may deny it."""
     name = _asks_gpushard(obj, kind, policy) if isinstance(obj, dict) else None
     if name is not None:
@@ -129,7 +129,7 @@ def _outside(obj: object, kind: str, why: str, policy: Policy) -> decisions.Deci
 def _name(obj: object) -> str:
     """kubectl's ``-o name`` form of an object (``pod/web``, ``deployment.apps/train``)."""
     kind = obj.get("kind") if isinstance(obj, dict) else None
-    meta = obj.get("metadata") if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict) else {}
+    meta = cast(dict, obj.get("metadata") if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict) else {})
     name = meta.get("name") or meta.get("generateName") or "(no name)"
     return kubectlflags.resource_name(kind if isinstance(kind, str) and kind else "object", str(name))
 

@@ -249,8 +249,8 @@ def _replacement(value: Any) -> Replacement:
         if not isinstance(switches[key], bool):
             raise SettingsError(f"replacement.{key}: must be true or false, got {switches[key]!r}")
     numbers = {}
-    for key, default, low in (("pendingSeconds", defaults.pending_seconds, 0), ("interval", defaults.interval, 1)):
-        number = data.get(key, default)
+    for key, seconds, low in (("pendingSeconds", defaults.pending_seconds, 0), ("interval", defaults.interval, 1)):
+        number = data.get(key, seconds)
         if isinstance(number, bool) or not isinstance(number, int) or number < low:
             raise SettingsError(f"replacement.{key}: must be an integer of seconds >= {low}, got {number!r}")
         numbers[key] = number

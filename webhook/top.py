@@ -23,7 +23,7 @@ from typing import IO
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from webhook import kubectlflags
+from webhook import kubectlflags, tables
 from webhook.kubeapi import connecting
 
 AGENT_NAMESPACE = "gpushard-system"
@@ -117,16 +117,16 @@ def parse(text: str) -> tuple[list[CardTop], list[PodTop]]:
                 field = card_fields[sample.name]
                 setattr(card, field, _typed(field, sample.value))
             elif sample.name in pod_fields:
-                key = (labels.get("node", ""), labels.get("namespace", ""), labels.get("pod", ""),
-                       labels.get("container", ""), gpu)
-                pod = pods.setdefault(key, PodTop(*key))
+                pod_key = (labels.get("node", ""), labels.get("namespace", ""), labels.get("pod", ""),
+                           labels.get("container", ""), gpu)
+                pod = pods.setdefault(pod_key, PodTop(*pod_key))
                 field = pod_fields[sample.name]
                 setattr(pod, field, _typed(field, sample.value))
             elif sample.name == "gpushard_pod_memory_asked_bytes":
                 asked[(labels.get("node", ""), labels.get("namespace", ""), labels.get("pod", ""), gpu)] = \
                     int(sample.value)
-    for key, pod in pods.items():
-        pod.memory_asked = asked.get((*key[:3], key[4]))
+    for pod_key, pod in pods.items():
+        pod.memory_asked = asked.get((*pod_key[:3], pod_key[4]))
     for card in cards.values():
         if card.node in unreachable:
             # An older agent exported 0 for what it did not know: unknown all the same.
@@ -289,12 +289,7 @@ def _mib(value: int | None) -> str:
 
 
 def _table(header: list[str], rows: Iterable[list[str]], no_headers: bool = False) -> str:
-    rows = [*([] if no_headers else [header]), *rows]
-    if not rows:
-        return ""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "".join(line + "\n" for line in lines)
+    return tables.aligned(list(rows), None if no_headers else header)
 
 
 def cards_table(cards: list[CardTop], no_headers: bool = False) -> str:

@@ -13,13 +13,13 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import uuid
 from fractions import Fraction
 from pathlib import Path
 
 import jsonpatch
 
+from tests import polling
 from webhook.core import quantities
 
 SERVICE_HOST = "gpushard.gpushard-system.svc"
@@ -164,20 +164,26 @@ class Server:
     def start(self, ready_within: float = 30.0) -> Server:
         self._out = open(self.log, "wb")
         self.proc = subprocess.Popen(self.args, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + ready_within
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gpushard serve exited {self.proc.returncode}:\n{self.output()}")
+
+        def healthy() -> bool:
             try:
-                status, _, _ = self.request("GET", "/healthz", timeout=2)
-                if status == 200:
-                    return self
+                return self.request("GET", "/healthz", timeout=2)[0] == 200
             except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"gpushard serve did not answer in {ready_within} s:\n{self.output()}")
-            time.sleep(0.1)
+                return False
+
+        try:
+            polling.eventually(healthy, "gpushard serve answering /healthz", ready_within, interval=0.1,
+                               gone=self.exited)
+        except AssertionError as exc:
+            self.stop()
+            raise AssertionError(f"{exc}:\n{self.output()}") from None
+        return self
+
+    def exited(self) -> str | None:
+        """Why it can no longer answer, once its master process has exited (``gone`` for polling.eventually)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"gpushard serve exited {self.proc.returncode}"
+        return None
 
     def connection(self, timeout: float = 10.0, ca: Path | None = None,
                    hostname: str = SERVICE_HOST) -> http.client.HTTPSConnection:

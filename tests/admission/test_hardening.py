@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tests import stalling
 from tests.admission import objects
+from tests.polling import eventually
 from webhook import certificates
 
 
@@ -137,18 +138,19 @@ def _der(pem: Path) -> bytes:
 
 def test_stalled_clients_on_many_connections_hold_no_thread(certs, module_cluster):
     server = objects.Server(certs, module_cluster, workers=1, threads=2).start()
-    ended = None
+    attack = None
     try:
-        ended = stalling.attack(server.port, objects.client_context(certs / "ca.crt"), 16, objects.SERVICE_HOST)
-        time.sleep(0.5)  # not a lock: the reviews below are sent while the attack goes on, however it started
+        attack = stalling.attack(server.port, objects.client_context(certs / "ca.crt"), 16, objects.SERVICE_HOST)
+        # The reviews below are sent while the attack goes on: each of its clients is stalling.
+        eventually(lambda: len(attack.stalled) == 16, "every stalling client's first stall", gone=server.exited)
         answered = []
         for i in range(20):
             status, _, body = server.request("POST", "/mutate", _review_bytes(f"u{i}"), timeout=5)
             answered.append(status == 200 and json.loads(body)["response"]["uid"] == f"u{i}")
         assert all(answered), answered
     finally:
-        if ended is not None:
-            ended()
+        if attack is not None:
+            attack()
         server.stop()
 
 
@@ -255,8 +257,9 @@ def test_sigterm_under_load_drops_no_review(certs, module_cluster):
         load = _Load(server, clients=6)
         for thread in load.threads:
             thread.start()
-        while load.answered < 100 and all(t.is_alive() for t in load.threads):
-            time.sleep(0.05)
+        eventually(lambda: load.answered >= 100, "100 reviews answered", timeout=40, interval=0.05,
+                   gone=lambda: None if all(t.is_alive() for t in load.threads) else (
+                       f"a client ended (dropped: {load.dropped[:5]})"))
         load.term_at = time.monotonic()
         server.signal(15)
         for thread in load.threads:
@@ -284,7 +287,7 @@ def test_a_review_that_outlasts_the_worker_timeout_is_answered(certs, module_clu
         pieces = [body[i:i + len(body) // 8 + 1] for i in range(0, len(body), len(body) // 8 + 1)]
         for piece in pieces:
             conn.send(piece)
-            time.sleep(0.5)
+            time.sleep(0.5)  # the stimulus, not a wait: the body arrives slowly, over about twice --timeout
         resp = conn.getresponse()
         assert resp.status == 200
         assert json.loads(resp.read())["response"]["uid"] == "slow"

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from tests.admission import objects
+from tests.polling import eventually
 from webhook.admission import logs
 from webhook.core import decisions
 
@@ -103,9 +104,8 @@ def test_the_real_server_logs_a_denial_to_stderr(server):
     review = objects.review(objects.pod(objects.container("train", "2"), name="two-cards"), uid="u-real")
     status, _, _ = server.request("POST", "/mutate", json.dumps(review).encode())
     assert status == 200
-    deadline = time.monotonic() + 10
-    while '"uid":"u-real"' not in server.output() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(lambda: '"uid":"u-real"' in server.output(), "the denial in the server's log", timeout=10,
+               interval=0.1)
     found = [line for line in server.output().splitlines() if '"uid":"u-real"' in line]
     assert len(found) == 1, server.output()
     logged = json.loads(found[0][found[0].index("{"):])
@@ -134,13 +134,11 @@ def test_connections_that_send_no_request_are_closed_quietly(certs, module_clust
         raw.sendall(b"\x16\x03\x01\x02\x00\x01")  # a handshake begun and never finished
         held.append(raw)
         handshaken().sendall(b"POST /mutate HTTP/1.1\r\nHost: gpushard\r\n")  # headers that stall
-        time.sleep(3)  # well past the read deadline
+        time.sleep(3)  # the stimulus, not a wait: well past the read deadline (1 s), so the server gives up on them
         review = objects.review(objects.pod(objects.container("t", "0.25")), uid="u-after", dry_run=True)
         status, _, body = srv.request("POST", "/mutate", json.dumps(review).encode())
         assert status == 200 and json.loads(body)["response"]["allowed"] is True
-        deadline = time.monotonic() + 10
-        while not _log_lines(srv, "WARNING") and time.monotonic() < deadline:
-            time.sleep(0.1)
+        eventually(lambda: _log_lines(srv, "WARNING"), "the server's warning", timeout=10, interval=0.1)
         text = srv.log.read_text(errors="replace")
         assert "Traceback" not in text and not _log_lines(srv, "ERROR"), text
         (warning,) = _log_lines(srv, "WARNING")

@@ -39,7 +39,7 @@ if sys.argv[1:] == ["-f"]:
 
     signal.signal(signal.SIGTERM, quit)
     while True:
-        time.sleep(1)
+        time.sleep(1)  # the stand-in daemon's own life, not a wait: it runs until it is told to quit or killed
 else:
     line = sys.stdin.read().strip()
     record(line)

@@ -148,8 +148,8 @@ def test_an_xid_marks_card_1_and_never_a_card_0_pod(node, devices):
         assert {message[i] for i in zero_total} == {"Healthy"}
         assert set(one_total) | set(zero_total) <= set(message)
     assert len(healthy(total[-1])) == SHARES
-    time.sleep(0.5)
-    # Card 0's resource had nothing to say: its one message, all Healthy, holds the card-0 pod's IDs.
+    # Card 0's resource had nothing to say: its one message, all Healthy, holds the card-0 pod's IDs (that nothing
+    # follows it is shown at the end, where card 0's own change must be its next message).
     assert len(node.streams["gpushard.io/card-0"].messages) == 1
     assert set(node.latest("gpushard.io/card-0").values()) == {"Healthy"}
     assert set(zero_own) <= set(node.latest("gpushard.io/card-0"))
@@ -160,6 +160,11 @@ def test_an_xid_marks_card_1_and_never_a_card_0_pod(node, devices):
     back = wait_for(node.streams[SUM], sent[SUM], lambda m: set(m.values()) == {"Healthy"})
     assert set(one_total) | set(zero_total) <= set(back[-1]) and len(back[-1]) == 2 * SHARES
     assert set(one_own) <= healthy(node.latest("gpushard.io/card-1"))
+
+    # Card 0's stream sent nothing for card 1's Xid nor its recovery: its next message is card 0's own change.
+    devices.inject(nvml.HealthEvent(CARDS[0].uuid, healthy=False, reason="critical Xid 79"))
+    second = fakekubelet.health_by_id(node.streams["gpushard.io/card-0"].message(1, timeout=10))
+    assert set(second.values()) == {"Unhealthy"}
 
 
 def test_a_pod_leaving_the_bad_card_gives_its_ids_back(node, devices):

@@ -200,7 +200,7 @@ def test_recreated_kubelet_socket_alone_triggers_registration(agent, kubelet, pl
     kubelet.stop()
     # A real kubelet takes seconds to come back; without a pause the new socket could reuse
     # the old one's inode and change time on a coarse clock, which no poll can tell apart.
-    time.sleep(0.05)
+    time.sleep(0.05)  # the stimulus, not a wait
     fresh = fakekubelet.FakeKubelet(plugin_dir).start()
     try:
         fresh.wait_for(set(NAMES), timeout=5)
@@ -214,7 +214,7 @@ def test_agent_started_before_the_kubelet_registers_when_it_comes(plugin_dir, de
     try:
         for endpoint in NAMES.values():
             assert os.path.exists(os.path.join(plugin_dir, endpoint))
-        time.sleep(0.2)
+        time.sleep(0.2)  # the stimulus, not a wait: the agent polls (every 0.05 s) a while before the kubelet comes
         late = fakekubelet.FakeKubelet(plugin_dir).start()
         try:
             late.wait_for(set(NAMES), timeout=5)

@@ -8,8 +8,8 @@
 """
 
 import threading
-import time
 
+from tests.polling import eventually
 from webhook.agent.dra import slices
 from webhook.core import draobjects, names
 
@@ -84,14 +84,9 @@ def test_a_deleted_slice_is_made_again(api):
     thread = threading.Thread(target=publisher.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
-        while stored_or_none(api) is None:
-            assert time.monotonic() < deadline, "never published"
-            time.sleep(0.02)
+        eventually(lambda: stored_or_none(api) is not None, "the slice published", timeout=20)
         api.delete("resourceslices", draobjects.slice_name("node-a"))
-        while stored_or_none(api) is None:
-            assert time.monotonic() < deadline, "never published again"
-            time.sleep(0.02)
+        eventually(lambda: stored_or_none(api) is not None, "the slice published again", timeout=20)
     finally:
         stop.set()
         publisher.changed()

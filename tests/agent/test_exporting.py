@@ -28,7 +28,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -36,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.agent import fakekubelet, fakenode, fakepodresources
 from tests.fakekube import FakeKube
+from tests.polling import eventually
 from webhook.agent.metrics import attributing, exporting, podlisting
 from webhook.agent.node import health, nvml, podresources
 from webhook.core import policy as policy_mod
@@ -322,18 +322,17 @@ def test_the_agent_serves_metrics_end_to_end(node, tmp_path):
                              "--device-plugin-dir", plugin_dir, "--no-publish", "--metrics-port", str(port),
                              "--pod-resources-socket", node.server.path, "--proc-root", node.fake.proc_root],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def served() -> str | None:
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=5,
+                                        context=UNVERIFIED) as response:
+                return response.read().decode()
+        except OSError:
+            return None
+
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=5,
-                                            context=UNVERIFIED) as response:
-                    text = response.read().decode()
-                break
-            except OSError:
-                assert proc.poll() is None, proc.communicate()[1]
-                assert time.monotonic() < deadline, "the agent never served its metrics"
-                time.sleep(0.2)
+        text = eventually(served, "the agent serving its metrics", timeout=20, interval=0.2, gone=lambda: (
+            None if proc.poll() is None else f"the agent exited ({proc.returncode}): {proc.communicate()[1]}"))
         s = parse(text)
         # The fake inventory's cards are idle: the pods hold shares and use nothing.
         assert value(s, "gpushard_container_shares", pod="train", container="trainer") == 25

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import grpc
 import pytest
@@ -109,7 +108,10 @@ def test_a_card_held_by_nvidias_pods_is_withheld_until_they_end(agent, kubelet, 
         assert details[1]["heldBy"] == {"nvidia.com/gpu": ["ml/seed-a", "ml/seed-b"]}
         assert "heldBy" not in details[0]
         pod_resources.set([pod("seed-b", nvidia("GPU-bbbb"))])
-        time.sleep(0.5)
+        # The agent has read the new list (the card's holders are what it names); it still withholds the card.
+        eventually(lambda: agent.inventory_details()["cards"][1].get("heldBy") == {"nvidia.com/gpu": ["ml/seed-b"]},
+                   "the agent read one holder left")
+        assert agent.cordoned() == frozenset({1})
         assert latest(card1) == {}, "one holder left: still withheld"
         pod_resources.set([])
         eventually(lambda: latest(card1) == ids(1), "card 1 offered again")

@@ -23,11 +23,11 @@ import json
 import socket
 import ssl
 import threading
-import time
 
 import pytest
 
 from tests.fakekube import FakeKube
+from tests.polling import eventually
 from webhook import authorizing
 from webhook.agent.metrics import exporting
 from webhook.agent.node import nvml
@@ -168,9 +168,8 @@ def test_stalled_connections_hold_a_bounded_number_of_threads(agent):
     before = threading.active_count()
     stalled = [socket.create_connection(("127.0.0.1", agent.port)) for _ in range(exporting.CONNECTIONS_MAX)]
     try:
-        deadline = time.monotonic() + 10
-        while threading.active_count() < before + exporting.CONNECTIONS_MAX and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: threading.active_count() >= before + exporting.CONNECTIONS_MAX,
+                   "a thread for each stalled connection", timeout=10, interval=0.05)
         assert threading.active_count() == before + exporting.CONNECTIONS_MAX
         extra = socket.create_connection(("127.0.0.1", agent.port))
         extra.settimeout(10)
@@ -180,9 +179,8 @@ def test_stalled_connections_hold_a_bounded_number_of_threads(agent):
     finally:
         for sock in stalled:
             sock.close()
-    deadline = time.monotonic() + 15
-    while threading.active_count() > before and time.monotonic() < deadline:
-        time.sleep(0.05)
+    eventually(lambda: threading.active_count() <= before, "the stalled connections' threads gone", timeout=15,
+               interval=0.05)
     assert scrape("127.0.0.1", agent.port)[0] == 200
 
 

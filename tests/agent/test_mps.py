@@ -16,6 +16,7 @@ import time
 import pytest
 
 from tests.agent import mpsstandin
+from tests.polling import eventually
 from webhook.agent.node import containerlimits, health, mps, nvml
 
 CARDS = [nvml.Card(0, "GPU-aaaa", "NVIDIA H100 80GB HBM3", 81559), nvml.Card(1, "GPU-bbbb", "NVIDIA L4", 22491)]
@@ -38,15 +39,6 @@ def supervisor(devices, board, root, changes=None, backoff=(0.2, 0.8)):
     on_change = (lambda: changes.append(1)) if changes is not None else None
     return mps.Supervisor(devices, CARDS, board, root, on_change=on_change, interval=0.05, backoff=backoff,
                           command_timeout=5)
-
-
-def wait_until(check, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_one_daemon_per_card_with_its_card_and_folders(standin, root):
@@ -84,7 +76,8 @@ def test_a_dead_daemon_holds_its_card_unhealthy_until_restarted(standin, root):
         assert board.snapshot().healthy == {0: True, 1: False}
         assert sup.states()[1] == {"running": False, "problem": "MPS control daemon exited with status -9"}
         assert changes
-        assert wait_until(lambda: (sup.check_once(), board.snapshot().healthy[1])[1])
+        eventually(lambda: (sup.check_once(), board.snapshot().healthy[1])[1], "card 1 healthy after the restart",
+                   timeout=10.0, interval=0.05)
         second = mpsstandin.daemon_pid(root.pipe_dir(CARDS[1]))
         assert second != first and mpsstandin.alive(second)
         assert sup.daemons[1].restarts == 1 and sup.daemons[0].restarts == 0
@@ -104,6 +97,7 @@ def test_failing_starts_back_off_and_recover(standin, root):
         daemon = sup.daemons[0]
         assert not daemon.running and "-f exited 1" in daemon.problem
         assert board.snapshot().healthy == {0: False}
+        # The stimulus, not a wait: a check every 20 ms for 1.5 s, the window the backoff is counted in.
         started = time.monotonic()
         while time.monotonic() - started < 1.5:
             sup.check_once()
@@ -112,7 +106,8 @@ def test_failing_starts_back_off_and_recover(standin, root):
         # 0.1 + 0.2 + 0.4 + 0.4 ...: a handful of tries in 1.5 s, not one per check.
         assert 2 <= len(tries) <= 6, len(tries)
         fail.unlink()
-        assert wait_until(lambda: (sup.check_once(), daemon.running)[1])
+        eventually(lambda: (sup.check_once(), daemon.running)[1], "the daemon running once starts succeed",
+                   timeout=10.0, interval=0.05)
         assert board.snapshot().healthy == {0: True}
     finally:
         sup.stop()

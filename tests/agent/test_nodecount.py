@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 
 import pytest
 
@@ -82,7 +81,7 @@ def test_nothing_is_written_while_the_kubelet_counts_it_as_a_device_plugin_s(api
     keeper = running(nodecount.Keeper(api.api_client(), NODE, COUNT, 200, retry=(0.05, 0.2),
                                       device_plugin_dir=str(tmp_path), held_poll=0.05))
     eventually(lambda: keeper.held, "the agent see the kubelet's hold")
-    time.sleep(0.3)  # several polls
+    eventually(lambda: keeper.held_polls >= 5, "several polls of the kubelet's checkpoint")
     assert status_patches(api) == [] and counted(api) == (None, None)
     held = [r.getMessage() for r in caplog.records if "still counts" in r.getMessage()]
     assert len(held) == 1 and "kubelet_internal_checkpoint" in held[0] and "Pending" in held[0]
@@ -126,8 +125,7 @@ def test_a_node_seen_without_its_count_is_written_again(api, running):
     keeper = running(nodecount.Keeper(api.api_client(), NODE, COUNT, 200, retry=(0.05, 0.2)))
     eventually(lambda: keeper.writes == 1, "the first write")
     keeper.seen(api.get("nodes", NODE))  # as written: nothing to do
-    time.sleep(0.2)
-    assert keeper.writes == 1
+    assert not keeper.due and keeper.writes == 1
     for zeroed in ({"capacity": {COUNT: "0"}, "allocatable": {COUNT: "0"}},  # the kubelet dropped a plugin's
                    {"capacity": {"cpu": "8"}, "allocatable": {"cpu": "8"}},  # gone
                    {"capacity": {COUNT: "200"}, "allocatable": {COUNT: "150"}}):
@@ -136,5 +134,4 @@ def test_a_node_seen_without_its_count_is_written_again(api, running):
         keeper.seen(node)
         eventually(lambda wanted=writes + 1: keeper.writes == wanted, f"a write after {zeroed}")
     keeper.seen(None)  # a Node deleted: the kubelet registers it anew, and that one is seen
-    time.sleep(0.2)
-    assert keeper.writes == 4
+    assert not keeper.due and keeper.writes == 4

@@ -296,7 +296,7 @@ def test_the_configs_view_timeouts_reach_the_view(fake, tmp_path, monkeypatch, c
         # The first nodes list answers after the configured list timeout (the default waits 120 s).
         if path.startswith("/api/v1/nodes?") and "watch=" not in path and not stalled.is_set():
             stalled.set()
-            time.sleep(2)
+            time.sleep(2)  # the stimulus, not a wait: this answer comes late on purpose
 
     fake.on_request = slow_first_node_list
     # As `gpushard serve` opens it: the config file's settings, the kubeconfig's API server.

@@ -14,8 +14,8 @@ workers, no cluster file, a kubeconfig pointing at a local server that speaks th
 from __future__ import annotations
 
 import json
-import time
 
+from tests import polling
 from tests.admission import objects
 from tests.cluster import kubeobjects as o
 
@@ -57,13 +57,18 @@ def _serve(fake, certs_dir, tmp_path, monkeypatch, *extra: str):
 
 
 def _wait_synced(server) -> None:
-    deadline = time.monotonic() + 30
     answers = []
-    while len(answers) < 8 or not all(b"synced" in a for a in answers[-8:]):
-        assert time.monotonic() < deadline, f"the view never synced: {answers[-3:]}\n{server.output()}"
+
+    def synced() -> bool:
         status, _, body = server.request("GET", "/readyz")
         answers.append(body if status == 200 and b"not synced" not in body and b"has not" not in body else b"")
-        time.sleep(0.05)
+        return len(answers) >= 8 and all(b"synced" in a for a in answers[-8:])
+
+    try:
+        polling.eventually(synced, "the view synced on 8 readiness checks in a row", timeout=30, interval=0.05,
+                           gone=server.exited)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {answers[-3:]}\n{server.output()}") from None
 
 
 def test_serve_chooses_over_the_live_view(fake, certs_dir, tmp_path, monkeypatch):

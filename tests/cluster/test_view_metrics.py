@@ -72,7 +72,7 @@ def test_certificate_expiry(tmp_path):
     expiry = samples(collector)[("gpushard_certificate_expiry_seconds", ())]
     assert 9.9 * 86400 < expiry <= 10 * 86400 + 60
     # A rotated certificate is read again.
-    time.sleep(0.01)
+    time.sleep(0.01)  # the stimulus, not a wait: the rotated file's modification time differs from the first's
     certificates.write_bundle(tmp_path, service="gpushard", namespace="gpushard-system", days=30)
     assert samples(collector)[("gpushard_certificate_expiry_seconds", ())] > 29 * 86400
     (tmp_path / "tls.crt").write_text("not a certificate")

@@ -559,11 +559,13 @@ def test_a_standby_holds_no_watch_and_a_leader_that_loses_the_lease_stops_its_wa
     # r1 stops renewing; r2 takes the Lease (its election only). r1's next pass finds it lost and stands by.
     b_clock.now += a.elector.duration + 1
     assert b.elector.lead() and b.cache is None  # r2 only holds the Lease: every watch left would be r1's
+    followed = a.cache
     assert a.pass_once() is None and a.cache is None
     seen = watches(fake)
     fake.drop_watches()  # a thread still following would reconnect at once
     fake.put("pods", o.pod("late", 0, 1, "gpu-a"))
-    threading.Event().wait(1.0)
+    # r1's watch threads have ended: none is left to watch again.
+    o.wait_for(lambda: not any(t.is_alive() for t in followed.informer.threads), what="r1's watch threads ended")
     assert watches(fake) == seen
 
 

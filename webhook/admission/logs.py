@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import cast
 
 log = logging.getLogger("gpushard.admission.decisions")
 
@@ -21,9 +22,9 @@ def _text(value: object) -> str | None:
 def fields(event: str, request: dict, mode: str, rules: tuple[str, ...] = (), code: int | None = None,
            message: str = "") -> dict:
     """The line's fields, from the AdmissionReview request as sent (the object may be unreadable)."""
-    obj = request.get("object") if isinstance(request.get("object"), dict) else {}
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    kind = request.get("kind") if isinstance(request.get("kind"), dict) else {}
+    obj = cast(dict, request.get("object") if isinstance(request.get("object"), dict) else {})
+    meta = cast(dict, obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {})
+    kind = cast(dict, request.get("kind") if isinstance(request.get("kind"), dict) else {})
     out = {
         "event": event,
         "mode": mode,

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import bisect
 import datetime
 import logging
-import math
 import os
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator
 
 import prometheus_client
@@ -22,10 +18,7 @@ log = logging.getLogger(__name__)
 # Admission answers take around a millisecond; the API server gives up at its
 # timeoutSeconds (10 s by default), so buckets span both.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_BOUNDS = (*LATENCY_BUCKETS, math.inf)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-# How late, at most, another worker's scrape sees this worker's admission counts (multiprocess mode).
-FLUSH_INTERVAL_S = 1.0
 # Free shares per node and card: one series per card, up to this many (a 1,000-node cluster of
 # 8-card nodes fits); past it only the totals, so a huge cluster cannot blow up the scrape.
 MAX_CARD_SERIES = 8192
@@ -34,18 +27,11 @@ MAX_CARD_SERIES = 8192
 class Metrics:
     """The counters of one app. Each app has its own registry, so tests may build many apps.
 
-    Reviews are counted here, in plain integers and floats under one lock, and published to the
-    prometheus_client metrics by ``flush()``: when this process serves a scrape, at exit, and, in
-    multiprocess mode, every ``flush_interval`` seconds from a daemon thread, so that other
-    workers' scrapes see this worker's counts at most that late. In multiprocess mode each
-    prometheus_client update takes a global lock and writes an mmap'ed file (5 to 10 us a review for
-    the counter and the histogram together); counting in process costs about 1 us, and a flush
-    writes each changed series once, whatever the number of reviews since the last.
-    The admission metrics must be written only through these methods: a flush sets the latency
-    sum to the total counted here.
+    With several gunicorn workers (multiprocess mode) prometheus_client writes each update to this worker's
+    file, and a scrape of any worker sums every worker's files: a review is counted before its answer is sent.
     """
 
-    def __init__(self, view=None, certfile: str | None = None, flush_interval: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(self, view=None, certfile: str | None = None) -> None:
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
         self.state = StateCollector(view, certfile)
         self.registry.register(self.state)
@@ -62,82 +48,22 @@ class Metrics:
         self.latency = prometheus_client.Histogram(
             "gpushard_admission_seconds", "Time to read, decide and answer one AdmissionReview",
             ["mode"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        # What reviews counted, per label set: [count, published count, labelled child], and per
-        # mode [sum, published sum, child, counts per bucket, published counts]. The first fields
-        # change under _lock (every review); the published ones only while publishing.
-        self._lock = threading.Lock()
-        self._admitted: dict[tuple[str, str, str], list] = {}
-        self._latency: dict[str, list] = {}
-        # card MiB -> [pods, MiB, pods published, MiB published, pods child, MiB child]
-        self._memory: dict[str, list] = {}
-        self._publisher = _Publisher(self._lock, self._admitted, self._latency, self._memory)
-        if os.environ.get(MULTIPROC_ENV):
-            stop = threading.Event()
-            threading.Thread(target=_flush_every, args=(self._publisher, flush_interval, stop),
-                             name="gpushard-metrics", daemon=True).start()
-            # When the app is dropped or the worker exits (restart, SIGTERM, timeout), what it counted
-            # goes to its file: the files of exited workers still count. One killed outright (SIGKILL)
-            # loses at most its last interval.
-            self._closer = weakref.finalize(self, _close, self._publisher, stop)
-        else:
-            self._closer = self._publisher.flush
 
     def admitted(self, outcome: str, kind: str, mode: str) -> None:
         """Count one answered review."""
-        entry = self._admitted.get((outcome, kind, mode))
-        if entry is None:
-            entry = self._new_admitted(outcome, kind, mode)
-        with self._lock:
-            entry[0] += 1
-
-    def _new_admitted(self, outcome: str, kind: str, mode: str) -> list:
-        # labels() checks its arguments: a bad label fails the review that brings it, as before.
-        child = self.admissions.labels(outcome, kind, mode)
-        with self._lock:
-            return self._admitted.setdefault((outcome, kind, mode), [0, 0, child])
+        self.admissions.labels(outcome, kind, mode).inc()
 
     def memory_ask(self, card_mib: int, asked_mib: int) -> None:
         """Count one pod admitted by its GPU memory ask, by the card size it was sized for."""
-        label = str(card_mib)
-        entry = self._memory.get(label)
-        if entry is None:
-            children = self.memory_pods.labels(label), self.memory_asked.labels(label)
-            with self._lock:
-                entry = self._memory.setdefault(label, [0, 0, 0, 0, *children])
-        with self._lock:
-            entry[0] += 1
-            entry[1] += asked_mib
+        self.memory_pods.labels(str(card_mib)).inc()
+        self.memory_asked.labels(str(card_mib)).inc(asked_mib)
 
     def observe(self, mode: str, seconds: float) -> None:
         """Record how long one review took to answer."""
-        entry = self._latency.get(mode)
-        if entry is None:
-            entry = self._new_latency(mode)
-        # The first bucket whose upper bound is at least ``seconds``, as Histogram.observe picks it.
-        bucket = bisect.bisect_left(_BOUNDS, seconds)
-        with self._lock:
-            # Added one at a time, in the order the reviews come: the same float sum as observe()'s.
-            entry[0] += seconds
-            entry[3][bucket] += 1
-
-    def _new_latency(self, mode: str) -> list:
-        child = self.latency.labels(mode)
-        # In multiprocess mode a worker whose pid was used before starts from that worker's sum.
-        start = child._sum.get()
-        with self._lock:
-            return self._latency.setdefault(mode, [start, start, child, [0] * len(_BOUNDS), [0] * len(_BOUNDS)])
-
-    def flush(self) -> None:
-        """Publish what was counted since the last flush into the prometheus_client metrics."""
-        self._publisher.flush()
-
-    def close(self) -> None:
-        """Publish what is left and stop the flushing thread (multiprocess mode)."""
-        self._closer()
+        self.latency.labels(mode).observe(seconds)
 
     def exposition(self) -> tuple[bytes, str]:
         """The metrics text: this process's, or every worker's when gunicorn runs several."""
-        self.flush()
         if os.environ.get(MULTIPROC_ENV):
             # Each worker writes its values to files in the folder; any worker can sum them all.
             registry = prometheus_client.CollectorRegistry()
@@ -147,55 +73,6 @@ class Metrics:
         else:
             registry = self.registry
         return prometheus_client.generate_latest(registry), prometheus_client.CONTENT_TYPE_LATEST
-
-
-class _Publisher:
-    """Hands the counts of a Metrics to its prometheus_client metrics (kept apart from the Metrics,
-    so that the flushing thread and the exit hook do not keep a dropped app alive)."""
-
-    def __init__(self, lock: threading.Lock, admitted: dict, latency: dict, memory: dict) -> None:
-        self.lock, self.admitted, self.latency, self.memory = lock, admitted, latency, memory
-        self.publishing = threading.Lock()  # one flush at a time: a late one must not set an older sum
-
-    def flush(self) -> None:
-        with self.publishing:
-            with self.lock:
-                admitted = [(entry, entry[0]) for entry in self.admitted.values()]
-                latency = [(entry, entry[0], list(entry[3])) for entry in self.latency.values()]
-                memory = [(entry, entry[0], entry[1]) for entry in self.memory.values()]
-            for entry, count in admitted:
-                if count != entry[1]:
-                    entry[2].inc(count - entry[1])
-                    entry[1] = count
-            for entry, total, counts in latency:
-                child, published = entry[2], entry[4]
-                # A Histogram child has no public way to add a batch: its values are written directly.
-                for i, count in enumerate(counts):
-                    if count != published[i]:
-                        child._buckets[i].inc(count - published[i])
-                        published[i] = count
-                if total != entry[1]:
-                    child._sum.set(total)
-                    entry[1] = total
-            for entry, pods, mib in memory:
-                if pods != entry[2]:
-                    entry[4].inc(pods - entry[2])
-                    entry[5].inc(mib - entry[3])
-                    entry[2], entry[3] = pods, mib
-
-
-def _flush_every(publisher: _Publisher, interval: float, stop: threading.Event) -> None:
-    """Flush every ``interval`` seconds until ``stop`` is set."""
-    while not stop.wait(interval):
-        try:
-            publisher.flush()
-        except Exception:
-            log.exception("gpushard: cannot publish the admission metrics")
-
-
-def _close(publisher: _Publisher, stop: threading.Event) -> None:
-    stop.set()
-    publisher.flush()
 
 
 def worker_exited(pid: int) -> None:
@@ -225,6 +102,7 @@ class StateCollector(registry.Collector):
         return []
 
     def _not_after(self) -> float | None:
+        assert self.certfile is not None  # collect asks only with a certificate
         try:
             st = os.stat(self.certfile)
             stamp = (st.st_mtime_ns, st.st_size)

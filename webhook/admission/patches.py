@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 # jsonpatch.make_patch searches for the shortest edit of every list it meets; on a pod
 # that costs ~0.35 ms, most of a review (bench/admission.py). The core's rewrite shares every
 # subtree it leaves alone with the original object and copies only the paths it changes, so
@@ -17,7 +19,7 @@ def pointer_token(key: object) -> str:
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
-def _same(a: object, b: object) -> bool:
+def _same(a: Any, b: Any) -> bool:
     """Equal as JSON documents (True is not 1, 1 is not 1.0)."""
     if a is b:
         return True
@@ -31,7 +33,7 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
-def _diff(a: object, b: object, path: str, out: list[dict]) -> None:
+def _diff(a: Any, b: Any, path: str, out: list[dict]) -> None:
     if a is b:
         return
     kind = type(a)
@@ -64,7 +66,7 @@ def _diff(a: object, b: object, path: str, out: list[dict]) -> None:
     out.append({"op": "replace", "path": path, "value": b})
 
 
-def make(original: object, new: object) -> list[dict]:
+def make(original: Any, new: Any) -> list[dict]:
     """The operations that turn ``original`` into ``new``; empty when they are the same document."""
     out: list[dict] = []
     _diff(original, new, "", out)

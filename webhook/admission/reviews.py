@@ -8,7 +8,7 @@ import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from webhook.admission import logs, patches
 from webhook.core import decisions, extended, names, placement, scanning
@@ -304,6 +304,7 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
         decision = decisions.Decision(allowed=True, findings=[f.Finding(f.UNREADABLE, f.DENY, decision.message)])
     # The response is built in place, its keys in the order the API server's answer has always had
     # (uid, allowed, status, auditAnnotations, warnings, patchType, patch): the same bytes on the wire.
+    response: dict[str, Any]
     annotations = decision.audit_annotations
     if annotations:
         annotations = {key: _clip(value) for key, value in annotations.items()}

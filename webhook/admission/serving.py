@@ -113,7 +113,7 @@ class _BoundedSSLSocket(ssl.SSLSocket):
         self._left()
         return super().recv(buflen, flags)
 
-    def recv_into(self, buffer, nbytes: int = 0, flags: int = 0) -> int:
+    def recv_into(self, buffer, nbytes: int | None = 0, flags: int = 0) -> int:
         self._left()
         return super().recv_into(buffer, nbytes, flags)
 

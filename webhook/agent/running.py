@@ -194,6 +194,7 @@ class Agent:
 
     def _watch_toolkit(self, stop: threading.Event) -> None:
         """The toolkit's config read again every ``toolkit_interval``: an operator who fixes it is seen."""
+        assert self.toolkit is not None  # the thread runs only with a toolkit checker
         while not stop.wait(self.toolkit_interval):
             before = self.toolkit.verdict
             if self.toolkit.check() != before:

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 RESOURCE = informing.DEVICECLASSES
 
 
-class DeviceClasses(informing.ByName):
+class DeviceClasses(informing.ByName[tuple[str, extended.Served]]):
     """The extended resources served by DeviceClasses other than gpushard's own, kept by list and watch."""
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None, *,

@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import kubernetes
 
@@ -194,7 +195,7 @@ def read_claim(obj: dict, policy: Policy) -> _Claim | None:
 def read_dra_pod(obj: dict, policy: Policy) -> _DraPod | None:
     """Backend dra: a gpushard pod's shares and the node it stands for; None for one holding none."""
     meta = obj.get("metadata") or {}
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    annotations = cast(dict, meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {})
     shares = objects.count(annotations.get(names.SHARES_ANNOTATION, 0))
     if shares <= 0:
         return None
@@ -433,7 +434,8 @@ class KubeView:
         if not self._required <= self._listed:
             return  # no view before every list; the first full build happens at sync
         if self._view is None:
-            self._current = {name: self._node(name) for name in self._base}
+            # Every listed node is one (_node is None only for a name not in _base).
+            self._current = {name: cast(placement.Node, self._node(name)) for name in self._base}
             view = placement.View(nodes=tuple(self._current.values()))
             placement.choose(view, placement.Ask(shares=1))  # builds the indexes here, not in an admission
             self._view = view
@@ -477,6 +479,7 @@ class KubeView:
             touched.add(old.node)
         standing = self._waiting.pop(uid, None)
         if standing is not None:
+            assert old is not None  # a pod stands on a node only while the view keeps it
             for k, shares in old.shares.items():
                 self._count(standing, k, -shares)
             touched.add(standing)
@@ -601,9 +604,9 @@ class KubeView:
                 if node is not None:
                     into[node.name] = node
             return into
-        reader = {PODS: read_dra_pod if self._dra else read_pod, SLICES: read_slice, CLAIMS: read_claim}[resource]
+        read = {PODS: read_dra_pod if self._dra else read_pod, SLICES: read_slice, CLAIMS: read_claim}[resource]
         for obj in items:
-            into[objects.key(obj)] = _tolerant(reader, obj, self._policy)
+            into[objects.key(obj)] = _tolerant(read, obj, self._policy)
         return into
 
     def apply_list(self, resource: str, fresh: dict | list) -> None:

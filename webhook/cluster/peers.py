@@ -32,7 +32,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 import kubernetes
 
@@ -130,15 +132,15 @@ def ready_pods(slice_obj: dict) -> frozenset[str]:
     for endpoint in slice_obj.get("endpoints") or ():
         if not isinstance(endpoint, dict):
             continue
-        conditions = endpoint.get("conditions") if isinstance(endpoint.get("conditions"), dict) else {}
-        ref = endpoint.get("targetRef") if isinstance(endpoint.get("targetRef"), dict) else {}
+        conditions = cast(dict, endpoint.get("conditions") if isinstance(endpoint.get("conditions"), dict) else {})
+        ref = cast(dict, endpoint.get("targetRef") if isinstance(endpoint.get("targetRef"), dict) else {})
         if conditions.get("ready") is False or ref.get("kind") != "Pod" or not isinstance(ref.get("name"), str):
             continue
         names.add(ref["name"])
     return frozenset(names)
 
 
-class Peers(informing.ByName):
+class Peers(informing.ByName[frozenset[str]]):
     """This pod's rank among the webhook Service's ready pods, kept by list and watch of its EndpointSlices."""
 
     def __init__(self, api_client: kubernetes.client.ApiClient | None, namespace: str, service: str, pod: str, *,
@@ -155,7 +157,7 @@ class Peers(informing.ByName):
         self._partition: Partition | None = None
 
     @classmethod
-    def start(cls, settings: settings_mod.Settings | None = None, environ: dict | None = None,
+    def start(cls, settings: settings_mod.Settings | None = None, environ: Mapping[str, str] | None = None,
               api_client: kubernetes.client.ApiClient | None = None, **options) -> Peers | Fixed:
         """The partition the environment says: fixed (``$GPUSHARD_REPLICA``), found through the Service's
         EndpointSlices (in a pod: ``$POD_NAME``, ``$POD_NAMESPACE``), or none."""

@@ -30,7 +30,7 @@ class Ledger:
     """Remembered choices, oldest first, and the same by (card, shares) and by (node, card, shares),
     for a pod to find its own. Not thread-safe: its owner holds a lock around every call."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         # OrderedDicts: their first item is found in constant time however many went before it,
         # where a plain dict scans the slots of the items deleted from its front.
         self.entries: collections.OrderedDict[int, Entry] = collections.OrderedDict()

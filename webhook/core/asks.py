@@ -229,6 +229,7 @@ def _read_gpu(ask: ContainerAsk, limits: dict, requests: dict, card_keys: list[s
     # call, and its comparisons cost more still).
     numerator, denominator = fraction.as_integer_ratio() if fraction is not None else (0, 1)
     if numerator != 0:
+        assert fraction is not None  # a numerator of 0 stands for no fraction
         ask.fraction, ask.fraction_text = fraction, fraction_text
         if numerator < denominator:  # below 1
             ask.shares, rounded = quantities.shares_of(numerator, denominator, spc)

@@ -386,6 +386,7 @@ def audit(objects: Iterable[Located], policy: Policy) -> list[Item]:
             items.append(Item(ref, _warn(BAD_MODE_LABEL, mode.problem), located.source))
 
     nodes: dict[str, NodeCards] = {}
+    node: NodeCards | None
     for located in by_kind.get(NODE_KIND, []):
         node = node_cards(located.obj, policy)
         nodes[node.name] = node
@@ -584,6 +585,8 @@ def _stranded(nodes: list[NodeUse], pending: list[tuple[Holder, int]],
         else:
             pod = replacement.Waiting(uid="", namespace=holder.namespace, name=holder.name, card=k,
                                       shares=holder.shares, age=0, owner_kind=kind)
-            hint = replacement.judge(pod, None).removeprefix("gpushard: ")
+            why = replacement.judge(pod, None)
+            assert why is not None  # without its owner a pod is never judged safe to evict
+            hint = why.removeprefix("gpushard: ")
         out.append((holder, k, hint))
     return tuple(out)

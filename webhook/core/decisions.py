@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from webhook.core import asks as req
 from webhook.core import draclaims, draws, extended, hostaccess, isolation, names, placement, rewrite
@@ -19,7 +20,7 @@ AUDIT_KEY_MAX = 63
 
 @dataclass(slots=True)  # not frozen: made for every admission, never changed (see placement.Ask)
 class Request:
-    obj: dict
+    obj: Any  # the object as sent: decide reads a mapping, and answers anything else as unreadable
     kind: str
     operation: str = "CREATE"
     mode: str = names.MODE_ENFORCE
@@ -95,7 +96,7 @@ def spec_of(obj: dict, kind: str) -> dict | None:
     if kind == names.POD_KIND:
         spec = obj.get("spec")
     elif kind in names.TEMPLATE_PATHS:
-        node: object = obj
+        node: Any = obj
         where = []
         for key in names.TEMPLATE_PATHS[kind]:
             where.append(key)
@@ -217,7 +218,7 @@ EPHEMERAL = "ephemeralcontainers"
 
 def _placed_by_gpushard(obj: dict, pin: int) -> bool:
     meta = obj.get("metadata") or {}
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    annotations = cast(dict, meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {})
     return annotations.get(names.CARD_ANNOTATION) == str(pin)
 
 
@@ -360,6 +361,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         new = rewrite.template(obj, names.TEMPLATE_PATHS[kind], asks, policy)
         return Decision(allowed=True, obj=new, findings=found, shares=shares)
 
+    assert scheduling is not None  # read for every pod
     if policy.backend == policy_mod.DRA:
         return _dra_pod(request, obj, asks, shares, found, limit_found, scheduling, view, policy)
 

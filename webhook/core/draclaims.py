@@ -19,6 +19,8 @@ not computed for.
 
 from __future__ import annotations
 
+from typing import cast
+
 from webhook.core import asks as req
 from webhook.core import draobjects, names, quantities, rewrite
 from webhook.core import findings as f
@@ -167,8 +169,8 @@ def pod(obj: dict, asks: list[req.ContainerAsk], pod_shares: int, policy: Policy
     if policy.runtime_class_name and not spec.get("runtimeClassName"):
         spec["runtimeClassName"] = policy.runtime_class_name
     meta = new["metadata"] = dict(new["metadata"]) if isinstance(new.get("metadata"), dict) else {}
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    annotations = cast(dict, meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {})
+    labels = cast(dict, meta.get("labels") if isinstance(meta.get("labels"), dict) else {})
     ours = {names.SHARES_ANNOTATION: str(pod_shares)}
     if sized:
         ours[names.MEMORY_ANNOTATION] = str(sized[1])

@@ -300,7 +300,7 @@ def check_slice(obj: dict) -> list[str]:
         limit = 64
     if len(devices) > limit:
         problems.append(f"spec.devices: {len(devices)} devices; a slice holds at most {limit}")
-    seen: set[str] = set()
+    seen: set[object] = set()  # names as written, DNS labels or not
     for i, dev in enumerate(devices):
         where = f"spec.devices[{i}]"
         if not isinstance(dev, dict):

@@ -62,16 +62,16 @@ def usage(slices: Iterable[dict], claims: Iterable[dict], shares_per_card: int,
                 auditing.Holder(namespace, _holder_name(claim), result.shares))
     out = []
     for node in sorted(set(offered) | {n for n, _k in held} | {n for n, found in cordons.items() if found}):
-        cards = []
+        uses = []
         cordoned = cordons.get(node, {})
         for k in sorted(set(offered.get(node, {})) | {k for n, k in held if n == node} | set(cordoned)):
             capacity, device = offered.get(node, {}).get(k, (0, {}))
             holders = tuple(sorted(held.get((node, k), ()), key=lambda h: (h.namespace, h.name)))
             memory = _attribute(device, "memoryMiB")
-            cards.append(auditing.CardUse(
+            uses.append(auditing.CardUse(
                 index=k, capacity=capacity, used=sum(h.shares for h in holders), holders=holders,
                 model=str(_attribute(device, "model") or ""), uuid=str(_attribute(device, "uuid") or ""),
                 memory_mib=memory if isinstance(memory, int) and not isinstance(memory, bool) and memory > 0 else 0,
                 cordon=cordoned.get(k)))
-        out.append(auditing.NodeUse(node, tuple(cards)))
+        out.append(auditing.NodeUse(node, tuple(uses)))
     return auditing.Usage(tuple(out))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import cast
 
 from webhook.core import auditing, names
 from webhook.core import findings as f
@@ -216,7 +217,7 @@ def _leftover_items(installed: Installed) -> list[auditing.Item]:
     if config_map is None:
         return []
     namespace = str(_meta(config_map).get("namespace") or names.SYSTEM_NAMESPACE)
-    data = config_map.get("data") if isinstance(config_map.get("data"), dict) else {}
+    data = cast(dict, config_map.get("data") if isinstance(config_map.get("data"), dict) else {})
     listed = [f'{k} "{v}"' for k, v in sorted(data.items()) if isinstance(v, str) and v.strip()]
     lists = f" (it lists {', '.join(listed)})" if listed else ""
     return [_item(CONFIG_MAP_KIND, names.OLD_DEVICE_POLICY_CONFIG_MAP, LEFTOVER_DEVICE_POLICY, (

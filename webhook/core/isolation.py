@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeGuard, cast
+
 from webhook.core import asks as req
 from webhook.core import findings as f
 from webhook.core import names
@@ -26,7 +28,7 @@ def thread_percentage(shares: int, shares_per_card: int) -> int:
     return max(1, shares * 100 // shares_per_card)
 
 
-def guarded(name: object) -> bool:
+def guarded(name: object) -> TypeGuard[str]:
     """Whether an env name is one the plugin owns in a GPU container."""
     return isinstance(name, str) and name.startswith(names.LIMIT_ENV_PREFIXES)
 
@@ -58,7 +60,7 @@ def env_findings(spec: dict, asks: list[req.ContainerAsk], mode: str, policy: Po
             continue
         container = spec[ask.list_key][ask.position]
         env = container.get("env")
-        written = None
+        written: set[str] | None = None
         if isinstance(env, list):
             # A loop, not a comprehension: env lists are short, and a comprehension is a call.
             for e in env:
@@ -68,8 +70,8 @@ def env_findings(spec: dict, asks: list[req.ContainerAsk], mode: str, policy: Po
                     else:
                         written.add(name)
         if written:
-            written = sorted(written)
-            shown = ", ".join(written[:3]) + (", ..." if len(written) > 3 else "")
+            listed = sorted(written)
+            shown = ", ".join(listed[:3]) + (", ..." if len(listed) > 3 else "")
             found.append(f.Finding(f.LIMIT_ENV_SET, f.WARN, (
                 f"gpushard: container \"{ask.name}\" sets {shown}; {verb}: the device plugin sets GPU limits"),
                 ask.name))
@@ -79,7 +81,7 @@ def env_findings(spec: dict, asks: list[req.ContainerAsk], mode: str, policy: Po
         for entry in sources:
             if not isinstance(entry, dict):
                 continue
-            prefix = entry.get("prefix") if isinstance(entry.get("prefix"), str) else ""
+            prefix = cast(str, entry.get("prefix") if isinstance(entry.get("prefix"), str) else "")
             if _reaches_guarded(prefix):
                 said = f"prefix \"{prefix}\"" if prefix else "no prefix"
                 found.append(f.Finding(f.LIMIT_ENV_FROM, f.DENY, (

@@ -9,9 +9,9 @@ their names are offered here too, as every caller of placement uses them.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from webhook.core import findings as f
 from webhook.core import names
@@ -45,6 +45,12 @@ from webhook.core.snapshot import (  # noqa: F401 - the names placement's caller
 )
 
 
+class Rng(Protocol):
+    """What a choice draws from: ``random.Random``, or admission's ``draws.Draw`` keyed by the request."""
+
+    def randrange(self, stop: int, /) -> int: ...
+
+
 # Choice is made once or twice per admission: slots, not frozen (see scheduling.Ask).
 @dataclass(slots=True)
 class Choice:
@@ -74,7 +80,7 @@ CHOICE_CANDIDATES = 64
 CHOICE_SLACK = 5
 
 
-def _waiting_index(view: View, mask: int, rng: random.Random) -> int:
+def _waiting_index(view: View, mask: int, rng: Rng) -> int:
     """The card index a pod that fits nowhere waits on, drawn uniformly among the indexes of the nodes
     it may run on: waiting pods then spread over the indexes, and room freed on any index finds a pod
     waiting for it, where all of them waiting on the most free card's index leave room freed on the
@@ -83,7 +89,7 @@ def _waiting_index(view: View, mask: int, rng: random.Random) -> int:
     return ks[rng.randrange(len(ks))]
 
 
-def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.Random | None = None,
+def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: Rng | None = None,
            share: tuple[int, int] | None = None) -> Choice:
     """Pick card k for the pod. Never fails: a poor view only costs packing, not correctness.
 
@@ -128,7 +134,9 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: random.R
             return Choice(ask.pin, findings=(_warn(f.NO_ROOM, (
                 f"card {ask.pin} is cordoned on every node the pod may run on; it stays Pending until "
                 "uncordoned, or pin another card")),))
-        _pos, k = view.most_free(mask, ask.pin)
+        most = view.most_free(mask, ask.pin)
+        assert most is not None  # mask holds only nodes with the card (or any card): one is the most free
+        _pos, k = most
         if rng is not None and ask.pin is None:
             k = _waiting_index(view, mask, rng)
         elif ask.pin is None and view.cordoned_on(mask, k):
@@ -166,7 +174,7 @@ def largest_card(view: View) -> tuple[int, str]:
 
 def choose_sized(view: View, ask: Ask, shares_for: Callable[[int], int], shares_per_card: int,
                  size_policy: str = "smallest", strategy: str = "binpack",
-                 rng: random.Random | None = None, asked_mib: int = 0) -> SizedChoice:
+                 rng: Rng | None = None, asked_mib: int = 0) -> SizedChoice:
     """Pick a card size and a card of that size for a memory ask.
 
     ``shares_for(size_mib)`` is the pod's shares on a card of that size. Sizes that hold the pod

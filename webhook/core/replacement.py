@@ -151,6 +151,7 @@ def _fits_on(view: placement.View, node_name: str | None, ask: placement.Ask) ->
 
 def _room_when_ending(view: placement.View, ask: placement.Ask, ending: Mapping[tuple[str, int], int]) -> bool:
     """Whether card ``ask.pin`` has room on a node the pod may run on once the terminating pods there are gone."""
+    assert ask.pin is not None  # the pod's own card
     return any(placement.eligible(node, ask) and any(
         c.index == ask.pin and c.free + ending.get((node.name, c.index), 0) >= ask.shares for c in node.cards)
         for node in view.nodes if ending.get((node.name, ask.pin)))
@@ -178,10 +179,12 @@ def plan(view: placement.View, waiting: Iterable[Waiting], pending_seconds: floa
     for pod in pods:
         ask = replace(pod.ask, shares=pod.shares, pin=pod.card)
         if _fits_on(view, pod.preferred, ask):
+            assert pod.preferred is not None  # _fits_on found that node
             view = _reserve(view, pod.preferred, pod.card, pod.shares)
             continue
         choice = placement.choose(view, ask)
         if choice.fits:
+            assert choice.node is not None  # a choice that fits names its node
             view = _reserve(view, choice.node, choice.card, pod.shares)
         else:
             stranded.append(pod)
@@ -199,6 +202,7 @@ def plan(view: placement.View, waiting: Iterable[Waiting], pending_seconds: floa
         if not choice.fits:
             out.waiting_for_room += 1
             continue
+        assert choice.node is not None  # a choice that fits names its node
         if pod.owner_kind in RECREATING and pod.uid not in owners:
             out.unjudged.append(pod)
             continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from webhook.core import asks as req
 from webhook.core import names, placement, quantities
 from webhook.core.policy import Policy
@@ -106,7 +108,8 @@ def pod(obj: dict, asks: list[req.ContainerAsk], card: int | None, pod_shares: i
     card_text = card_resource = None  # the same for every container that holds a share
     for ask in asks:
         if ask.holds_share:
-            if card_resource is None:
+            if card_text is None or card_resource is None:  # set together, on the first container
+                assert card is not None  # a pod whose asks hold shares has its card chosen
                 card_text, card_resource = str(card), res.card(card)
             container = _own_container(spec, ask)
             count = str(ask.shares)
@@ -179,11 +182,11 @@ def _require_card_memory(spec: dict, card: int, size_mib: int) -> None:
         for t in found:
             exprs = t.get("matchExpressions")
             terms.append({**t, "matchExpressions": [*(exprs if isinstance(exprs, list) else ()), expression]})
-        new_required = {**required, "nodeSelectorTerms": terms}
+        new_required = {**cast(dict, required), "nodeSelectorTerms": terms}
     spec["affinity"] = {**affinity, "nodeAffinity": {**node_aff, REQUIRED: new_required}}
 
 
-def _with_required_node(required: object, node: str) -> dict:
+def _with_required_node(required: Any, node: str) -> dict:
     """The required node affinity with ``metadata.name In [node]`` ANDed into each of its terms.
 
     Terms are ORed and a term's expressions ANDed, so the expression goes into every term; the node
@@ -226,7 +229,7 @@ def _memory_in_limits(spec: dict, ask: req.ContainerAsk, policy: Policy) -> None
     extended resource); one written in requests alone is copied to limits, since the API server
     requires a limit for an extended resource. Each pod's CREATE turns it into shares."""
     name = policy.resources.memory
-    resources = spec[ask.list_key][ask.position].get("resources") or {}
+    resources: Any = spec[ask.list_key][ask.position].get("resources") or {}
     limits, requests = resources.get("limits"), resources.get("requests")
     if isinstance(limits, dict) and name in limits:
         return
@@ -237,7 +240,7 @@ def _memory_in_limits(spec: dict, ask: req.ContainerAsk, policy: Policy) -> None
 
 
 def pod_template(obj: dict, path: tuple[str, ...]) -> dict:
-    node = obj
+    node: Any = obj
     for key in path:
         node = node.get(key) if isinstance(node, dict) else None
     if not isinstance(node, dict):

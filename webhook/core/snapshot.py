@@ -26,9 +26,9 @@ import functools
 import json
 import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from webhook.core.scheduling import Ask, Node, card_memory_mib, eligible, same_scheduling
+from webhook.core.scheduling import Ask, Card, Node, card_memory_mib, eligible, same_scheduling
 
 # Distinct constraint sets whose eligible nodes a view family keeps; pods of one workload share
 # one set, so a few hundred cover a large cluster, and each entry is one big integer.
@@ -53,6 +53,8 @@ class View:
     """
 
     __slots__ = ("_chunks", "size", "__dict__")
+    _chunks: tuple[tuple[Node, ...], ...]
+    size: int
 
     def __init__(self, nodes: tuple[Node, ...] = ()) -> None:
         nodes = tuple(nodes)
@@ -73,7 +75,7 @@ class View:
     def __eq__(self, other: object) -> bool:
         return self.nodes == other.nodes if isinstance(other, View) else NotImplemented
 
-    __hash__ = None  # nodes hold their labels in dicts
+    __hash__ = None  # type: ignore[assignment]  # unhashable on purpose: nodes hold their labels in dicts
 
     def __repr__(self) -> str:
         return f"View(nodes={self.nodes!r})"
@@ -351,6 +353,8 @@ class _Usage:
             now_cards = new[i].cards if i in new else ()
             if was_cards is now_cards:
                 continue
+            gone: Sequence[Card]
+            came: Sequence[Card]
             gone, came = was_cards, now_cards
             if len(was_cards) == len(now_cards):
                 # The common case (a pod event): the same cards, a few of them new objects. Only
@@ -426,12 +430,12 @@ class _Usage:
         slots of each card index's own nodes."""
         layout = self.layout
         if masks is not None:
-            wide = 0
+            out = 0
             for k, bits in masks.items():
                 s = layout.slot.get(k)
                 if s is not None:
-                    wide |= (bits & self.has_any) << (s * layout.stride)
-            return wide
+                    out |= (bits & self.has_any) << (s * layout.stride)
+            return out
         mask &= self.has_any
         if pin is not None:
             s = layout.slot.get(pin)

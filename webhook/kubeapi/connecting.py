@@ -24,9 +24,10 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import kubernetes
 import urllib3
@@ -100,7 +101,7 @@ def parse_timeout(text: str | None, default: float | None = None) -> float | Non
     return seconds or None
 
 
-def kubeconfig_files(kubeconfig: str | None = None, environ: dict | None = None) -> list[str]:
+def kubeconfig_files(kubeconfig: str | None = None, environ: Mapping[str, str] | None = None) -> list[str]:
     """The kubeconfig files to merge, in kubectl's order; empty means: use the in-cluster account."""
     environ = os.environ if environ is None else environ
     if kubeconfig:
@@ -141,8 +142,8 @@ def _contexts(files: list[str]) -> tuple[dict[str, dict], str | None]:
             continue
         for entry in data.get("contexts") or ():
             if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-                contexts.setdefault(entry["name"], entry.get("context") if isinstance(entry.get("context"), dict)
-                                    else {})
+                contexts.setdefault(entry["name"], cast(dict, entry.get("context")
+                                                        if isinstance(entry.get("context"), dict) else {}))
         if current is None and isinstance(data.get("current-context"), str) and data["current-context"]:
             current = data["current-context"]
     return contexts, current

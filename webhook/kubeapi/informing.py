@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import kubernetes
 
@@ -73,18 +73,21 @@ class Sink(Protocol):
         until the next watch opens, or the next list replaces everything."""
 
 
-class ByName(abc.ABC):
+_Kept = TypeVar("_Kept")
+
+
+class ByName(abc.ABC, Generic[_Kept]):
     """A sink that keeps each object it hears of, as ``read`` reduces it, under the object's name, and calls
     ``rebuild`` (with its lock held) after every change; ``listed`` once the first list is in. An object
     ``read`` gives None for is not kept (or no longer). Subclasses say what to keep and what it makes."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_name: dict[str, object] = {}
+        self._by_name: dict[str, _Kept] = {}
         self.listed = False
 
     @abc.abstractmethod
-    def read(self, obj: dict) -> object | None:
+    def read(self, obj: dict) -> _Kept | None:
         """What to keep of one object; None: nothing."""
 
     @abc.abstractmethod
@@ -171,7 +174,7 @@ class Informer:
         self._meanwhile = meanwhile
         self._stop = stop if stop is not None else threading.Event()
         self.threads: list[threading.Thread] = []
-        self._responses: dict[str, object] = {}  # open watch responses, to cut on close()
+        self._responses: dict[str, Any] = {}  # open watch responses (raw HTTP), to cut on close()
         # For the webhook's metrics, by resource: lists and watches made, watches that failed, and
         # the wall-clock time the API server last said anything (a list, an event, a bookmark).
         self.lists: collections.Counter = collections.Counter()
@@ -214,6 +217,7 @@ class Informer:
             # Only gpushard's driver: other drivers' slices say nothing about gpushard's cards.
             kwargs["field_selector"] = f"spec.driver={names.DRA_DRIVER}"
         # Claims cannot be selected by driver: every one is read, and the sink keeps only gpushard's.
+        assert self.custom is not None  # without an API client, every resource comes with its call
         return self.custom.list_cluster_custom_object(group, version, resource, _preload_content=False, **kwargs)
 
     def _list(self, resource: str) -> str:

@@ -8,6 +8,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import kubernetes
 
@@ -92,9 +93,9 @@ class Elector:
                 return
             stamp = now_text(self._wall)
             spec.update(holderIdentity=None, leaseDurationSeconds=1, renewTime=stamp, acquireTime=stamp)
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec,
-                    "metadata": {"name": self.name, "namespace": self.namespace,
-                                 "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")}}
+            body: Any = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec,  # taken for a V1Lease
+                         "metadata": {"name": self.name, "namespace": self.namespace,
+                                      "resourceVersion": (lease.get("metadata") or {}).get("resourceVersion")}}
             json_body(self._api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
                                                      _request_timeout=self._timeout))
         except Exception as exc:  # noqa: BLE001 - it expires anyway; stopping must not fail on it
@@ -110,8 +111,10 @@ class Elector:
             spec["acquireTime"] = stamp
             spec.setdefault("leaseTransitions", 0)
         spec.update(holderIdentity=self.identity, leaseDurationSeconds=self.duration, renewTime=stamp)
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}
+        # Any: a manifest, which the client takes for a V1Lease; and the answer, read raw, is the HTTP response.
+        body: Any = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                     "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}
+        written: Any
         try:
             with self._reaching("create" if lease is None else "update"):
                 if lease is None:

@@ -8,6 +8,7 @@ import dataclasses
 import datetime
 import logging
 import threading
+from typing import Any
 
 from webhook import settings as settings_mod
 from webhook.cluster import kube
@@ -196,6 +197,8 @@ class Cache:
             self._changed.notify_all()
 
     def apply_event(self, resource: str, kind: str, obj: dict) -> None:
+        table: dict[str, Any]  # nodes by name, or pods by key
+        value: Any  # what that table keeps
         if resource == informing.NODES:
             name = str((obj.get("metadata") or {}).get("name"))
             node = None if kind == "DELETED" else kube.read_node(obj, self._policy)

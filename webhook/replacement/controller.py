@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import kubernetes
 
@@ -169,6 +170,7 @@ class Replacer:
 
     def owner(self, pod: replacement.Waiting) -> replacement.Owner:
         """The pod's controller as the API shows it now."""
+        assert pod.owner_kind is not None  # asked only of pods whose controller recreates them
         reads = {replacement.REPLICA_SET: self._apps.read_namespaced_replica_set,
                  replacement.STATEFUL_SET: self._apps.read_namespaced_stateful_set,
                  replacement.JOB: self._batch.read_namespaced_job}
@@ -323,8 +325,9 @@ class Replacer:
         tail = f".{pod.uid}.{'deleted' if deleted else 'refused'}"
         name = pod.name[:253 - len(tail)].rstrip(".-") + tail
         message = refusals.event_message(pod, deleted)
-        body = self._event(pod.namespace, pod.name, pod.uid, name, reason=names.REFUSED_AT_ADMISSION_REASON,
-                           message=message, event_type="Warning", action="Delete" if deleted else "Report")
+        # Any: a manifest, which the client takes for a CoreV1Event.
+        body: Any = self._event(pod.namespace, pod.name, pod.uid, name, reason=names.REFUSED_AT_ADMISSION_REASON,
+                                message=message, event_type="Warning", action="Delete" if deleted else "Report")
         try:
             json_body(self._core.create_namespaced_event(pod.namespace, body, _preload_content=False,
                                                      _request_timeout=self._timeout))
@@ -343,8 +346,9 @@ class Replacer:
 
     def _post_eviction(self, namespace: str, name: str, preconditions: dict) -> None:
         """Evict one pod through the Eviction API; raises the API's refusal."""
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
-                "deleteOptions": {"preconditions": preconditions}}
+        # Any: a manifest, which the client takes for a V1Eviction.
+        body: Any = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+                     "deleteOptions": {"preconditions": preconditions}}
         json_body(self._core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False,
                                                         _request_timeout=self._timeout))
 
@@ -376,9 +380,10 @@ class Replacer:
 
     def _record(self, move: replacement.Move) -> None:
         pod = move.pod
-        body = self._event(pod.namespace, pod.name, pod.uid, f"{pod.name}.{uuid.uuid4().hex[:16]}",
-                           reason=names.REPLACED_REASON, message=replacement.event_message(move), event_type="Normal",
-                           action="Evict")
+        # Any: a manifest, which the client takes for a CoreV1Event.
+        body: Any = self._event(pod.namespace, pod.name, pod.uid, f"{pod.name}.{uuid.uuid4().hex[:16]}",
+                                reason=names.REPLACED_REASON, message=replacement.event_message(move),
+                                event_type="Normal", action="Evict")
         try:
             json_body(self._core.create_namespaced_event(pod.namespace, body, _preload_content=False,
                                                      _request_timeout=self._timeout))

@@ -7,7 +7,7 @@ and each card's (gpushard.io/card-<k>), and calls Allocate on the card's plugin 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from webhook.agent.deviceplugin import holders, registration, server
 from webhook.agent.node import allocation, containerlimits, health, nvml, podresources, sockets
@@ -17,9 +17,10 @@ from webhook.core import policy as policy_mod
 class DevicePluginBackend:
     """Serves each resource's plugin and keeps it registered with the kubelet of the moment."""
 
-    cards_by_pod = None  # PodResources names each container's card under this backend
-    seen_node = None  # nothing of the Node is needed
-    on_change = None  # its card_details never change
+    # PodResources names each container's card under this backend
+    cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None
+    seen_node: Callable[[dict | None], None] | None = None  # nothing of the Node is needed
+    on_change: Callable[[], None] | None = None  # its card_details never change
 
     def __init__(self, directory: str, cards: list[nvml.Card], board: health.Board, policy: policy_mod.Policy,
                  mps_root: containerlimits.MpsRoot, cordoned: Callable[[], frozenset[int]],
@@ -43,6 +44,7 @@ class DevicePluginBackend:
         self.directory = directory
 
     def _read_share_holders(self) -> dict[str, int | None]:
+        assert self.pod_resources is not None  # the holders read only with a PodResources client
         return self.pod_resources.share_holders(self.policy)
 
     def describe(self) -> str:

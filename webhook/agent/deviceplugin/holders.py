@@ -92,6 +92,7 @@ class Holders:
 
     def _refresh(self, version: int) -> None:
         started = self._clock()
+        assert self._read is not None  # never due without a reader
         try:
             answer = dict(self._read())
         except Exception as exc:  # PodResources away (no socket, a kubelet restarting): fall back, try later
@@ -112,6 +113,7 @@ class Holders:
     def _current(self) -> dict[str, int | None]:
         if not self._read_ok:
             return dict.fromkeys(self._handed)
+        assert self._read_at is not None  # set with _read_ok
         found = dict(self._listed)
         for device, when in list(self._recent.items()):
             if device in found or self._read_at - when > self.grace:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -81,7 +81,7 @@ class Servicer(pb_grpc.DevicePluginServicer):
     def GetDevicePluginOptions(self, request, context):
         return OPTIONS
 
-    def ListAndWatch(self, request, context):
+    def ListAndWatch(self, request, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         # The kubelet keeps this stream open for the plugin's life and reads each message
         # as the full device list; send one at once and another whenever ours changes.
         def interrupted() -> bool:
@@ -178,5 +178,6 @@ class PluginServer:
         """Close the streams, stop serving, and remove our socket (only if it is still ours)."""
         if not self.socket.serving:
             return
+        assert self.servicer is not None  # serving: _add made one
         self.servicer.stop()
         self.socket.stop(grace)

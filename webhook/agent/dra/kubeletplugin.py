@@ -18,6 +18,7 @@ import threading
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any, cast
 
 import grpc
 import kubernetes
@@ -111,8 +112,8 @@ def api_claim_reader(api: kubernetes.client.ApiClient, timeout: float = 10.0) ->
     group, version = names.DRA_API_VERSION.split("/")
 
     def read(namespace: str, name: str) -> dict:
-        return custom.get_namespaced_custom_object(group, version, namespace, "resourceclaims", name,
-                                                   _request_timeout=timeout)
+        return cast(dict, custom.get_namespaced_custom_object(group, version, namespace, "resourceclaims", name,
+                                                              _request_timeout=timeout))
     return read
 
 
@@ -121,7 +122,8 @@ def api_pod_reader(api: kubernetes.client.ApiClient, timeout: float = 10.0) -> C
     core = kubernetes.client.CoreV1Api(api)
 
     def read(namespace: str, name: str) -> dict:
-        answer = core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=timeout)
+        # The HTTP response (read raw), not the V1Pod the client's annotation names.
+        answer: Any = core.read_namespaced_pod(name, namespace, _preload_content=False, _request_timeout=timeout)
         return json.loads(answer.data)
     return read
 
@@ -258,6 +260,7 @@ class Preparer:
         return True
 
     def _check_holder(self, claim: dict, named: str, consumed: int) -> None:
+        assert self.read_pod is not None and self.pod_shares is not None  # the caller checks both
         reserved = (claim.get("status") or {}).get("reservedFor")
         pods = [r for r in reserved if isinstance(r, dict) and r.get("resource") == "pods"] \
             if isinstance(reserved, list) else []

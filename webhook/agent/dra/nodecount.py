@@ -86,6 +86,7 @@ class Keeper:
         self.held_poll = held_poll
         self.writes = 0  # the patches the API server took
         self.held = False  # waiting for the kubelet to let go of a device plugin of the same name
+        self.held_polls = 0  # the looks at the kubelet's checkpoint that found the resource still held
         self._said_at: float | None = None
         self._dirty = threading.Event()
         self._dirty.set()
@@ -146,6 +147,7 @@ class Keeper:
             if stop.is_set():
                 return
             if self._kubelet_holds():
+                self.held_polls += 1
                 stop.wait(self.held_poll)
                 continue
             self._dirty.clear()
@@ -159,3 +161,8 @@ class Keeper:
     def changed(self) -> None:
         """Write again now (a caller that knows the status changed)."""
         self._dirty.set()
+
+    @property
+    def due(self) -> bool:
+        """Whether a write is due (the count not written yet, or seen changed since)."""
+        return self._dirty.is_set()

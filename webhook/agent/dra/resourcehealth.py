@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -110,7 +110,7 @@ class HealthServicer(hpb_grpc.DRAResourceHealthServicer):
             with self._lock:
                 self._open -= 1
 
-    def _watch(self, context):
+    def _watch(self, context: grpc.ServicerContext) -> Iterator[hpb.NodeWatchResourcesResponse]:
         def interrupted() -> bool:
             return self._stopped.is_set() or not context.is_active()
 

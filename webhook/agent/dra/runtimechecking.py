@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import kubernetes
 
@@ -43,8 +44,9 @@ class Checker:
 
     def _read_node(self) -> str:
         # Raw JSON: the client's typed Node refuses a nodeInfo missing any of its fields, and only one is read.
-        answer = self.core.list_node(field_selector=f"metadata.name={self.node}", _preload_content=False,
-                                     _request_timeout=self.timeout)
+        assert self.core is not None  # without an API client the caller gives its own read
+        answer: Any = self.core.list_node(field_selector=f"metadata.name={self.node}", _preload_content=False,
+                                          _request_timeout=self.timeout)  # the HTTP response, read raw
         for item in json.loads(answer.data).get("items") or ():
             version = ((item.get("status") or {}).get("nodeInfo") or {}).get("containerRuntimeVersion")
             return version if isinstance(version, str) else ""

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import cast
 
 import kubernetes
 
@@ -63,8 +64,8 @@ class SlicePublisher:
 
     def _current(self) -> dict | None:
         try:
-            return self.custom.get_cluster_custom_object(GROUP, VERSION, SLICES, self.name,
-                                                         _request_timeout=self.timeout)
+            return cast(dict, self.custom.get_cluster_custom_object(GROUP, VERSION, SLICES, self.name,
+                                                                    _request_timeout=self.timeout))
         except kubernetes.client.exceptions.ApiException as exc:
             if exc.status == 404:
                 return None

@@ -198,9 +198,9 @@ class Observer:
         dra = list(self.conflicts.found) if self.conflicts is not None and self.conflicts.checked else None
         verdict = self.toolkit.verdict if self.toolkit is not None else None
         hardened = verdict.hardened if verdict is not None else None
-        held = len(self.withheld.withheld) if self.withheld is not None else None
+        foreign_held = len(self.withheld.withheld) if self.withheld is not None else None
         return Observation(self.node, self.policy.shares_per_card, rows, up, time.perf_counter() - started, dra,
-                           hardened, held)
+                           hardened, foreign_held)
 
 
 def families(obs: Observation) -> Iterator[prom.Metric]:

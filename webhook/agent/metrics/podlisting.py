@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import kubernetes
 
@@ -119,9 +120,9 @@ class NodePods:
         self._listed_at = self._clock()
         self.lists += 1
         try:
-            response = self.core.list_pod_for_all_namespaces(
+            response: Any = self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node_name}", _preload_content=False,
-                _request_timeout=self.timeout)
+                _request_timeout=self.timeout)  # the HTTP response, read raw
             try:
                 body = json.loads(response.data)
             finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from webhook.agent.node import nvml
 from webhook.core import names
@@ -119,7 +120,7 @@ def pool_list(size: int, target: int, held: Mapping[str, int | None],
     ids = [pool_id(n) for n in range(size)]
     ids += sorted(set(held) - set(ids), key=_order)  # held IDs from outside the pool: an earlier, larger one
     listed = []
-    free = target - sum(1 for d in ids if d in held and (held[d] is None or healthy.get(held[d], False)))
+    free = target - sum(1 for d in ids if d in held and (held[d] is None or healthy.get(cast(int, held[d]), False)))
     for device in ids:
         if device in held:
             card = held[device]
@@ -203,7 +204,9 @@ def allocate(resource: Resource, devices: Iterable[str], cards: Iterable[nvml.Ca
         return Allocation()
     uuid = by_index[resource.card_index].uuid
     strategy = tuple(strategy)
-    envs, mounts, cdi = {}, (), ()
+    envs: dict[str, str] = {}
+    mounts: tuple[Mount, ...] = ()
+    cdi: tuple[str, ...] = ()
     if policy_mod.ENVVAR in strategy:
         envs[names.VISIBLE_DEVICES_ENV] = uuid
     elif policy_mod.VOLUME_MOUNTS in strategy:

@@ -125,6 +125,7 @@ class CardDaemon:
 
     def _wait_answering(self, patience: float = 10.0) -> None:
         deadline = time.monotonic() + patience
+        assert self.proc is not None  # start made it just before
         while True:
             if self.proc.poll() is not None:
                 raise nvml.DeviceError(f"{self.control} -f exited {self.proc.returncode}")
@@ -153,6 +154,7 @@ class CardDaemon:
     def check(self) -> None:
         """Notice a dead or deaf daemon, and start it again once its backoff has passed."""
         if self.problem is None:
+            assert self.proc is not None  # no problem: a daemon was started
             if self.proc.poll() is not None:
                 self._failed(f"MPS control daemon exited with status {self.proc.returncode}")
             else:

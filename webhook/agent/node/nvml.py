@@ -272,6 +272,7 @@ class FakeDevices:
         if stamp is None or stamp == self._stamp:
             return
         self._stamp = stamp
+        assert self._path is not None  # a stamp comes from a file
         try:
             entries = load_inventory(self._path)
         except InventoryError as exc:

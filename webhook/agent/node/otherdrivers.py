@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import kubernetes
 
@@ -98,8 +99,9 @@ class Watcher:
 
     def check_once(self) -> list[Conflict]:
         try:
-            response = self.resource.list_resource_slice(field_selector=f"spec.nodeName={self.node}",
-                                                         _preload_content=False, _request_timeout=self.timeout)
+            response: Any = self.resource.list_resource_slice(field_selector=f"spec.nodeName={self.node}",
+                                                              _preload_content=False,
+                                                              _request_timeout=self.timeout)  # the HTTP response
             items = json.loads(response.data).get("items") or []
         except kubernetes.client.ApiException as exc:
             if exc.status not in self._said:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -111,7 +112,7 @@ class Client:
 
     def holdings(self, policy: policy_mod.Policy,
                  cards_by_pod: Callable[[], Mapping[tuple[str, str], int]] | None = None,
-                 shares_of: Callable[[str, str], Mapping[str, int] | None] | None = None) -> list[Holding]:
+                 shares_of: Callable[[str, str], Mapping[str, int] | None] | None = None) -> builtins.list[Holding]:
         """The card shares held on the node; with ``cards_by_pod`` and ``shares_of`` (backend dra), from the
         prepared claims and the pods' asks (:func:`dra_holdings`)."""
         if cards_by_pod is not None:
