@@ -22,8 +22,9 @@ HELM := $(VENV)/bin/helm
 $(HELM): .ci/install_helm.py | $(STAMP)
 	$(PY) .ci/install_helm.py $@
 
-# The tests run in one process per core (pytest-xdist); TEST_WORKERS=0 runs them in this one.
-TEST_WORKERS ?= auto
+# The tests run in two processes per core, at most 8 (pytest-xdist): many wait on a server or a subprocess
+# rather than compute. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= $(shell n=$$(( $$(nproc) * 2 )); [ $$n -gt 8 ] && n=8; echo $$n)
 
 test: $(STAMP) $(HELM)
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
