@@ -27,6 +27,9 @@ AGENT = {"metadata": {"name": "agent-a", "namespace": NS,
          "spec": {"nodeName": "node-a", "containers": [{"name": "agent", "ports": [
              {"name": "metrics", "containerPort": 9401}]}]},
          "status": {"phase": "Running"}}
+# `gpushard ARGS...` with SIGINT raising KeyboardInterrupt, as in a terminal.
+START = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+         "sys.argv = ['gpushard', *sys.argv[1:]]; runpy.run_module('webhook.cli', run_name='__main__')")
 # Each command, and the request it is left waiting on.
 COMMANDS = {
     "status": (["status"], "/api/v1/nodes"),
@@ -65,11 +68,11 @@ def test_interrupted_while_waiting_on_the_api_exits_130(kube, tmp_path, name):
     kube.on_request = hold
     env = {**os.environ, "KUBECONFIG": kube.kubeconfig, "PYTHONPATH": ROOT, "HOME": str(tmp_path)}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    # SIGINT at its default in the child, whoever started the tests: a shell's background job inherits it
-    # ignored, and Python then never raises KeyboardInterrupt.
-    proc = subprocess.Popen([sys.executable, "-m", "webhook.cli", *argv], env=env, cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # SIGINT raising KeyboardInterrupt in the child, whoever started the tests: a shell's background job inherits
+    # it ignored, and Python then never raises it. Set by the child itself as it starts: a preexec_fn runs between
+    # fork and exec in a process with threads (the fake API server's), where it can deadlock or abort.
+    proc = subprocess.Popen([sys.executable, "-c", START, *argv], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert reached.wait(60), f"gpushard {name} never asked for {waited_on}: {proc.poll()} {kube.requests}"
         assert proc.poll() is None
