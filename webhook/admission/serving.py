@@ -195,15 +195,14 @@ class Worker(gunicorn.workers.gthread.ThreadWorker):
     no thread while the API server's reviews are answered.
     """
 
+    _client_timeout: float | None = None
+
     def handle(self, conn):
         arrival = getattr(conn, "gpushard_arrival", None)
-        context = None
         if arrival is None:
-            context = gunicorn.sock.ssl_context(self.cfg)
-            timeout = getattr(context.sslsocket_class, "io_timeout", None) or CLIENT_TIMEOUT
-            arrival = conn.gpushard_arrival = _Arrival(time.monotonic() + timeout)
+            arrival = conn.gpushard_arrival = _Arrival(time.monotonic() + self._timeout())
         try:
-            state = self._arrive(conn, arrival, context)
+            state = self._arrive(conn, arrival)
         except (ssl.SSLError, OSError) as exc:
             self.log.debug("gpushard: closed a connection from %s: %s", _peer(conn), exc)
             conn.gpushard_arrival = None
@@ -216,13 +215,21 @@ class Worker(gunicorn.workers.gthread.ThreadWorker):
         conn.gpushard_arrival = None
         return super().handle(conn)
 
-    def _arrive(self, conn, arrival: _Arrival, context: ssl.SSLContext | None) -> bool | None:
+    def _timeout(self) -> float:
+        """The client timeout, as the serving context says it (read once: a new certificate keeps it)."""
+        if self._client_timeout is None:
+            context = gunicorn.sock.ssl_context(self.cfg)
+            self._client_timeout = getattr(context.sslsocket_class, "io_timeout", None) or CLIENT_TIMEOUT
+        return self._client_timeout
+
+    def _arrive(self, conn, arrival: _Arrival) -> bool | None:
         """Read what is there without blocking: True once the request may go to a thread, False while more must
         come, None when the client closed the connection before its request began."""
         if not conn.initialized:
             if not isinstance(conn.sock, ssl.SSLSocket):
                 conn.sock.setblocking(False)
-                context = context or gunicorn.sock.ssl_context(self.cfg)
+                # The context of the certificate on disk now: a new connection gets a renewed one.
+                context = gunicorn.sock.ssl_context(self.cfg)
                 conn.sock = context.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
             try:
                 conn.sock.do_handshake()
