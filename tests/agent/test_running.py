@@ -247,11 +247,16 @@ def test_the_configs_metrics_request_timeout_reaches_the_scrapes_token_review(tm
             _stop(proc)
 
 
-def test_a_loop_that_ends_while_the_agent_runs_is_told(plugin_dir, kubelet):
-    cards = [nvml.Card(0, "GPU-aaaa", "NVIDIA L4", 22491)]
-    agent = running.Agent(nvml.FakeDevices(cards), settings.Settings().policy, plugin_dir, poll=0.05, tick=0.2,
-                          register_timeout=2)
+def one_card_agent(plugin_dir: str) -> running.Agent:
+    """A started agent of one card on the device-plugin backend, polling fast."""
+    agent = running.Agent(nvml.FakeDevices([nvml.Card(0, "GPU-aaaa", "NVIDIA L4", 22491)]), settings.Settings().policy,
+                          plugin_dir, poll=0.05, tick=0.2, register_timeout=2)
     agent.start()
+    return agent
+
+
+def test_a_loop_that_ends_while_the_agent_runs_is_told(plugin_dir, kubelet):
+    agent = one_card_agent(plugin_dir)
     try:
         assert agent.ended_loops() == []
 
@@ -265,10 +270,7 @@ def test_a_loop_that_ends_while_the_agent_runs_is_told(plugin_dir, kubelet):
 
 
 def test_liveness_and_readiness_fail_when_a_server_or_a_loop_dies(plugin_dir, kubelet):
-    cards = [nvml.Card(0, "GPU-aaaa", "NVIDIA L4", 22491)]
-    agent = running.Agent(nvml.FakeDevices(cards), settings.Settings().policy, plugin_dir, poll=0.05, tick=0.2,
-                          register_timeout=2)
-    agent.start()
+    agent = one_card_agent(plugin_dir)
     try:
         polling.eventually(lambda: agent.readiness() == [], "every resource registered with the kubelet")
         assert agent.liveness() == []

@@ -1,4 +1,5 @@
-"""Fixtures for the re-placement tests: a fake API server on loopback."""
+"""Fixtures for the re-placement tests: a fake API server on loopback, and every replacer a test started stopped
+when it ends."""
 
 from __future__ import annotations
 
@@ -11,3 +12,14 @@ from tests import fakekube
 def fake():
     with fakekube.FakeKube() as server:
         yield server
+
+
+# The replacers the running test made (its module appends each): their watches stop when the test ends.
+STARTED: list = []
+
+
+@pytest.fixture(autouse=True)
+def _stand_by_after():
+    yield
+    while STARTED:
+        STARTED.pop().stand_by()

@@ -39,6 +39,7 @@ import time
 import pytest
 
 from tests.cluster import kubeobjects as o
+from tests.replacement.conftest import STARTED
 from webhook import settings as settings_mod
 from webhook.cluster import kube
 from webhook.core import names, placement
@@ -97,7 +98,6 @@ def seed_cluster(fake, free_card1: int = 60):
         fake.put("pods", o.pod("part-b1", 1, 100 - free_card1, "gpu-b"))
 
 
-STARTED: list[controller.Replacer] = []
 
 
 def make(fake, identity="r1", clock=None, follow=True, **options):
@@ -109,14 +109,6 @@ def make(fake, identity="r1", clock=None, follow=True, **options):
                                   follow=follow, **options)
     STARTED.append(replacer)
     return replacer
-
-
-@pytest.fixture(autouse=True)
-def _stand_by_after():
-    """Every replacer a test made stops its watches when the test ends."""
-    yield
-    while STARTED:
-        STARTED.pop().stand_by()
 
 
 def pods(fake) -> set[str]:

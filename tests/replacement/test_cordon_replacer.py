@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from tests.cluster import kubeobjects as o
 from tests.replacement.test_controller import (
-    _stand_by_after,  # noqa: F401 - stops the replacers made here
     events,
     make,
     pods,

@@ -22,6 +22,7 @@ import urllib.request
 import pytest
 
 from tests.cluster import kubeobjects as o
+from tests.replacement.conftest import STARTED
 from webhook import settings as settings_mod
 from webhook.core import names
 from webhook.replacement import controller
@@ -53,7 +54,6 @@ def refused_pod(name: str, owner: tuple[str, str] | None = None, reason: str = "
     return obj
 
 
-STARTED: list[controller.Replacer] = []
 
 
 def make(fake, identity: str = "r1", cleanup: bool = False, **options) -> controller.Replacer:
@@ -63,14 +63,6 @@ def make(fake, identity: str = "r1", cleanup: bool = False, **options) -> contro
                                   wall=lambda: NOW, **options)
     STARTED.append(replacer)
     return replacer
-
-
-@pytest.fixture(autouse=True)
-def _stand_by_after():
-    """Every replacer a test made stops its watches when the test ends."""
-    yield
-    while STARTED:
-        STARTED.pop().stand_by()
 
 
 @pytest.fixture
