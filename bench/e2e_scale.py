@@ -62,6 +62,9 @@ pod bound to a cordoned card. Under dra the card of a bound pod is its claim's a
 of its replica's cards first, webhook/cluster/peers.py); with ``--rate 0`` (as fast as the clients go) beside
 time-slicing it is the saturation run, each component's CPU per create printed.
 
+``--floor`` measures what gpushard costs the API server against no webhook, a no-op webhook and a small
+patching webhook (bench/floor.py: GPU pods and plain pods, the setups in turn on one control plane).
+
 ``--plain`` measures what gpushard costs objects that ask no GPU instead (bench/plain.py: pods and Deployments
 outside and inside an enforce namespace, gpushard off and on in turn on one control plane).
 
@@ -70,6 +73,7 @@ Run: make e2e-bench (it builds the control plane, e2e/build.py), or
      [--clients 16] [--load 0.95] [--seed N] [--backends timeslicing,deviceplugin,dra,dra-nohint,dra-byhand]
      [--side-by-side] [--rate 40] [--without-policies] [--cordon 0.1] [--partition on|off|both] [--workers 1,2,4]
      [--plain [--objects 300] [--rounds 3] [--only "pods outside"]]
+     [--floor [--objects 300] [--rounds 4] [--rate 30] [--clients 4] [--profile 15]]
      (as root is not needed: no kubelet runs)
 """
 
@@ -99,6 +103,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import costs  # noqa: E402
+import floor  # noqa: E402
 import kubernetes  # noqa: E402
 import plain  # noqa: E402
 import stranding  # noqa: E402
@@ -857,6 +862,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="what gpushard costs objects that ask no GPU (bench/plain.py): pods and Deployments "
                              "outside and inside an enforce namespace, gpushard off and on in turn on one control "
                              "plane (--objects, --rate, --rounds, --clients)")
+    parser.add_argument("--floor", action="store_true",
+                        help="what gpushard costs the API server against no webhook, a no-op webhook and a small "
+                             "patching one (bench/floor.py)")
+    parser.add_argument("--profile", type=float, default=0.0, metavar="S",
+                        help="--floor: a kube-apiserver CPU profile over S seconds of each GPU workload")
     parser.add_argument("--objects", type=int, default=300, help="--plain: objects per workload and state")
     parser.add_argument("--rounds", type=int, default=3, help="--plain: rounds of off and on")
     parser.add_argument("--only", default="", help="--plain: only the workloads whose name holds this")
@@ -865,6 +875,12 @@ def main(argv: list[str] | None = None) -> int:
     if assets is None:
         print(f"gpushard: e2e_scale needs the real components: {why}", file=sys.stderr)
         return 0 if os.environ.get("GPUSHARD_BENCH_OPTIONAL") else 2
+    if args.floor:
+        try:
+            return floor.main(assets, args.objects, args.rate or 30.0, args.rounds, args.clients, args.profile)
+        except ValueError as e:
+            print(f"gpushard: {e}", file=sys.stderr)
+            return 2
     if args.plain:
         try:
             return plain.main(assets, args.objects, args.rate or 20.0, args.rounds, args.clients, args.only)

@@ -100,9 +100,10 @@ def body(kind: str, i: int) -> dict:
                      "template": {"metadata": {"labels": labels}, "spec": pod_spec()}}}
 
 
-def create_all(config: Path, kind: str, namespace: str, count: int, clients: int, rate: float) -> tuple[list, int]:
-    """``count`` objects from ``clients`` threads, each with its own connection, object ``n`` not before
-    ``n / rate`` s; (each create's round trip in seconds, refused)."""
+def create_all(config: Path, kind: str, namespace: str, count: int, clients: int, rate: float,
+               make=body) -> tuple[list, int]:
+    """``count`` objects (``make(kind, i)``) from ``clients`` threads, each with its own connection, object
+    ``n`` not before ``n / rate`` s; (each create's round trip in seconds, refused)."""
     lock = threading.Lock()
     work = list(range(count))
     took: list[float] = []
@@ -126,9 +127,9 @@ def create_all(config: Path, kind: str, namespace: str, count: int, clients: int
             begun = time.perf_counter()
             try:
                 if kind == "pod":
-                    core.create_namespaced_pod(namespace, body(kind, i))
+                    core.create_namespaced_pod(namespace, make(kind, i))
                 else:
-                    apps.create_namespaced_deployment(namespace, body(kind, i))
+                    apps.create_namespaced_deployment(namespace, make(kind, i))
             except kubernetes.client.ApiException:
                 with lock:
                     refused[0] += 1
@@ -260,10 +261,11 @@ class Bench:
             namespace, label_selector=f"{LABEL}=yes", _request_timeout=60).items
         return len(pods), sum(1 for p in pods if p.spec.node_name)
 
-    def measure(self, kind: str, namespace: str, count: int, rate: float) -> dict:
+    def measure(self, kind: str, namespace: str, count: int, rate: float, make=body) -> dict:
         self.own.clear()
         before = self.counters()
-        took, refused = create_all(self.plane.work / "admin.kubeconfig", kind, namespace, count, self.clients, rate)
+        took, refused = create_all(self.plane.work / "admin.kubeconfig", kind, namespace, count, self.clients, rate,
+                                   make)
         wanted = count - refused
         components.wait_for(f"{wanted} {kind}s' pods bound in {namespace}",
                             lambda: self.pods_bound(namespace) == (wanted, wanted), timeout=600, interval=0.5)
