@@ -137,13 +137,14 @@ class Trivial(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def serve_trivial(port: int, cert: str, key: str) -> None:
+def trivial_server(port: int, cert: str, key: str) -> http.server.ThreadingHTTPServer:
+    """The trivial webhook, listening on ``port`` (0: any free one) once this returns."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Trivial)
     server.daemon_threads = True
     server.socket = context.wrap_socket(server.socket, server_side=True)
-    server.serve_forever()
+    return server
 
 
 class Bench(plain.Bench):
@@ -380,7 +381,7 @@ def from_log(path: Path) -> list[str]:
 
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--serve-trivial":
-        serve_trivial(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        trivial_server(int(sys.argv[2]), sys.argv[3], sys.argv[4]).serve_forever()
         raise SystemExit(0)
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
