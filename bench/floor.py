@@ -40,6 +40,7 @@ import os
 import re
 import shutil
 import ssl
+import statistics
 import subprocess
 import sys
 import threading
@@ -65,11 +66,10 @@ ASK = 25  # shares (or time-slicing replicas) of each GPU pod
 TRIVIAL = "trivial.bench.gpushard.io"
 # Where the samples of a kube-apiserver profile went: (label, a regular expression of the Go function).
 PLACES = (
-    ("create handler", r"handlers\.createHandler\.func1$"),
     ("mutating webhooks", r"mutating\.\(\*mutatingDispatcher\)\.Dispatch$"),
-    ("validating policies", r"policy/validating\.\(\*Plugin\)\.Validate$"),
+    ("webhook calls", r"mutating\.\(\*mutatingDispatcher\)\.callAttrMutatingHook$"),
     ("matchConditions", r"matchconditions\.\(\*matcher\)\.Match$"),
-    ("JSON patch", r"mutating\.\(\*mutatingDispatcher\)\.callAttrMutatingHook\b|jsonpatch"),
+    ("validating policies", r"policy/validating\.\(\*Plugin\)\.Validate$"),
     ("watch encoding", r"watchEncoder\)\.Encode$"),
     ("etcd client", r"etcd3\.\(\*store\)\.(Create|GuaranteedUpdate)$"),
 )
@@ -323,13 +323,20 @@ def summarize(results: dict[tuple[str, str], list[dict]], objects: int, rate: fl
                 spread(relative), plain._ratios(relative, [plain._per_scheduler(r) for r in base]),
                 spread(review) if review else "-", spread([r["p50_ms"] for r in rows]),
                 spread([r["p99_ms"] for r in rows])]))
-    profiled = [(s, r["profile"]) for (w, s), rows in results.items() if w == GPU
-                for r in rows[-1:] if r.get("profile")]
-    if profiled:
-        lines.append("kube-apiserver CPU profile, GPU pods, the last round: % of samples in each place (cumulative), "
-                     "then the functions with most samples of their own")
-        for setup, summary in sorted(profiled, key=lambda p: SETUPS.index(p[0])):
-            lines.append(f"  {setup}: " + ", ".join(f"{label} {pct:.1f}%" for label, pct in summary))
+    profiled = {setup: [r["profile"] for r in rows if r.get("profile")]
+                for (workload, setup), rows in results.items() if workload == GPU}
+    if any(profiled.values()):
+        lines.append("kube-apiserver CPU profile over GPU pods: % of all samples in each place (cumulative, the mean "
+                     "of the rounds), then the functions with most samples of their own (the last round)")
+        places = {label for label, _pattern in PLACES}
+        for setup in SETUPS:
+            summaries = profiled.get(setup)
+            if not summaries:
+                continue
+            mean = [f"{label} {statistics.mean(dict(p).get(label, 0.0) for p in summaries):.1f}%"
+                    for label, _pattern in PLACES]
+            own = [f"{label} {pct:.1f}%" for label, pct in summaries[-1] if label not in places]
+            lines.append(f"  {setup}: " + ", ".join(mean + own))
     lines.append("admission per pod under gpushard, as the API server counts it (webhook calls; policies and "
                  "webhooks left out by matchConditions, and the time those evaluations took):")
     for workload, _ns, _setups in WORKLOADS:
