@@ -45,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,8 +267,6 @@ class Bench(plain.Bench):
 
 
 def urllib_request(url: str, context: ssl.SSLContext) -> None:
-    import urllib.error
-    import urllib.request
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "probe"}}
     request = urllib.request.Request(url, data=json.dumps(review).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
