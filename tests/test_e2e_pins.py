@@ -95,6 +95,18 @@ def test_nvidias_modules_require_their_pins_and_build_their_commands(folder, mod
     assert "replace" not in go_mod
 
 
+@pytest.mark.parametrize(("folder", "module", "tool", "pin"), [
+    ("karpenter", build.KARPENTER_MODULE, "sigs.k8s.io/karpenter/kwok", "KARPENTER"),
+    ("kwok", build.KWOK_MODULE, "sigs.k8s.io/kwok/cmd/kwok", "KWOK")])
+def test_the_autoscaling_modules_require_their_pins_and_build_their_commands(folder, module, tool, pin):
+    go_mod = (ROOT / "e2e" / folder / "go.mod").read_text()
+    assert requires(go_mod)[module] == PINS[pin]
+    assert "-" not in PINS[pin], "a release, not a beta or rc"
+    assert f"{module} {PINS[pin]} h1:" in (ROOT / "e2e" / folder / "go.sum").read_text()
+    assert re.findall(r"^tool\s+(\S+)$", go_mod, flags=re.M) == [tool]
+    assert "replace" not in go_mod
+
+
 def test_the_generated_go_mod_keeps_upstreams_go_line_and_godebug():
     upstream = ("module k8s.io/kubernetes\n\ngo 1.26.0\n\ngodebug default=go1.26\n\nreplace (\n"
                 "\tk8s.io/api => ./staging/src/k8s.io/api\n\tk8s.io/kubelet => ./staging/src/k8s.io/kubelet\n)\n")
@@ -134,5 +146,7 @@ def test_components_land_outside_the_work_tree_by_version(monkeypatch, tmp_path)
     assert PINS["CONTAINERD_2"] in paths["GPUSHARD_E2E_CONTAINERD2"]
     assert PINS["NVIDIA_DEVICE_PLUGIN"] in paths["GPUSHARD_E2E_NVIDIA_PLUGIN"]
     assert PINS["NVIDIA_CONTAINER_TOOLKIT"] in paths["GPUSHARD_E2E_NVIDIA_TOOLKIT"]
+    assert paths["GPUSHARD_E2E_KARPENTER"] == str(tmp_path / f"karpenter-{PINS['KARPENTER']}")
+    assert paths["GPUSHARD_E2E_KWOK"] == str(tmp_path / f"kwok-{PINS['KWOK']}")
     monkeypatch.delenv("GPUSHARD_E2E_CACHE")
     assert ROOT not in Path(build.paths("1.37", PINS)["KUBEBUILDER_ASSETS"]).parents
