@@ -21,6 +21,8 @@ _RESOURCE = re.compile(r"^(?=.{1,253}/)[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9
 # A RuntimeClass name: a DNS-1123 subdomain.
 _RUNTIME_CLASS = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*)?$")
+# policy.newNodeCards: more cards than any GPU node has is a typo.
+MAX_NEW_NODE_CARDS = 64
 
 
 class SettingsError(ValueError):
@@ -175,7 +177,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
 
     pol = _mapping("policy", data.get("policy"))
     _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "nodeAffinity", "hideUnrequestedGpus",
-                                 "exempt", "runtimeClassName", "memorySize"})
+                                 "exempt", "runtimeClassName", "memorySize", "newNodeCards"})
     hide = pol.get("hideUnrequestedGpus", True)
     if not isinstance(hide, bool):
         raise SettingsError(f"policy.hideUnrequestedGpus: must be true or false, got {hide!r}")
@@ -183,6 +185,10 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
     if runtime_class is not None and (not isinstance(runtime_class, str) or not _RUNTIME_CLASS.match(runtime_class)):
         raise SettingsError(f"policy.runtimeClassName: {runtime_class!r} is not a RuntimeClass name "
                             "(lower-case DNS subdomain, such as nvidia)")
+    new_cards = pol.get("newNodeCards", 0)
+    if isinstance(new_cards, bool) or not isinstance(new_cards, int) or not 0 <= new_cards <= MAX_NEW_NODE_CARDS:
+        raise SettingsError(f"policy.newNodeCards: must be a whole number of cards from 0 to {MAX_NEW_NODE_CARDS} "
+                            f"(the cards of a node the autoscaler adds; 0: none), got {new_cards!r}")
     policy = policy_mod.Policy(
         shares_per_card=spc,
         resources=policy_mod.Resources(fraction=fraction, shares=shares, card_prefix=prefix, memory=memory),
@@ -197,6 +203,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         runtime_class_name=runtime_class,
         backend=_choice("backend", data.get("backend", policy_mod.DEVICEPLUGIN), policy_mod.BACKENDS),
         memory_size=_choice("policy.memorySize", pol.get("memorySize", "smallest"), policy_mod.MEMORY_SIZES),
+        new_node_cards=new_cards,
     )
     return Settings(policy=policy, source=source, replacement=_replacement(data.get("replacement")),
                     view=_view(data.get("view")), agent=_agent(data.get("agent")))

@@ -290,3 +290,43 @@ def test_static_choices_expire_one_by_one_or_in_a_burst_and_the_indexes_agree():
             carried = placement.choose(snap, ask)
             assert (carried.node, carried.card, carried.fits) == (fresh.node, fresh.card, fresh.fits)
     assert _used(view.snapshot()) == INITIAL
+
+
+def test_pods_that_fit_nowhere_wait_on_their_card_until_they_bind(fake, start_view):
+    """With newNodeCards, a choice that fits nowhere counts on its card index as waiting (``View.waiting``)
+    from the moment it is remembered: the next pods of a burst pack around it; the pod takes it over when it
+    shows unbound, and stops waiting once it binds (a new node joined) or goes."""
+    clock = Clock()
+    view = start_view(clock=clock)
+    o.wait_for(lambda: view.snapshot() is not None, what="the first sync")
+    policy = Policy(new_node_cards=8)
+    found = []
+    for i in range(4):
+        pod = _user_pod(i)
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "0.75"
+        found.append(decisions.decide(decisions.Request(pod, "Pod", seed=f"uid-{i}"), policy, view.snapshot()))
+        d = found[-1]
+        assert d.node is None and d.shares == 75
+        view.remember(d.node, d.card, d.shares)
+    # Four pods of 0.75 wait on four different cards: one new node holds them.
+    assert sorted(view.snapshot().waiting) == sorted(d.card for d in found)
+    assert len({d.card for d in found}) == 4
+
+    # The API server stores them unbound: each takes its choice over, still waiting once.
+    for i, d in enumerate(found):
+        obj = copy.deepcopy(d.obj)
+        obj["metadata"].update(uid=f"uid-{i}", name=f"burst-{i}")
+        obj["status"] = {"phase": "Pending"}
+        fake.put("pods", obj)
+    clock.now += 60  # past every time to live: only the pods themselves count now
+    o.wait_for(lambda: view.snapshot().waiting == {d.card: (75,) for d in found}, what="the pods waiting")
+
+    # A node joins and the scheduler binds them there: nothing waits any more.
+    fake.put("nodes", o.node("new", {k: CAPACITY for k in range(8)}))
+    for i, d in enumerate(found):
+        obj = copy.deepcopy(d.obj)
+        obj["metadata"].update(uid=f"uid-{i}", name=f"burst-{i}")
+        obj["spec"]["nodeName"] = "new"
+        fake.put("pods", obj)
+    o.wait_for(lambda: not view.snapshot().waiting and sum(c.used for c in view.snapshot().nodes[0].cards) == 300,
+               what="the pods bound on the new node")

@@ -64,6 +64,9 @@ LIST_PAGE = informing.LIST_PAGE
 BACKOFF_S = informing.BACKOFF_S
 REMEMBER_WAIT_S = 0.05
 NODES, PODS = informing.NODES, informing.PODS
+# The place a pod that fits nowhere stands on (device plugin backend): no node, only its card index. Its
+# remembered choice and, once it shows, the pod itself count there until it binds (``View.waiting``).
+WAITING = ""
 SLICES, CLAIMS = informing.SLICES, informing.CLAIMS
 
 
@@ -265,6 +268,8 @@ class KubeView:
         self._waiting: dict[str, str] = {}  # uid of an unbound pod -> the node it counts on
         # (node, card) -> shares of remembered choices and of unbound pods counted on the node.
         self._tentative: collections.Counter = collections.Counter()
+        # Card index -> Counter of the shares of each pod standing on WAITING (remembered choices included).
+        self._queue: dict[int, collections.Counter] = {}
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
@@ -316,7 +321,10 @@ class KubeView:
         return self._view
 
     def remember(self, node: str | None, card: int, shares: int) -> None:
-        """Count a choice on its node until the watch shows the pod (never called for dry runs)."""
+        """Count a choice on its node until the watch shows the pod (never called for dry runs); a pod that fits
+        nowhere (``node`` None) on WAITING, under the device plugin backend."""
+        if node is None and not self._dra:
+            node = WAITING
         if node is None or shares <= 0:
             return
         now = self._clock()
@@ -329,7 +337,10 @@ class KubeView:
                     # The usual call: one choice to count and nothing due to expire, so one card changes.
                     entry = self._inbox.popleft()
                     self._add_entry(entry)
-                    self._refresh_card(entry.node, entry.card)
+                    if entry.node == WAITING:
+                        self._refresh({WAITING})
+                    else:
+                        self._refresh_card(entry.node, entry.card)
                 else:
                     self._refresh(self._catch_up())
             finally:
@@ -358,6 +369,14 @@ class KubeView:
         return touched
 
     def _count(self, node: str, card: int, shares: int) -> None:
+        if node == WAITING:
+            sizes = self._queue.setdefault(card, collections.Counter())
+            sizes[abs(shares)] += 1 if shares > 0 else -1
+            if sizes[abs(shares)] <= 0:
+                del sizes[abs(shares)]
+                if not sizes:
+                    del self._queue[card]
+            return
         key = (node, card)
         self._tentative[key] += shares
         if self._tentative[key] <= 0:
@@ -428,7 +447,14 @@ class KubeView:
             return
         node = current.with_card(j, c.with_used(used))
         self._current[name] = node
-        self._view = placement.replace_card(self._view, node, j)
+        self._publish(placement.replace_card(self._view, node, j))
+
+    def _publish(self, view: placement.View) -> None:
+        """``view`` as the current one, with the pods that stand on WAITING (none: as it is)."""
+        if self._queue or view.waiting:
+            view = view.with_waiting({k: tuple(sorted(sizes.elements(), reverse=True))
+                                      for k, sizes in sorted(self._queue.items())})
+        self._view = view
 
     def _refresh(self, touched) -> None:
         if not self._required <= self._listed:
@@ -438,10 +464,12 @@ class KubeView:
             self._current = {name: cast(placement.Node, self._node(name)) for name in self._base}
             view = placement.View(nodes=tuple(self._current.values()))
             placement.choose(view, placement.Ask(shares=1))  # builds the indexes here, not in an admission
-            self._view = view
+            self._publish(view)
             return
         changes = {}
         for name in touched:
+            if name == WAITING:
+                continue
             node = self._node(name)
             current = self._current.get(name)
             if node is not current and node != current:  # node heartbeats change nothing we read
@@ -453,7 +481,9 @@ class KubeView:
                 else:
                     self._current[name] = node
         if changes:
-            self._view = placement.replace_nodes(self._view, changes)
+            self._publish(placement.replace_nodes(self._view, changes))
+        elif WAITING in touched:
+            self._publish(self._view)
 
     def _set_node(self, name: str, node: placement.Node | None) -> set[str]:
         if node is None:
@@ -498,11 +528,12 @@ class KubeView:
             touched.add(pod.node)
             return touched
         standing = pod.preferred or (entry.node if entry is not None else standing)
-        if standing is not None:
-            self._waiting[uid] = standing
-            for k, held in pod.shares.items():
-                self._count(standing, k, held)
-            touched.add(standing)
+        if standing is None:
+            standing = WAITING  # it fits nowhere, or its choice is not this process's: it waits on its card
+        self._waiting[uid] = standing
+        for k, held in pod.shares.items():
+            self._count(standing, k, held)
+        touched.add(standing)
         return touched
 
     # --- backend dra: nodes from their slices, shares from the claims ---------------------------

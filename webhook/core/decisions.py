@@ -380,7 +380,8 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
         ask = placement.Ask(shares, pin, scheduling.node_name, scheduling.node_selector,
                             scheduling.required_terms, scheduling.tolerations)
         choice = placement.choose(view, ask, policy.placement,
-                                  draws.Draw(request.seed) if request.seed else None, request.share)
+                                  draws.Draw(request.seed) if request.seed else None, request.share,
+                                  policy.new_node_cards, policy.shares_per_card)
         card, node = choice.card, choice.node
         found += choice.findings
     found += _visible_devices_findings(spec, asks, card, request.mode, policy)

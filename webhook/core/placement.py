@@ -9,7 +9,7 @@ their names are offered here too, as every caller of placement uses them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,7 +80,50 @@ CHOICE_CANDIDATES = 64
 CHOICE_SLACK = 5
 
 
-def _waiting_index(view: View, mask: int, rng: Rng) -> int:
+def _new_cards(fills: Sequence[int], size: int, capacity: int) -> tuple[int, bool]:
+    """(cards, whether a pod of ``size`` fits one of them) of one index over new nodes, when first-fit puts the
+    pods of ``fills`` shares on them, one such card per node."""
+    cards: list[int] = []
+    for shares in fills:
+        for i, used in enumerate(cards):
+            if used + shares <= capacity:
+                cards[i] = used + shares
+                break
+        else:
+            cards.append(shares)
+    return len(cards), any(used + size <= capacity for used in cards)
+
+
+def _waiting_index(view: View, ks: Sequence[int], size: int, capacity: int, rng: Rng | None) -> int:
+    """The card index among ``ks`` a pod of ``size`` shares that fits nowhere waits on.
+
+    The pods that wait (``view.waiting``) are what new nodes would take, one card ``k`` of each node per
+    index: the index chosen keeps the new nodes they and this pod need fewest (the most cards any index
+    needs, each index first-fit), then the cards of its own index fewest; among the indexes that tie, one
+    drawn with ``rng`` (else the lowest). With no pod waiting every index ties, so waiting pods still spread
+    over the indexes, and a burst that fits nowhere asks an autoscaler for the nodes a packing of it needs."""
+    waiting = view.waiting
+    counts = {k: _new_cards(waiting.get(k, ()), size, capacity) for k in ks}
+    most = max((cards for cards, _fits in counts.values()), default=0)
+    keys = {}
+    for k, (cards, fits) in counts.items():
+        after = cards if fits else cards + 1
+        keys[k] = (max(most, after), after)
+    best = min(keys.values())
+    tied = [k for k in ks if keys[k] == best]
+    return tied[rng.randrange(len(tied))] if rng is not None and len(tied) > 1 else tied[0]
+
+
+def _waiting_indexes(view: View, mask: int, new_cards: int) -> list[int]:
+    """The card indexes a pod that fits nowhere may wait on when an autoscaler adds nodes of ``new_cards``
+    cards: those every node it may run on has (a node the autoscaler adds is one of them) and a new node has,
+    not cordoned on all of them; else any index some of them has open."""
+    common = [k for k in view.common_indexes(mask) if k < new_cards]
+    open_ = set(view.open_indexes(mask))
+    return [k for k in common if k in open_] or common or view.open_indexes(mask) or view.card_indexes(mask)
+
+
+def _drawn_index(view: View, mask: int, rng: Rng) -> int:
     """The card index a pod that fits nowhere waits on, drawn uniformly among the indexes of the nodes
     it may run on: waiting pods then spread over the indexes, and room freed on any index finds a pod
     waiting for it, where all of them waiting on the most free card's index leave room freed on the
@@ -90,7 +133,7 @@ def _waiting_index(view: View, mask: int, rng: Rng) -> int:
 
 
 def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: Rng | None = None,
-           share: tuple[int, int] | None = None) -> Choice:
+           share: tuple[int, int] | None = None, new_cards: int = 0, capacity: int = 100) -> Choice:
     """Pick card k for the pod. Never fails: a poor view only costs packing, not correctness.
 
     With ``share`` (rank, count), one of several webhook replicas: its own cards first
@@ -100,7 +143,10 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: Rng | No
     ``rng`` the most free card's index; with it, an index drawn among those of the nodes the pod may
     run on (``_waiting_index``), one not cordoned on all of them. A card an operator cordoned has no
     room (``Card.free``), so it is never chosen; a pod pinned to a card cordoned on every node it may
-    run on gets a warning that says so. The draw uses only ``rng``, so a
+    run on gets a warning that says so. With ``new_cards`` (the cards of a node an autoscaler adds, of
+    ``capacity`` shares each), a pod that no node it may run on has room for, or that no shared node matches
+    yet, waits on the index that packs the waiting pods onto the fewest new nodes (``_waiting_index``). The
+    draw uses only ``rng``, so a
     caller that seeds it per request (as admission does, with the request's uid) leaves no trace
     on later choices.
     """
@@ -109,6 +155,11 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: Rng | No
         return Choice(k, findings=(_warn(f.NO_VIEW, f"no cluster view yet; card {k} chosen without "
                                          "looking, the scheduler still enforces capacity"),))
     mask = view.candidates(ask, ask.pin)
+    if not mask and new_cards and ask.pin is None:
+        k = _waiting_index(view, range(new_cards), ask.shares, capacity, rng)
+        return Choice(k, findings=(_warn(f.NO_MATCHING_NODE, (
+            f"no shared node matches this pod's scheduling rules yet; card {k} chosen of the {new_cards} cards "
+            "of a node the autoscaler adds, the pod stays Pending until one joins")),))
     if not mask:
         k = ask.pin if ask.pin is not None else 0
         why = (f"no shared node with card {k} matches this pod's scheduling rules" if ask.pin is not None
@@ -137,8 +188,10 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: Rng | No
         most = view.most_free(mask, ask.pin)
         assert most is not None  # mask holds only nodes with the card (or any card): one is the most free
         _pos, k = most
-        if rng is not None and ask.pin is None:
-            k = _waiting_index(view, mask, rng)
+        if new_cards and ask.pin is None:
+            k = _waiting_index(view, _waiting_indexes(view, mask, new_cards), ask.shares, capacity, rng)
+        elif rng is not None and ask.pin is None:
+            k = _drawn_index(view, mask, rng)
         elif ask.pin is None and view.cordoned_on(mask, k):
             k = next(iter(view.open_indexes(mask)), k)  # wait where an operator has not cordoned the card
         return Choice(k, findings=(_warn(

@@ -92,3 +92,7 @@ class Policy:
     runtime_class_name: str | None = None
     backend: str = DEVICEPLUGIN  # deviceplugin | dra
     memory_size: str = "smallest"  # MEMORY_SIZES: the card size a memory ask tries first
+    # The cards of a node an autoscaler adds to the pool (0: none is added). A pod that fits nowhere then waits
+    # on one of those card indexes, chosen so that the waiting pods fit on as few new nodes as a packing needs;
+    # it is also what a pod waits on while no shared node exists yet (docs/autoscaling.md).
+    new_node_cards: int = 0

@@ -95,6 +95,19 @@ class View:
         return View._of_chunks((*self._chunks[:c], (*chunk[:j], node, *chunk[j + 1:]), *self._chunks[c + 1:]),
                                self.size)
 
+    @functools.cached_property
+    def waiting(self) -> Mapping[int, tuple[int, ...]]:
+        """Per card index, the shares of each pod that waits on that index and stands on no node (it fit
+        nowhere): what new nodes would take. The live view sets it (``with_waiting``); empty otherwise."""
+        return {}
+
+    def with_waiting(self, waiting: Mapping[int, tuple[int, ...]]) -> View:
+        """This view with ``waiting``, sharing its nodes and indexes."""
+        view = View._of_chunks(self._chunks, self.size)
+        view.__dict__.update(self.__dict__)
+        view.__dict__["waiting"] = waiting
+        return view
+
     # Lazily built indexes (see the module docstring). cached_property writes to the instance
     # dict directly; replace_nodes seeds them the same way.
     @functools.cached_property
@@ -145,6 +158,11 @@ class View:
     def sizes(self) -> dict[int, dict[int, int]]:
         """Card size in MiB -> card index -> the nodes whose card of that index has that size."""
         return _sizes(self)
+
+    def common_indexes(self, nodes: int) -> list[int]:
+        """The card indexes that every one of ``nodes`` has, in order."""
+        usage = self._usage
+        return [k for k in usage.ks if nodes and usage.has_k.get(k, 0) & nodes == nodes]
 
     def open_indexes(self, nodes: int) -> list[int]:
         """The card indexes that some of ``nodes`` have and have not cordoned, in order."""

@@ -1,0 +1,129 @@
+"""Where a pod waits when an autoscaler adds nodes (``policy.newNodeCards``): the card index a pod that fits
+nowhere is pinned to, so that the pods waiting fit on as few new nodes as a packing of them needs.
+
+We test:
+- from zero (no shared node yet), a burst decided back to back, each choice counted as waiting as the live
+  view counts it, waits on indexes that pack it onto the nodes first-fit decreasing needs, where without
+  newNodeCards every pod waits on card 0 (one new node per four pods of a quarter);
+- with no pod waiting every index ties, and the draw spreads pods over them all;
+- on a full pool a pod waits only on an index every node it may run on has and a new node has, never on one
+  a smaller node lacks, and not on an index cordoned on all of them;
+- without newNodeCards nothing changes: the index is drawn among the indexes of the nodes;
+- a pinned pod keeps its pin;
+- newNodeCards is read from the config, and a bad value is refused naming the field.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from webhook import settings
+from webhook.core import draws, placement
+from webhook.core.scheduling import Card, Node
+
+CAPACITY = 100
+
+
+def full_node(name: str, cards: int, cordoned: frozenset = frozenset()) -> Node:
+    return Node(name, {"kubernetes.io/hostname": name}, (), True, False,
+                tuple(Card(k, CAPACITY, CAPACITY, f"GPU-{name}-{k}", "H100", 81559, k in cordoned)
+                      for k in range(cards)))
+
+
+def packing_needs(sizes: list[int], cards: int) -> int:
+    nodes: list[list[int]] = []
+    for size in sorted(sizes, reverse=True):
+        for node in nodes:
+            k = next((k for k, used in enumerate(node) if used + size <= CAPACITY), None)
+            if k is not None:
+                node[k] += size
+                break
+        else:
+            nodes.append([size] + [0] * (cards - 1))
+    return len(nodes)
+
+
+def new_nodes(waiting: dict[int, list[int]]) -> int:
+    """The new nodes the waiting pods need, each index first-fit over its own cards."""
+    most = 0
+    for sizes in waiting.values():
+        cards: list[int] = []
+        for size in sizes:
+            i = next((i for i, used in enumerate(cards) if used + size <= CAPACITY), None)
+            if i is None:
+                cards.append(size)
+            else:
+                cards[i] += size
+        most = max(most, len(cards))
+    return most
+
+
+def burst(view: placement.View, sizes: list[int], new_cards: int) -> dict[int, list[int]]:
+    """Each pod decided on the view as it stands, then counted as waiting on its card (as the live view does)."""
+    waiting: dict[int, list[int]] = {}
+    for i, size in enumerate(sizes):
+        current = view.with_waiting({k: tuple(v) for k, v in waiting.items()})
+        choice = placement.choose(current, placement.Ask(size), "binpack", draws.Draw(f"uid-{i}"), None,
+                                  new_cards, CAPACITY)
+        assert not choice.fits
+        waiting.setdefault(choice.card, []).append(size)
+    return waiting
+
+
+@pytest.mark.parametrize("sizes", [
+    [75] * 4 + [50] * 6 + [25] * 12,  # the autoscaling tier's burst: 900 shares, two 8-card nodes
+    [25] * 33,  # one past a node's worth of quarters
+    [60] * 9 + [40] * 9,  # pairs that fill a card exactly
+    [10, 20, 25, 33, 50, 60, 75, 100] * 3,
+])
+def test_a_burst_from_zero_waits_on_the_indexes_a_packing_needs(sizes):
+    waiting = burst(placement.View(()), sorted(sizes, reverse=True), 8)
+    assert new_nodes(waiting) == packing_needs(sizes, 8)
+    assert set(waiting) <= set(range(8))
+
+
+def test_without_new_node_cards_every_pod_waits_on_card_0_from_zero():
+    waiting = burst(placement.View(()), [25] * 12, 0)
+    assert waiting == {0: [25] * 12}
+    assert new_nodes(waiting) == 3  # where one node holds them
+
+
+def test_with_nobody_waiting_the_draw_spreads_over_every_index():
+    seen = {placement.choose(placement.View(()), placement.Ask(25), "binpack", draws.Draw(f"u{i}"), None, 8,
+                             CAPACITY).card for i in range(200)}
+    assert seen == set(range(8))
+
+
+def test_a_full_pool_waits_on_an_index_every_node_and_a_new_node_have_open():
+    one = frozenset({1})
+    view = placement.View((full_node("big", 8, cordoned=one), full_node("small", 4, cordoned=one)))
+    rng = random.Random(7)
+    seen = {placement.choose(view, placement.Ask(50), "binpack", rng, None, 8, CAPACITY).card for _ in range(200)}
+    assert seen == {0, 2, 3}
+    # A new node of 2 cards: only what it has.
+    assert {placement.choose(view, placement.Ask(50), "binpack", rng, None, 2, CAPACITY).card
+            for _ in range(50)} == {0}
+
+
+def test_without_new_node_cards_the_index_is_drawn_among_the_nodes_indexes_as_before():
+    view = placement.View((full_node("big", 8), full_node("small", 4)))
+    rng = random.Random(3)
+    assert {placement.choose(view, placement.Ask(50), "binpack", rng).card for _ in range(400)} == set(range(8))
+
+
+def test_a_pinned_pod_keeps_its_pin():
+    choice = placement.choose(placement.View(()), placement.Ask(25, pin=5), "binpack", draws.Draw("u"), None, 8,
+                              CAPACITY)
+    assert choice.card == 5 and not choice.fits
+
+
+def test_new_node_cards_is_read_and_a_bad_value_is_named(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\npolicy: {newNodeCards: 8}\n")
+    assert settings.load(str(path)).policy.new_node_cards == 8
+    for bad in ("-1", "65", "eight", "true", "2.5"):
+        path.write_text(f"version: v1\npolicy: {{newNodeCards: {bad}}}\n")
+        with pytest.raises(settings.SettingsError, match="policy.newNodeCards"):
+            settings.load(str(path))
