@@ -78,6 +78,12 @@ def installed(plane, kubectl, work):
     """deploy/base applied, and the webhook served on loopback with its own ServiceAccount's token."""
     done = kubectl.run("apply", "-k", str(ROOT / "deploy" / "base"), check=False, timeout=180)
     assert done.returncode == 0, done.stderr
+    # As docs/autoscaling.md tells an operator: the cards of the nodes the autoscaler adds.
+    config = kubectl.json("get", "configmap", "gpushard-config", "-n", "gpushard-system")
+    text = config["data"]["config.yaml"]
+    assert text.count("policy: {") == 1, text
+    config["data"]["config.yaml"] = text.replace("policy: {", f"policy: {{newNodeCards: {karpenter.CARDS}, ")
+    kubectl.apply(json.dumps(config))
     webhook = TIER.started("webhook", gpushard.Webhook(plane, work))
     yield webhook
     webhook.stop()
