@@ -12,6 +12,8 @@ We test:
   seconds while the pods watch streams, and a real pod whose watch event lags a few seconds still
   takes its choice over and counts from then on; while the pods watch is down choices are held
   (no pod could show), up to the longer time to live;
+- with newNodeCards, a pod that fits nowhere counts as waiting on its card index (``View.waiting``) from its
+  remembered choice until it binds; without it nothing is counted so;
 - the static view: the same burst, and expiry; a remembered choice changes its card alone (cards
   listed out of order), and the view's indexes then choose as indexes built afresh do; choices
   that expire one or two at a time, or many at once, leave the shares and the choices of a view
@@ -24,6 +26,7 @@ import collections
 import copy
 
 from tests.cluster import kubeobjects as o
+from webhook import settings
 from webhook.cluster import static
 from webhook.core import decisions, placement
 from webhook.core.policy import Policy
@@ -297,9 +300,9 @@ def test_pods_that_fit_nowhere_wait_on_their_card_until_they_bind(fake, start_vi
     from the moment it is remembered: the next pods of a burst pack around it; the pod takes it over when it
     shows unbound, and stops waiting once it binds (a new node joined) or goes."""
     clock = Clock()
-    view = start_view(clock=clock)
-    o.wait_for(lambda: view.snapshot() is not None, what="the first sync")
     policy = Policy(new_node_cards=8)
+    view = start_view(settings.Settings(policy=policy), clock=clock)
+    o.wait_for(lambda: view.snapshot() is not None, what="the first sync")
     found = []
     for i in range(4):
         pod = _user_pod(i)
@@ -330,3 +333,12 @@ def test_pods_that_fit_nowhere_wait_on_their_card_until_they_bind(fake, start_vi
         fake.put("pods", obj)
     o.wait_for(lambda: not view.snapshot().waiting and sum(c.used for c in view.snapshot().nodes[0].cards) == 300,
                what="the pods bound on the new node")
+
+
+def test_without_new_node_cards_nothing_waits_on_a_card(fake, start_view):
+    view = start_view()
+    o.wait_for(lambda: view.snapshot() is not None, what="the first sync")
+    view.remember(None, 3, 25)
+    fake.put("pods", o.pod("pending", 3, 25, phase="Pending"))
+    o.wait_for(lambda: "uid-default-pending" in view._pods, what="the pending pod")
+    assert view.snapshot().waiting == {}

@@ -268,8 +268,11 @@ class KubeView:
         self._waiting: dict[str, str] = {}  # uid of an unbound pod -> the node it counts on
         # (node, card) -> shares of remembered choices and of unbound pods counted on the node.
         self._tentative: collections.Counter = collections.Counter()
-        # Card index -> Counter of the shares of each pod standing on WAITING (remembered choices included).
+        # Card index -> Counter of the shares of each pod standing on WAITING (remembered choices included),
+        # kept only when nodes an autoscaler adds have a size (policy.newNodeCards); as View.waiting.
+        self._track_waiting = policy.new_node_cards > 0 and not self._dra
         self._queue: dict[int, collections.Counter] = {}
+        self._queue_view: dict[int, tuple[int, ...]] | None = {}  # None: _queue changed since it was made
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
@@ -323,7 +326,7 @@ class KubeView:
     def remember(self, node: str | None, card: int, shares: int) -> None:
         """Count a choice on its node until the watch shows the pod (never called for dry runs); a pod that fits
         nowhere (``node`` None) on WAITING, under the device plugin backend."""
-        if node is None and not self._dra:
+        if node is None and self._track_waiting:
             node = WAITING
         if node is None or shares <= 0:
             return
@@ -370,6 +373,7 @@ class KubeView:
 
     def _count(self, node: str, card: int, shares: int) -> None:
         if node == WAITING:
+            self._queue_view = None
             sizes = self._queue.setdefault(card, collections.Counter())
             sizes[abs(shares)] += 1 if shares > 0 else -1
             if sizes[abs(shares)] <= 0:
@@ -451,9 +455,12 @@ class KubeView:
 
     def _publish(self, view: placement.View) -> None:
         """``view`` as the current one, with the pods that stand on WAITING (none: as it is)."""
-        if self._queue or view.waiting:
-            view = view.with_waiting({k: tuple(sorted(sizes.elements(), reverse=True))
-                                      for k, sizes in sorted(self._queue.items())})
+        if self._track_waiting:
+            if self._queue_view is None:
+                self._queue_view = {k: tuple(sorted(sizes.elements(), reverse=True))
+                                    for k, sizes in sorted(self._queue.items())}
+            if self._queue_view or view.waiting:
+                view = view.with_waiting(self._queue_view)
         self._view = view
 
     def _refresh(self, touched) -> None:
@@ -528,12 +535,13 @@ class KubeView:
             touched.add(pod.node)
             return touched
         standing = pod.preferred or (entry.node if entry is not None else standing)
-        if standing is None:
+        if standing is None and self._track_waiting:
             standing = WAITING  # it fits nowhere, or its choice is not this process's: it waits on its card
-        self._waiting[uid] = standing
-        for k, held in pod.shares.items():
-            self._count(standing, k, held)
-        touched.add(standing)
+        if standing is not None:
+            self._waiting[uid] = standing
+            for k, held in pod.shares.items():
+                self._count(standing, k, held)
+            touched.add(standing)
         return touched
 
     # --- backend dra: nodes from their slices, shares from the claims ---------------------------
