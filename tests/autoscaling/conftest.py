@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -78,12 +79,10 @@ def installed(plane, kubectl, work):
     """deploy/base applied, and the webhook served on loopback with its own ServiceAccount's token."""
     done = kubectl.run("apply", "-k", str(ROOT / "deploy" / "base"), check=False, timeout=180)
     assert done.returncode == 0, done.stderr
-    # As docs/autoscaling.md tells an operator: the cards of the nodes the autoscaler adds.
-    config = kubectl.json("get", "configmap", "gpushard-config", "-n", "gpushard-system")
-    text = config["data"]["config.yaml"]
-    assert text.count("policy: {") == 1, text
-    config["data"]["config.yaml"] = text.replace("policy: {", f"policy: {{newNodeCards: {karpenter.CARDS}, ")
-    kubectl.apply(json.dumps(config))
+    # The webhook runs on this machine (below); the replacer's and the certificate Job's pods would run on a
+    # system pool, which this cluster has none of: left to the GPU pool, they would have Karpenter add nodes
+    # before any GPU pod exists. The agent's DaemonSet stays, as on a real GPU pool.
+    kubectl.run("delete", "deployments,jobs", "-n", "gpushard-system", "--all", "--wait=true", timeout=120)
     webhook = TIER.started("webhook", gpushard.Webhook(plane, work))
     yield webhook
     webhook.stop()
@@ -108,3 +107,17 @@ def namespace(kubectl, request):
     yield name
     subprocess.run([kubectl.binary, f"--kubeconfig={kubectl.config}", "delete", "namespace", name,
                     "--wait=false"], capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def new_node_cards(request, kubectl, installed):
+    """policy.newNodeCards as the scenario sets it (the ``new_node_cards`` parameter), as docs/autoscaling.md tells
+    an operator to; the webhook started again on it."""
+    cards = request.param
+    config = kubectl.json("get", "configmap", "gpushard-config", "-n", "gpushard-system")
+    text = re.sub(r"newNodeCards: \d+, ", "", config["data"]["config.yaml"])
+    assert text.count("policy: {") == 1, text
+    config["data"]["config.yaml"] = text.replace("policy: {", f"policy: {{newNodeCards: {cards}, ")
+    kubectl.apply(json.dumps(config))
+    installed.reload()
+    return cards
