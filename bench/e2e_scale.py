@@ -875,14 +875,10 @@ def main(argv: list[str] | None = None) -> int:
     if assets is None:
         print(f"gpushard: e2e_scale needs the real components: {why}", file=sys.stderr)
         return 0 if os.environ.get("GPUSHARD_BENCH_OPTIONAL") else 2
-    if args.floor:
+    if args.floor or args.plain:
         try:
-            return floor.main(assets, args.objects, args.rate or 30.0, args.rounds, args.clients, args.profile)
-        except ValueError as e:
-            print(f"gpushard: {e}", file=sys.stderr)
-            return 2
-    if args.plain:
-        try:
+            if args.floor:
+                return floor.main(assets, args.objects, args.rate or 30.0, args.rounds, args.clients, args.profile)
             return plain.main(assets, args.objects, args.rate or 20.0, args.rounds, args.clients, args.only)
         except ValueError as e:
             print(f"gpushard: {e}", file=sys.stderr)

@@ -25,6 +25,9 @@ import pytest
 from tests.autoscaling import karpenter
 from tests.e2e import components, gpushard, tiers
 
+# The e2e tier's control plane fixtures, taken by name (as tests/runtime does).
+from tests.e2e.conftest import kubectl, plane, work  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS, WHY_NOT = components.which_assets(os.environ)
 KARPENTER = Path(os.environ.get("GPUSHARD_E2E_KARPENTER", "/nonexistent"))
@@ -55,23 +58,6 @@ def pytest_report_header(config):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     TIER.report(item, outcome.get_result())
-
-
-@pytest.fixture(scope="session")
-def work():
-    yield from tiers.work_folder("gpushard-autoscaling-")
-
-
-@pytest.fixture(scope="session")
-def plane(work):
-    plane = TIER.started("plane", components.ControlPlane(ASSETS, work))
-    yield plane
-    plane.stop()
-
-
-@pytest.fixture(scope="session")
-def kubectl(plane) -> components.Kubectl:
-    return plane.kubectl
 
 
 @pytest.fixture(scope="session")

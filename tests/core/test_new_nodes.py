@@ -19,6 +19,7 @@ import random
 
 import pytest
 
+from tests.autoscaling.karpenter import packing_needs
 from webhook import settings
 from webhook.core import draws, placement
 from webhook.core.scheduling import Card, Node
@@ -30,19 +31,6 @@ def full_node(name: str, cards: int, cordoned: frozenset = frozenset()) -> Node:
     return Node(name, {"kubernetes.io/hostname": name}, (), True, False,
                 tuple(Card(k, CAPACITY, CAPACITY, f"GPU-{name}-{k}", "H100", 81559, k in cordoned)
                       for k in range(cards)))
-
-
-def packing_needs(sizes: list[int], cards: int) -> int:
-    nodes: list[list[int]] = []
-    for size in sorted(sizes, reverse=True):
-        for node in nodes:
-            k = next((k for k, used in enumerate(node) if used + size <= CAPACITY), None)
-            if k is not None:
-                node[k] += size
-                break
-        else:
-            nodes.append([size] + [0] * (cards - 1))
-    return len(nodes)
 
 
 def new_nodes(waiting: dict[int, list[int]]) -> int:
