@@ -151,7 +151,7 @@ def _decisions(items: list[tuple[str, int, object]], settings: settings_mod.Sett
         else:
             request = decisions.Request(obj, kind, mode=here, served=served or extended.NONE)
             decision = decisions.decide(request, settings.policy, view.snapshot() if view else None)
-        if decision.allowed and decision.node is not None and view is not None:
+        if decision.allowed and decision.card is not None and decision.shares > 0 and view is not None:
             view.remember(decision.node, decision.card, decision.shares)
         line = decision.message if here == OUTSIDE and decision.allowed else summary(decision, here)
         yield path, number, obj, decision, line

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import collections
 import copy
+import json
 
+from tests.admission import objects as admission_objects
 from tests.cluster import kubeobjects as o
 from webhook import settings
+from webhook.admission import app as app_mod
 from webhook.cluster import static
 from webhook.core import decisions, placement
 from webhook.core.policy import Policy
@@ -296,41 +299,42 @@ def test_static_choices_expire_one_by_one_or_in_a_burst_and_the_indexes_agree():
 
 
 def test_pods_that_fit_nowhere_wait_on_their_card_until_they_bind(fake, start_view):
-    """With newNodeCards, a choice that fits nowhere counts on its card index as waiting (``View.waiting``)
-    from the moment it is remembered: the next pods of a burst pack around it; the pod takes it over when it
-    shows unbound, and stops waiting once it binds (a new node joined) or goes."""
+    """With newNodeCards, a pod the webhook admits that fits nowhere counts as waiting on its card index
+    (``View.waiting``) from its admission on: the next pods of a burst pack around it; the pod takes its choice
+    over when it shows unbound, and stops waiting once it binds (a new node joined)."""
     clock = Clock()
     policy = Policy(new_node_cards=8)
     view = start_view(settings.Settings(policy=policy), clock=clock)
     o.wait_for(lambda: view.snapshot() is not None, what="the first sync")
-    found = []
+    client = app_mod.create_app(settings.Settings(policy=policy), view).test_client()
+    pods = []
     for i in range(4):
-        pod = _user_pod(i)
-        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "0.75"
-        found.append(decisions.decide(decisions.Request(pod, "Pod", seed=f"uid-{i}"), policy, view.snapshot()))
-        d = found[-1]
-        assert d.node is None and d.shares == 75
-        view.remember(d.node, d.card, d.shares)
-    # Four pods of 0.75 wait on four different cards: one new node holds them.
-    assert sorted(view.snapshot().waiting) == sorted(d.card for d in found)
-    assert len({d.card for d in found}) == 4
+        review = admission_objects.review(admission_objects.pod(admission_objects.container("main", "0.75"),
+                                                                name=f"burst-{i}"), uid=f"uid-{i}")
+        answer = client.post("/mutate", data=json.dumps(review), content_type="application/json").get_json()
+        assert answer["response"]["allowed"]
+        pods.append(admission_objects.patched(review["request"]["object"], answer["response"]))
+    cards = [int(next(r for r in p["spec"]["containers"][0]["resources"]["limits"]
+                      if r.startswith("gpushard.io/card-")).removeprefix("gpushard.io/card-")) for p in pods]
+    # Four pods of 0.75 wait on four different cards, each counted once: one new node holds them.
+    assert len(set(cards)) == 4
+    assert view.snapshot().waiting == {k: (75,) for k in cards}
 
     # The API server stores them unbound: each takes its choice over, still waiting once.
-    for i, d in enumerate(found):
-        obj = copy.deepcopy(d.obj)
-        obj["metadata"].update(uid=f"uid-{i}", name=f"burst-{i}")
-        obj["status"] = {"phase": "Pending"}
-        fake.put("pods", obj)
-    clock.now += 60  # past every time to live: only the pods themselves count now
-    o.wait_for(lambda: view.snapshot().waiting == {d.card: (75,) for d in found}, what="the pods waiting")
+    for i, pod in enumerate(pods):
+        pod["metadata"].update(uid=f"uid-{i}", namespace="default")
+        pod["status"] = {"phase": "Pending"}
+        fake.put("pods", pod)
+    o.wait_for(lambda: all(f"uid-{i}" in view._pods for i in range(4)), what="the pods in the view")
+    assert view.snapshot().waiting == {k: (75,) for k in cards}
+    clock.now += 60  # past every time to live: only the pods count now, once each
+    assert view.snapshot().waiting == {k: (75,) for k in cards}
 
     # A node joins and the scheduler binds them there: nothing waits any more.
     fake.put("nodes", o.node("new", {k: CAPACITY for k in range(8)}))
-    for i, d in enumerate(found):
-        obj = copy.deepcopy(d.obj)
-        obj["metadata"].update(uid=f"uid-{i}", name=f"burst-{i}")
-        obj["spec"]["nodeName"] = "new"
-        fake.put("pods", obj)
+    for pod in pods:
+        pod["spec"]["nodeName"] = "new"
+        fake.put("pods", pod)
     o.wait_for(lambda: not view.snapshot().waiting and sum(c.used for c in view.snapshot().nodes[0].cards) == 300,
                what="the pods bound on the new node")
 
@@ -341,4 +345,4 @@ def test_without_new_node_cards_nothing_waits_on_a_card(fake, start_view):
     view.remember(None, 3, 25)
     fake.put("pods", o.pod("pending", 3, 25, phase="Pending"))
     o.wait_for(lambda: "uid-default-pending" in view._pods, what="the pending pod")
-    assert view.snapshot().waiting == {}
+    assert view.snapshot().waiting == {} and not view._queue and not view._ledger.entries

@@ -18,6 +18,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from tests.autoscaling.karpenter import packing_needs
 from webhook import settings
@@ -48,12 +51,12 @@ def new_nodes(waiting: dict[int, list[int]]) -> int:
     return most
 
 
-def burst(view: placement.View, sizes: list[int], new_cards: int) -> dict[int, list[int]]:
+def burst(view: placement.View, sizes: list[int], new_cards: int, salt: str = "") -> dict[int, list[int]]:
     """Each pod decided on the view as it stands, then counted as waiting on its card (as the live view does)."""
     waiting: dict[int, list[int]] = {}
     for i, size in enumerate(sizes):
         current = view.with_waiting({k: tuple(v) for k, v in waiting.items()})
-        choice = placement.choose(current, placement.Ask(size), "binpack", draws.Draw(f"uid-{i}"), None,
+        choice = placement.choose(current, placement.Ask(size), "binpack", draws.Draw(f"uid-{salt}{i}"), None,
                                   new_cards, CAPACITY)
         assert not choice.fits
         waiting.setdefault(choice.card, []).append(size)
@@ -70,6 +73,15 @@ def test_a_burst_from_zero_waits_on_the_indexes_a_packing_needs(sizes):
     waiting = burst(placement.View(()), sorted(sizes, reverse=True), 8)
     assert new_nodes(waiting) == packing_needs(sizes, 8)
     assert set(waiting) <= set(range(8))
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([10, 20, 25, 30, 33, 40, 50, 60, 70, 75, 100]), min_size=1, max_size=40),
+       st.integers(2, 8), st.text(max_size=4))
+def test_a_burst_in_decreasing_order_never_needs_more_new_nodes_than_a_packing(sizes, cards, salt):
+    # Whatever each request's uid draws among the indexes that tie.
+    waiting = burst(placement.View(()), sorted(sizes, reverse=True), cards, salt)
+    assert new_nodes(waiting) <= packing_needs(sizes, cards)
 
 
 def test_without_new_node_cards_every_pod_waits_on_card_0_from_zero():

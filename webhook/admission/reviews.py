@@ -345,8 +345,9 @@ def _answer(request: dict, uid: str, kind: object, kind_label: str, mode: str, p
             if warning:
                 response["warnings"] = [*response.get("warnings", ()), _clip(warning, decisions.WARNING_MAX)]
         # Only a pod gpushard just rewrote is new to the view: a reinvocation over its own output
-        # (an empty patch) must not count the same pod twice.
-        if decision.node is not None and decision.card is not None and view is not None:
+        # (an empty patch) must not count the same pod twice. A pod that fits nowhere (node None) is
+        # counted as waiting on its card where the view keeps such (policy.newNodeCards).
+        if decision.card is not None and decision.shares > 0 and view is not None:
             try:
                 view.remember(decision.node, decision.card, decision.shares)
             except Exception:

@@ -66,7 +66,7 @@ REMEMBER_WAIT_S = 0.05
 NODES, PODS = informing.NODES, informing.PODS
 # The place a pod that fits nowhere stands on (device plugin backend): no node, only its card index. Its
 # remembered choice and, once it shows, the pod itself count there until it binds (``View.waiting``).
-WAITING = ""
+WAITING = remembering.WAITING
 SLICES, CLAIMS = informing.SLICES, informing.CLAIMS
 
 

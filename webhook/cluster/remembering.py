@@ -13,6 +13,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# The node a choice that fits nowhere is remembered on (kube.WAITING): none, only its card index.
+WAITING = ""
+
 
 @dataclass(slots=True)
 class Entry:
@@ -68,13 +71,13 @@ class Ledger:
         A pod with gpushard's preferred term (``preferred``) was chosen on that node: only an
         entry there can be its own (another replica's pod of the same size must not take this
         process's entry). A pod without one takes the oldest entry of its card and shares,
-        preferring its node.
+        preferring its node, and an unbound one a choice that fit nowhere (WAITING) first.
         """
         card, count = min(shares.items())
         if preferred:
             group = self._by_place.get((preferred, card, count))
         else:
-            group = self._by_place.get((node, card, count)) if node else None
+            group = self._by_place.get((node or WAITING, card, count))
             group = group or self._by_ask.get((card, count))
         return next(iter(group.values())) if group else None
 

@@ -80,9 +80,9 @@ CHOICE_CANDIDATES = 64
 CHOICE_SLACK = 5
 
 
-def _new_cards(fills: Sequence[int], size: int, capacity: int) -> tuple[int, bool]:
-    """(cards, whether a pod of ``size`` fits one of them) of one index over new nodes, when first-fit puts the
-    pods of ``fills`` shares on them, one such card per node."""
+def _new_cards(fills: Sequence[int], size: int, capacity: int) -> tuple[int, int, int]:
+    """(cards before, cards with a pod of ``size`` too, the least room it leaves on the card it joins) of one
+    index over new nodes, when first-fit puts the pods of ``fills`` shares on them, one such card per node."""
     cards: list[int] = []
     for shares in fills:
         for i, used in enumerate(cards):
@@ -91,24 +91,24 @@ def _new_cards(fills: Sequence[int], size: int, capacity: int) -> tuple[int, boo
                 break
         else:
             cards.append(shares)
-    return len(cards), any(used + size <= capacity for used in cards)
+    left = [capacity - used - size for used in cards if used + size <= capacity]
+    return (len(cards), len(cards), min(left)) if left else (len(cards), len(cards) + 1, capacity - size)
 
 
 def _waiting_index(view: View, ks: Sequence[int], size: int, capacity: int, rng: Rng | None) -> int:
     """The card index among ``ks`` a pod of ``size`` shares that fits nowhere waits on.
 
     The pods that wait (``view.waiting``) are what new nodes would take, one card ``k`` of each node per
-    index: the index chosen keeps the new nodes they and this pod need fewest (the most cards any index
-    needs, each index first-fit), then the cards of its own index fewest; among the indexes that tie, one
-    drawn with ``rng`` (else the lowest). With no pod waiting every index ties, so waiting pods still spread
-    over the indexes, and a burst that fits nowhere asks an autoscaler for the nodes a packing of it needs."""
+    index, each index filled first-fit: the index chosen keeps the new nodes they and this pod need fewest
+    (the most cards any index needs), then the cards of its own index fewest, then leaves the least room on
+    the card it joins (best fit, so that larger pods find room on the others); among the indexes that still
+    tie, one drawn with ``rng`` (else the lowest). With no pod waiting every index ties, so waiting pods
+    still spread over the indexes, and a burst that fits nowhere asks an autoscaler for the nodes a packing
+    of it needs."""
     waiting = view.waiting
     counts = {k: _new_cards(waiting.get(k, ()), size, capacity) for k in ks}
-    most = max((cards for cards, _fits in counts.values()), default=0)
-    keys = {}
-    for k, (cards, fits) in counts.items():
-        after = cards if fits else cards + 1
-        keys[k] = (max(most, after), after)
+    most = max((before for before, _after, _left in counts.values()), default=0)
+    keys = {k: (max(most, after), after, left) for k, (_before, after, left) in counts.items()}
     best = min(keys.values())
     tied = [k for k in ks if keys[k] == best]
     return tied[rng.randrange(len(tied))] if rng is not None and len(tied) > 1 else tied[0]
@@ -145,8 +145,8 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: Rng | No
     room (``Card.free``), so it is never chosen; a pod pinned to a card cordoned on every node it may
     run on gets a warning that says so. With ``new_cards`` (the cards of a node an autoscaler adds, of
     ``capacity`` shares each), a pod that no node it may run on has room for, or that no shared node matches
-    yet, waits on the index that packs the waiting pods onto the fewest new nodes (``_waiting_index``). The
-    draw uses only ``rng``, so a
+    yet, waits on the index that packs the waiting pods onto the fewest new nodes (``_waiting_index``);
+    without it, on an index drawn among the nodes' (``_drawn_index``). The draw uses only ``rng``, so a
     caller that seeds it per request (as admission does, with the request's uid) leaves no trace
     on later choices.
     """
