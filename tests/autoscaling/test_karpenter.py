@@ -6,7 +6,8 @@ We test, with real Karpenter (its kwok provider) and kwok, gpushard's webhook an
   up the nodes a packing of those pods needs (first-fit decreasing over 8-card nodes), not one per card index
   they were pinned to, and every pod binds; without it (the default), every pod waits on card 0 and the same
   burst takes more nodes (measured, for the table);
-- no node is added that ends up holding none of them (a second scale-up for pods already provided for);
+- with the setting, no node is added that ends up holding none of them (a second scale-up for pods already
+  provided for); without it, that happens at times, and is counted in the table;
 - no card holds more than its shares;
 - once the pods are gone, every node they brought up is removed.
 The figures of each scenario are printed as one table at the end of the run.
@@ -89,10 +90,12 @@ def test_a_burst_brings_up_the_nodes_a_packing_needs_and_they_go_with_their_pods
     row.update({"nodes removed after": len(nodes), "removed in s": f"{time.monotonic() - gone_from:.0f}"})
     print(json.dumps(row))
     assert not over, f"cards past {karpenter.SHARES} shares: {over}"
-    assert not unused, f"nodes added that hold none of the pods: {unused}"
     if not new_node_cards:
+        # The setup the setting replaces, measured for the table: more nodes than a packing needs, and at times
+        # one that the scheduler leaves empty (pods pinned to card 0 the later nodes' cards took first).
         assert len(claims_seen) >= needs
         return
+    assert not unused, f"nodes added that hold none of the pods: {unused}"
     assert len(claims_seen) == needs, (
         f"Karpenter added {len(claims_seen)} nodes for pods a packing puts on {needs}: "
         + json.dumps(sorted(collections.Counter((p.spec.node_name, tuple(
