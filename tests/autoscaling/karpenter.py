@@ -139,7 +139,7 @@ def packing_needs(sizes: list[int], cards: int = CARDS, shares: int = SHARES) ->
 
 def table(rows: list[dict]) -> str:
     header = ("scenario", "pods", "nodes added", "a packing needs", "first create to last bind s",
-              "nodes added twice", "cards over their shares", "nodes removed after", "removed in s")
+              "nodes that hold none of them", "cards over their shares", "nodes removed after", "removed in s")
     lines = [header] + [tuple(str(r.get(h, "-")) for h in header) for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "gpushard autoscaling:\n" + "\n".join("  " + " | ".join(c.ljust(w) for c, w in zip(line, widths,

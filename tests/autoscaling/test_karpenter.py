@@ -79,7 +79,7 @@ def test_a_burst_brings_up_the_nodes_a_packing_needs_and_they_go_with_their_pods
     scenario = f"newNodeCards: {new_node_cards}" if new_node_cards else "without newNodeCards"
     row = {"scenario": f"device plugin, from zero, {scenario}", "pods": len(sizes), "nodes added": len(claims_seen),
            "a packing needs": needs, "first create to last bind s": f"{took:.0f}",
-           "nodes added twice": len(unused), "cards over their shares": len(over)}
+           "nodes that hold none of them": len(unused), "cards over their shares": len(over)}
     conftest.RESULTS.append(row)
 
     # The pods end: every node they brought up goes.
