@@ -5,7 +5,7 @@ test talks HTTP to this server through the real kubernetes client.
 
 It keeps namespaces, nodes, pods and the pod-template workloads (core, apps/v1 and batch/v1)
 in memory, with admission policies, their bindings and ConfigMaps, answers list (with labelSelector and
-fieldSelector on metadata.name, and pages with limit/continue), get, merge-patch of nodes, GETs through
+fieldSelector on metadata.name, and pages with limit/continue), get, merge and JSON patch of nodes, GETs through
 the pod proxy, and watch streams with resourceVersions (an object that stops matching a watch's label selector is
 sent as DELETED, as the API server does); it can expire history (watches from older versions,
 and continue tokens issued before, get 410 Gone) and drop every open watch connection; with
@@ -503,7 +503,7 @@ class FakeKube:
                     if obj is None:
                         return self._status(404, "NotFound", f'{resource} "{name}" not found')
                     patch = json.loads(body or b"{}")
-                    if isinstance(patch, list) and resource in WRITABLE:
+                    if isinstance(patch, list) and (resource in WRITABLE or resource == "nodes"):
                         try:
                             merged = jsonpatch.apply_patch(obj, patch)
                         except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:

@@ -52,7 +52,7 @@ KUBERNETES_CLIENTS = {
     "webhook.authorizing", "webhook.agent.node.otherdrivers", "webhook.agent.node.cordonwatching",
     "webhook.agent.dra.backend", "webhook.agent.dra.kubeletplugin",
     "webhook.agent.dra.slices", "webhook.agent.dra.nodecount", "webhook.agent.metrics.podlisting",
-    "webhook.agent.node.publishing",
+    "webhook.agent.node.publishing", "webhook.agent.node.startuptaint",
     "webhook.agent.dra.runtimechecking",
 }
 

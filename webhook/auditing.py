@@ -854,10 +854,24 @@ def refused_lines(refused: list[dict]) -> str:
     return "".join(lines)
 
 
-def node_lines(problems: list[tuple[str, str]], held: Sequence[tuple[str, str]] = ()) -> str:
+def starting_nodes(nodes: list[dict], policy, picked: set[str] | None = None) -> list[tuple[str, str]]:
+    """(node, message) for each node still coming up for gpushard (core/auditing.py starting): a node an
+    autoscaler just added, whose cards are not advertised yet."""
+    found = []
+    for node in nodes:
+        name = str((node.get("metadata") or {}).get("name") or "")
+        message = auditing.starting(node, policy) if picked is None or name in picked else None
+        if message:
+            found.append((name, message))
+    return sorted(found)
+
+
+def node_lines(problems: list[tuple[str, str]], held: Sequence[tuple[str, str]] = (),
+               starting: Sequence[tuple[str, str]] = ()) -> str:
     """Under the status table: what was found on each node, then what to do."""
     fix = auditing.FIXES[auditing.TOOLKIT_ACCEPTS_ENVVAR]
-    lines = [f"node: {message.removeprefix('gpushard: ')}\n  fix: {fix}\n" for _, message in problems]
+    lines = [f"starting: {message.removeprefix('gpushard: ')}\n" for _, message in starting]
+    lines += [f"node: {message.removeprefix('gpushard: ')}\n  fix: {fix}\n" for _, message in problems]
     lines += [f"node: {message.removeprefix('gpushard: ')}\n" for _, message in held]
     return "".join(lines)
 
@@ -901,6 +915,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
         listed = (nodes if nodes is not None else _list(kubernetes_core(conn).list_node, "nodes", conn)) \
             if output != kubectlflags.NAME else []
         toolkit, held = toolkit_problems(listed, picked), held_cards(listed, picked)
+        starting = starting_nodes(listed, settings.policy, picked)
         refused = [] if output == kubectlflags.NAME or settings.policy.backend == DRA_BACKEND else [
             p for p in refused_pods(_list(_failed_pods(kubernetes_core(conn)), "pods", conn), settings.policy)
             if picked is None or p["node"] in picked]
@@ -915,6 +930,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             document["toolkit"] = [{"node": name, "message": message, "fix": fix}
                                    for name, message in toolkit]
             document["heldByOtherPlugins"] = [{"node": name, "message": message} for name, message in held]
+            document["starting"] = [{"node": name, "message": message} for name, message in starting]
             document["refused"] = refused
             text = _document(document, output)
         elif output == kubectlflags.NAME:
@@ -923,7 +939,7 @@ def run_status(args: argparse.Namespace, settings, out: IO[str] | None = None, e
             text = status_table(use, wide=output == kubectlflags.WIDE, no_headers=getattr(args, "no_headers", False),
                                 shares_per_card=settings.policy.shares_per_card, capped=capped, selector=selector,
                                 shared_nodes=shared_nodes, namespace=namespace, empty=empty)
-            text += refused_lines(refused) + install_lines(install) + node_lines(toolkit, held)
+            text += refused_lines(refused) + install_lines(install) + node_lines(toolkit, held, starting)
         out.write(text)
     except (UsageError, connecting.ConfigError, connecting.ApiError) as exc:
         return _cluster_failure(exc, err)

@@ -23,6 +23,8 @@ _RUNTIME_CLASS = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z
 _PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*)?$")
 # policy.newNodeCards: more cards than any GPU node has is a typo.
 MAX_NEW_NODE_CARDS = 64
+# policy.newNodeCardMemoryMiB: 1 TiB, beyond any GPU's memory.
+MAX_NEW_NODE_CARD_MIB = 1 << 20
 
 
 class SettingsError(ValueError):
@@ -177,7 +179,8 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
 
     pol = _mapping("policy", data.get("policy"))
     _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "nodeAffinity", "hideUnrequestedGpus",
-                                 "exempt", "runtimeClassName", "memorySize", "newNodeCards"})
+                                 "exempt", "runtimeClassName", "memorySize", "newNodeCards",
+                                 "newNodeCardMemoryMiB"})
     hide = pol.get("hideUnrequestedGpus", True)
     if not isinstance(hide, bool):
         raise SettingsError(f"policy.hideUnrequestedGpus: must be true or false, got {hide!r}")
@@ -189,6 +192,14 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
     if isinstance(new_cards, bool) or not isinstance(new_cards, int) or not 0 <= new_cards <= MAX_NEW_NODE_CARDS:
         raise SettingsError(f"policy.newNodeCards: must be a whole number of cards from 0 to {MAX_NEW_NODE_CARDS} "
                             f"(the cards of a node the autoscaler adds; 0: none), got {new_cards!r}")
+    new_mib = pol.get("newNodeCardMemoryMiB", 0)
+    if isinstance(new_mib, bool) or not isinstance(new_mib, int) or not 0 <= new_mib <= MAX_NEW_NODE_CARD_MIB:
+        raise SettingsError(f"policy.newNodeCardMemoryMiB: must be a whole number of MiB from 0 to "
+                            f"{MAX_NEW_NODE_CARD_MIB} (each card's memory on a node the autoscaler adds, as its "
+                            f"label gpushard.io/card-<k>.memory-mib says; 0: unknown), got {new_mib!r}")
+    if new_mib and not new_cards:
+        raise SettingsError(f"policy.newNodeCardMemoryMiB: {new_mib} is set but policy.newNodeCards is 0; set "
+                            "newNodeCards to the cards of a node the autoscaler adds, or newNodeCardMemoryMiB to 0")
     policy = policy_mod.Policy(
         shares_per_card=spc,
         resources=policy_mod.Resources(fraction=fraction, shares=shares, card_prefix=prefix, memory=memory),
@@ -204,6 +215,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         backend=_choice("backend", data.get("backend", policy_mod.DEVICEPLUGIN), policy_mod.BACKENDS),
         memory_size=_choice("policy.memorySize", pol.get("memorySize", "smallest"), policy_mod.MEMORY_SIZES),
         new_node_cards=new_cards,
+        new_node_card_memory_mib=new_mib,
     )
     return Settings(policy=policy, source=source, replacement=_replacement(data.get("replacement")),
                     view=_view(data.get("view")), agent=_agent(data.get("agent")))

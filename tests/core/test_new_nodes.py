@@ -10,7 +10,11 @@ We test:
   a smaller node lacks, and not on an index cordoned on all of them;
 - without newNodeCards nothing changes: the index is drawn among the indexes of the nodes;
 - a pinned pod keeps its pin;
-- newNodeCards is read from the config, and a bad value is refused naming the field.
+- newNodeCards is read from the config, and a bad value is refused naming the field;
+- memory asks (policy.newNodeCardMemoryMiB): from zero a memory ask is sized for a new node's card and
+  required on that card's memory label, a burst of them waits on indexes that pack it as fractions do, an
+  ask above the new card is denied naming it, a card with room now still wins, and without the setting
+  (or under backend dra) the ask from zero is denied as before; the setting needs newNodeCards.
 """
 
 from __future__ import annotations
@@ -23,8 +27,12 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from tests.autoscaling.karpenter import packing_needs
+from tests.core import podmaker
+from tests.core.test_memory import H100, admitted, decide, memory_container, node, required_terms
 from webhook import settings
-from webhook.core import draws, placement
+from webhook.core import draws, names, placement
+from webhook.core import findings as f
+from webhook.core import policy as policy_mod
 from webhook.core.scheduling import Card, Node
 
 CAPACITY = 100
@@ -126,4 +134,68 @@ def test_new_node_cards_is_read_and_a_bad_value_is_named(tmp_path):
     for bad in ("-1", "65", "eight", "true", "2.5"):
         path.write_text(f"version: v1\npolicy: {{newNodeCards: {bad}}}\n")
         with pytest.raises(settings.SettingsError, match="policy.newNodeCards"):
+            settings.load(str(path))
+
+
+# --- memory asks (policy.newNodeCardMemoryMiB) --------------------------------------------------------------
+
+POOL = policy_mod.Policy(new_node_cards=8, new_node_card_memory_mib=H100[1])
+
+
+def test_from_zero_a_memory_ask_is_sized_for_a_new_node_s_card():
+    pod = podmaker.pod(memory_container(ask="20Gi"))
+    decision = decide(pod, placement.View(()), POOL, seed="from-zero")
+    out = admitted(pod, decision)
+    assert decision.shares == 26  # ceil(20480 x 100 / 81559)
+    assert decision.card_memory_mib == H100[1] and 0 <= decision.card < 8
+    assert [x.rule for x in decision.findings] == [f.NO_MATCHING_NODE, f.MEMORY_SIZED]
+    assert "of the 8 cards of a node the autoscaler adds" in decision.findings[0].message
+    assert required_terms(out)[0]["matchExpressions"] == [
+        {"key": names.card_memory_label(decision.card), "operator": "In", "values": [str(H100[1])]}]
+    assert out["spec"]["containers"][0]["resources"]["limits"][f"gpushard.io/card-{decision.card}"] == "26"
+
+
+def test_a_burst_of_memory_asks_from_zero_packs_as_fractions_do():
+    view, waiting = placement.View(()), {}
+    for i in range(16):  # 16 pods of 40Gi: 51 shares each, one per card of two new 8-card nodes
+        decision = decide(podmaker.pod(memory_container(ask="40Gi")),
+                          view.with_waiting({k: tuple(v) for k, v in waiting.items()}), POOL, seed=f"m{i}")
+        assert decision.allowed and decision.shares == 51
+        waiting.setdefault(decision.card, []).append(decision.shares)
+    assert new_nodes(waiting) == 2 == packing_needs([51] * 16, 8)
+
+
+def test_an_ask_above_a_new_node_s_card_is_denied_naming_it():
+    decision = decide(podmaker.pod(memory_container(ask="100Gi")), placement.View(()), POOL)
+    assert not decision.allowed
+    assert decision.message == ("gpushard: the pod asks 102400 MiB of GPU memory, more than the largest card holds "
+                                "(a card of the nodes the autoscaler adds, 81559 MiB); ask at most 81559Mi")
+
+
+def test_a_card_with_room_now_still_wins():
+    view = placement.View((node("h", [H100] * 2, {0: 100}),))
+    decision = decide(podmaker.pod(memory_container(ask="20Gi")), view, POOL, seed="s")
+    assert (decision.node, decision.card, decision.findings[0].rule) == ("h", 1, f.MEMORY_SIZED)
+    full = placement.View((node("h", [H100] * 2, {0: 100, 1: 100}),))
+    waits = decide(podmaker.pod(memory_container(ask="20Gi")), full, POOL, seed="s")
+    assert waits.allowed and waits.node is None and waits.card in (0, 1)  # an index node h has too
+    assert waits.findings[0].rule == f.NO_ROOM
+
+
+@pytest.mark.parametrize("policy", [policy_mod.Policy(new_node_cards=8),
+                                    policy_mod.Policy(new_node_cards=8, new_node_card_memory_mib=H100[1],
+                                                      backend=policy_mod.DRA)], ids=["no-size", "dra"])
+def test_without_the_size_or_under_dra_a_memory_ask_from_zero_is_denied(policy):
+    decision = decide(podmaker.pod(memory_container(ask="20Gi")), placement.View(()), policy)
+    assert not decision.allowed and "no shared node publishes its cards' memory" in decision.message
+
+
+def test_new_node_card_memory_is_read_and_a_bad_value_is_named(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\npolicy: {newNodeCards: 8, newNodeCardMemoryMiB: 81559}\n")
+    assert settings.load(str(path)).policy.new_node_card_memory_mib == 81559
+    for bad in ("newNodeCards: 8, newNodeCardMemoryMiB: -1", "newNodeCards: 8, newNodeCardMemoryMiB: 80Gi",
+                "newNodeCards: 8, newNodeCardMemoryMiB: 2000000", "newNodeCardMemoryMiB: 81559"):
+        path.write_text(f"version: v1\npolicy: {{{bad}}}\n")
+        with pytest.raises(settings.SettingsError, match="policy.newNodeCardMemoryMiB"):
             settings.load(str(path))

@@ -5,7 +5,9 @@ evaluates the CEL as the API server would), for requests by the agent's ServiceA
 - a label or annotation change (what the agent's merge patch makes) on the Node its token
   names passes; on another Node it is denied, as it is with a token naming no node (no extra
   at all, an empty list, another key);
-- a change to the Node's spec (a taint, unschedulable, podCIDR), on its own Node, is denied;
+- a change to the Node's spec (a taint, unschedulable, podCIDR), on its own Node, is denied, but for
+  gpushard's startup taint removed (by the patch its lifter sends too): adding it, removing another
+  startup taint, or removing it together with another taint or beside a podCIDR change is denied;
 - a status-only change passes, through the Node itself (spec unchanged) and through
   nodes/status (not matched: the policy's rule names only nodes);
 - requests by anyone else (the kubelet, an admin, another ServiceAccount) are not matched;
@@ -27,11 +29,12 @@ from __future__ import annotations
 import copy
 import re
 
+import jsonpatch
 import pytest
 
 from tests.deploy import admission_policy, rendering
 from tests.deploy.test_manifests import BASE
-from webhook.agent.node import nvml, publishing
+from webhook.agent.node import nvml, publishing, startuptaint
 from webhook.core import names
 
 AGENT = "system:serviceaccount:gpushard-system:gpushard-agent"
@@ -82,6 +85,12 @@ def verdicts(policy_and_binding) -> dict[str, bool]:
     moved = node("gpu-1", podCIDR="10.9.9.0/24")
     status = copy.deepcopy(own)
     status["status"]["capacity"]["gpushard.io/gpu"] = "200"
+    startup = {"key": names.STARTUP_TAINT, "effect": "NoSchedule"}
+    other_startup = {"key": "startup-taint.cluster-autoscaler.kubernetes.io/cni", "effect": "NoSchedule"}
+    gpu = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    starting = node("gpu-1", taints=[gpu, startup])
+    starting["metadata"]["resourceVersion"] = "7"
+    lifted = jsonpatch.apply_patch(starting, startuptaint.lift_patch(starting))
     cases = {
         "own node relabelled": admit(policy_and_binding, relabelled(own), own, extra=ON),
         "own node, several names in the token": admit(policy_and_binding, relabelled(own), own,
@@ -95,6 +104,19 @@ def verdicts(policy_and_binding) -> dict[str, bool]:
         "own node cordoned": admit(policy_and_binding, cordoned, own, extra=ON),
         "own node podCIDR": admit(policy_and_binding, moved, own, extra=ON),
         "own node status only": admit(policy_and_binding, status, own, extra=ON),
+        "own startup taint removed": admit(policy_and_binding, node("gpu-1", taints=[gpu]), starting, extra=ON),
+        "own startup taint removed by the lifter's patch": admit(policy_and_binding, lifted, starting, extra=ON),
+        "own last taint, the startup taint, removed": admit(policy_and_binding, own, node("gpu-1", taints=[startup]),
+                                                            extra=ON),
+        "own startup taint added": admit(policy_and_binding, starting, node("gpu-1", taints=[gpu]), extra=ON),
+        "another startup taint removed": admit(policy_and_binding, node("gpu-1", taints=[startup]),
+                                               node("gpu-1", taints=[startup, other_startup]), extra=ON),
+        "startup taint removed with another startup taint": admit(policy_and_binding, own,
+                                                                  node("gpu-1", taints=[startup, other_startup]),
+                                                                  extra=ON),
+        "startup taint removed with another": admit(policy_and_binding, own, starting, extra=ON),
+        "startup taint removed, podCIDR changed": admit(policy_and_binding, node("gpu-1", podCIDR="10.9.9.0/24"),
+                                                        node("gpu-1", taints=[startup]), extra=ON),
         "own node status via nodes/status": admit(policy_and_binding, status, own, extra=ON, subresource="status"),
         "kubelet taints a node": admit(policy_and_binding, tainted, own, username="system:node:gpu-1"),
         "admin relabels another node": admit(policy_and_binding, relabelled(other), other, username="admin",
@@ -111,6 +133,11 @@ EXPECTED = {
     "own node relabelled": True, "own node, several names in the token": True, "other node relabelled": False,
     "no extra": False, "empty node name list": False, "another extra key": False, "own node tainted": False,
     "own node cordoned": False, "own node podCIDR": False, "own node status only": True,
+    "own startup taint removed": True, "own startup taint removed by the lifter's patch": True,
+    "own last taint, the startup taint, removed": True, "own startup taint added": False,
+    "another startup taint removed": False, "startup taint removed with another": False,
+    "startup taint removed with another startup taint": False,
+    "startup taint removed, podCIDR changed": False,
     "own node status via nodes/status": True, "kubelet taints a node": True, "admin relabels another node": True,
     "another account relabels": True,
 }
@@ -121,8 +148,12 @@ def test_the_agent_changes_only_labels_and_annotations_of_its_own_node(shipped):
     assert {name: o.allowed for name, o in outcomes.items()} == EXPECTED
     for name in ("other node relabelled", "no extra", "empty node name list", "another extra key"):
         assert outcomes[name].message == "gpushard: the agent may change only the Node it runs on"
-    for name in ("own node tainted", "own node cordoned", "own node podCIDR"):
-        assert outcomes[name].message == "gpushard: the agent may change a Node's labels and annotations, not its spec"
+    for name in ("own node tainted", "own node cordoned", "own node podCIDR", "own startup taint added",
+                 "another startup taint removed", "startup taint removed with another",
+                 "startup taint removed with another startup taint",
+                 "startup taint removed, podCIDR changed"):
+        assert outcomes[name].message == "gpushard: the agent may change a Node's labels and annotations and " \
+                                         "remove its startup taint, nothing else of its spec"
     # Who is not the agent is not matched at all (the match condition is false), nor is nodes/status.
     for name in ("kubelet taints a node", "admin relabels another node", "another account relabels",
                  "own node status via nodes/status"):
@@ -152,11 +183,24 @@ def _metadata_only(p: dict) -> None:
     _validation(p, "object.spec")["expression"] = "object.metadata.name == oldObject.metadata.name"
 
 
+def _any_taint_removed(p: dict) -> None:
+    rule = _validation(p, "object.spec")
+    rule["expression"] = rule["expression"].replace(f"t.key != '{names.STARTUP_TAINT}'", "false")
+
+
+def _startup_prefix(p: dict) -> None:
+    # Any startup taint, not gpushard's own: another component's would go too.
+    rule = _validation(p, "object.spec")
+    rule["expression"] = rule["expression"].replace(f"t.key != '{names.STARTUP_TAINT}'",
+                                                    "!t.key.startsWith('startup-taint.cluster-autoscaler.kubernetes.io/')")
+
+
 def _everyone(p: dict) -> None:
     p["spec"]["matchConditions"][0]["expression"] = "true"
 
 
-@pytest.mark.parametrize("break_it", [_any_node, _spec_unchecked, _no_node_check, _metadata_only, _everyone])
+@pytest.mark.parametrize("break_it", [_any_node, _spec_unchecked, _no_node_check, _metadata_only, _everyone,
+                                      _any_taint_removed, _startup_prefix])
 def test_each_break_of_the_policy_flips_a_verdict(shipped, break_it):
     """Breaks: any node name accepted; the spec check dropped; the node check dropped; the spec
     check comparing metadata instead; the match condition true for everyone. Each must change at

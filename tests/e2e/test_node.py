@@ -6,6 +6,8 @@
 - a pod whose card is full stays Pending with the scheduler's reason;
 - the agent may write gpushard's own keys on its own Node, and nothing else: not another node, not another
   label or annotation (node-restriction.kubernetes.io/ above all), not the spec, not the status;
+- the agent removes the autoscaler's startup taint gpushard's node groups put on new nodes once the Node
+  advertises its cards, and leaves another component's startup taint;
 - after a kubelet restart the agent registers again: the node advertises its shares again and the pod keeps
   its devices;
 - a card's Xid reaches the status of the pod on that card (allocatedResourcesStatus, Unhealthy) and of no
@@ -26,6 +28,7 @@ import pytest
 
 from tests.e2e import components, gpushard, objects
 from webhook.agent.node import podresources
+from webhook.core import names
 
 CHECKPOINT = components.DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint"
 NODE = components.NODE_NAME
@@ -165,6 +168,23 @@ def test_agent_may_not_write_beyond_its_keys(agent, kubectl, other_node, node, p
     assert after["metadata"].get("labels") == before["metadata"].get("labels")
     assert after["metadata"].get("annotations", {}).get("example.com/owner") is None
     assert after["spec"] == before["spec"]
+
+
+def test_agent_lifts_its_startup_taint(agent, kubectl):
+    other = "startup-taint.cluster-autoscaler.kubernetes.io/example"
+    agent.wait_allocatable({"gpushard.io/card-0": "100", "gpushard.io/card-1": "100"})
+
+    def keys() -> set[str]:
+        return {t["key"] for t in kubectl.json("get", "node", NODE)["spec"].get("taints") or ()
+                if t["key"].startswith("startup-taint.")}
+    kubectl.run("taint", "node", NODE, f"{names.STARTUP_TAINT}=:NoSchedule", f"{other}=:NoSchedule")
+    try:
+        components.wait_for("the agent removing gpushard's startup taint", lambda: keys() == {other}, timeout=60,
+                            explain=agent.tail)
+        assert "startup taint" in agent.log()
+    finally:
+        kubectl.run("taint", "node", NODE, f"{other}-", f"{names.STARTUP_TAINT}-", check=False)
+    assert keys() == set()
 
 
 def test_agent_may_not_write_node_status(agent, kubectl):

@@ -1,4 +1,5 @@
-"""The wiring of `gpushard agent`: backend, health watcher, plugin servers, kubelet keeper, publisher, cordons."""
+"""The wiring of `gpushard agent`: backend, health watcher, plugin servers, kubelet keeper, publisher, cordons,
+startup taint."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from webhook.agent.node import (
     podresources,
     publishing,
     sockets,
+    startuptaint,
     toolkitcheck,
 )
 from webhook.core import names
@@ -67,6 +69,9 @@ class Backend(Protocol):
 
     def sockets(self) -> list[sockets.Server]: ...
 
+    def advertised(self, cards: frozenset[int]) -> list[str]:
+        """The resources the Node's allocatable shows once the backend serves ``cards`` (card indexes)."""
+
     def unready(self) -> list[str]:
         """Why the kubelet cannot use the backend yet; empty once it can."""
 
@@ -90,7 +95,8 @@ class Agent:
                  holders_refresh: float = holders.REFRESH_S,
                  cordons: Callable[[], cordonwatching.Watcher] | None = None,
                  toolkit: toolkitcheck.Checker | None = None, toolkit_interval: float = 60.0,
-                 foreign_interval: float = otherplugins.INTERVAL_S) -> None:
+                 foreign_interval: float = otherplugins.INTERVAL_S,
+                 startup: Callable[[Callable[[], list[str]]], startuptaint.Lifter] | None = None) -> None:
         self.devices = devices
         self.policy = policy
         self.cards, self.excluded = _whole_cards(devices)
@@ -115,8 +121,11 @@ class Agent:
                                                      holders_refresh=holders_refresh)
         self.backend = backend(self)
         self.backend.on_change = self._inventory_changed
+        # Removes the autoscaler's startup taint once the Node advertises the offered cards; it reads the
+        # Node the cordon watch follows.
+        self.startup = startup(self.advertised) if startup is not None and self.cordons is not None else None
         if self.cordons is not None:
-            self.cordons.on_node = self.backend.seen_node
+            self.cordons.on_node = self._seen_node
         self.publisher = publisher(self.present_cards) if publisher is not None else None
         if self.publisher is not None:
             self.publisher.details = self.inventory_details
@@ -134,6 +143,19 @@ class Agent:
         self.toolkit_interval = toolkit_interval
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+
+    def _seen_node(self, node: dict | None) -> None:
+        if self.backend.seen_node is not None:
+            self.backend.seen_node(node)
+        if self.startup is not None:
+            self.startup.seen(node)
+
+    def advertised(self) -> list[str]:
+        """What the Node's allocatable shows once the kubelet took the cards offered now: present, healthy and
+        not cordoned (a card withheld shows 0 and must not keep the node tainted)."""
+        healthy = self.board.snapshot().healthy
+        offered = frozenset(c.index for c in self.present_cards() if healthy.get(c.index, False)) - self.cordoned()
+        return self.backend.advertised(offered)
 
     def present_cards(self) -> list[nvml.Card]:
         present = self.board.snapshot().present
@@ -158,10 +180,14 @@ class Agent:
         # again; health is untouched.
         self.board.touch()
         self.backend.changed()
+        if self.startup is not None:
+            self.startup.changed()
 
     def _changed(self) -> None:
         self._inventory_changed()
         self.backend.changed()
+        if self.startup is not None:
+            self.startup.changed()
 
     def _inventory_changed(self) -> None:
         if self.publisher is not None:
@@ -244,6 +270,8 @@ class Agent:
                      min(self.tick, 0.5))
         if self.publisher is not None:
             self._thread("gpushard-publish", self.publisher.run, self._stop)
+        if self.startup is not None:
+            self._thread("gpushard-startup-taint", self.startup.run, self._stop)
         if self.conflicts is not None:
             self._thread("gpushard-dra-conflicts", self.conflicts.run, self._stop)
         if self.toolkit is not None:
@@ -334,12 +362,16 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
 
     conflicts = None
     cordons = None
+    startup = None
     if api is not None:
         def conflicts(cards):
             return otherdrivers.Watcher(api, node_name, cards, timeout=timeout)
 
         def cordons():
             return cordonwatching.Watcher(api, node_name)
+
+        def startup(advertised):
+            return startuptaint.Lifter(api, node_name, advertised, timeout=timeout)
 
     # The one place that picks the backend.
     if settings.policy.backend == policy_mod.DRA:
@@ -364,7 +396,7 @@ def run(args: argparse.Namespace, settings: settings_mod.Settings) -> int:
                                                  poll=args.poll_interval)
     agent = Agent(devices, settings.policy, args.device_plugin_dir, publisher, poll=args.poll_interval,
                   mps_root=getattr(args, "mps_root", None) or containerlimits.DEFAULT_MPS_ROOT, backend=backend,
-                  conflicts=conflicts, cordons=cordons,
+                  conflicts=conflicts, cordons=cordons, startup=startup,
                   toolkit=toolkitcheck.Checker(getattr(args, "toolkit_config", None) or toolkitcheck.CONFIG_PATHS),
                   pod_resources=podresources.Client(getattr(args, "pod_resources_socket", None) or podresources.SOCKET))
     stop = threading.Event()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from webhook.core import asks as req
 from webhook.core import decisions, extended, hostaccess, names, objects, quantities, replacement, rewrite
 from webhook.core import findings as f
-from webhook.core.policy import Policy
+from webhook.core.policy import DRA, Policy
 
 # Rule ids that only an audit can see: they need the namespace, the node or the pod's history.
 NOT_OPTED_IN = "not-opted-in"
@@ -363,6 +363,30 @@ def held_by_others(node: dict) -> list[str]:
         found.append(f"gpushard: card {index} of node \"{name}\" is held by pods of another device plugin: {who}; "
                      "its shares are not offered to new pods until those end")
     return found
+
+
+def starting(node: dict, policy: Policy) -> str | None:
+    """Why a Node is still coming up for gpushard: it keeps gpushard's startup taint (its agent removes it once
+    the Node advertises its cards), or, under the device-plugin backend, the card count its label gives is
+    more than the card resources its allocatable lists. None for a node that is up (or no GPU node at all)."""
+    name = _meta(node).get("name") or ""
+    taints = _dict(node.get("spec")).get("taints")
+    tainted = isinstance(taints, list) and any(isinstance(t, dict) and t.get("key") == names.STARTUP_TAINT
+                                               for t in taints)
+    allocatable = _dict(_dict(node.get("status")).get("allocatable"))
+    listed = sum(1 for key in allocatable if isinstance(key, str) and key.startswith(policy.resources.card_prefix))
+    label = _dict(_meta(node).get("labels")).get(names.CARDS_LABEL)
+    expected = int(label) if isinstance(label, str) and label.isdigit() else 0
+    short = policy.backend != DRA and listed < expected
+    if not tainted and not short:
+        return None
+    shown = f"its allocatable lists {listed} of its {expected} cards" if expected else \
+        f"its allocatable lists {listed} card{'s' if listed != 1 else ''}"
+    if tainted:
+        return (f"gpushard: node \"{name}\" is starting: it keeps the startup taint {names.STARTUP_TAINT} until "
+                f"gpushard's agent there sees its cards advertised ({shown}); if it stays, read that agent's log")
+    return (f"gpushard: node \"{name}\" is starting: {shown}; pods wait until the kubelet registers gpushard's "
+            "agent there (if it stays, read that agent's log)")
 
 
 def audit(objects: Iterable[Located], policy: Policy) -> list[Item]:

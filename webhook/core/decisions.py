@@ -410,11 +410,13 @@ def _place_memory(request: Request, asks: list[req.ContainerAsk], scheduling: pl
             "yet to size it; try again shortly (gpushard review: give --cluster FILE)"))
         return Decision(allowed=False, code=403, message=finding.message, findings=[*found, finding])
     spc = policy.shares_per_card
+    # Nodes to come are sized for the device-plugin backend alone, as in placement.choose (docs/autoscaling.md).
+    new_cards = policy.new_node_cards if policy.backend != policy_mod.DRA else 0
     ask = placement.Ask(0, None, scheduling.node_name, scheduling.node_selector, scheduling.required_terms,
                         scheduling.tolerations)
     choice = placement.choose_sized(view, ask, lambda mib: req.size(asks, mib, spc), spc, policy.memory_size,
                                     policy.placement, draws.Draw(request.seed) if request.seed else None,
-                                    asked_mib=asked)
+                                    asked_mib=asked, new_cards=new_cards, new_mib=policy.new_node_card_memory_mib)
     if choice.denied:
         found += choice.findings
         return Decision(allowed=False, code=403, message=deny_message(found), findings=found)

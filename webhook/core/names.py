@@ -136,6 +136,10 @@ MPS_CLIENT_SHM_DIR = "/dev/shm"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# The taint an autoscaled node group puts on its new nodes, which the agent removes once the Node advertises
+# its cards (webhook/agent/node/startuptaint.py). cluster-autoscaler counts a node with a taint of this prefix
+# as still starting; Karpenter waits for a NodePool's startupTaints to go before it calls a node initialized.
+STARTUP_TAINT = "startup-taint.cluster-autoscaler.kubernetes.io/gpushard"
 
 # Audit annotation keys are the name part of a qualified name: the API server
 # prefixes them with the webhook's name, so they carry no "/" and stay short.

@@ -227,20 +227,25 @@ def largest_card(view: View) -> tuple[int, str]:
 
 def choose_sized(view: View, ask: Ask, shares_for: Callable[[int], int], shares_per_card: int,
                  size_policy: str = "smallest", strategy: str = "binpack",
-                 rng: Rng | None = None, asked_mib: int = 0) -> SizedChoice:
+                 rng: Rng | None = None, asked_mib: int = 0, new_cards: int = 0, new_mib: int = 0) -> SizedChoice:
     """Pick a card size and a card of that size for a memory ask.
 
     ``shares_for(size_mib)`` is the pod's shares on a card of that size. Sizes that hold the pod
     (at most ``shares_per_card`` shares) are tried in ``size_policy`` order; the first with a card
     that has room on a node the pod may run on wins, the card chosen among those of that size as
-    ``choose`` does (binpack or spread, drawn among the best few with ``rng``). When none has room,
-    the first size the pod's nodes offer, on an index drawn among them; the pod waits for it.
+    ``choose`` does (binpack or spread, drawn among the best few with ``rng``). When none has room:
+    with ``new_cards`` and ``new_mib`` (the cards of a node an autoscaler adds and their MiB) that hold the
+    pod, it waits for a card of ``new_mib`` on the index that packs the waiting pods onto the fewest new
+    nodes, as ``choose`` does; else on the first size the pod's nodes offer, on an index drawn among them.
     """
     sizes = view.sizes()
     held = sorted((mib for mib in sizes if shares_for(mib) <= shares_per_card),
                   reverse=size_policy == "largest")
-    if not held:
+    new = new_mib if new_cards and new_mib and shares_for(new_mib) <= shares_per_card else 0
+    if not held and not new:
         mib, model = largest_card(view)
+        if new_cards and new_mib > mib:
+            mib, model = new_mib, "a card of the nodes the autoscaler adds"
         return SizedChoice(0, 0, 0, denied=True, findings=(f.Finding(f.MEMORY_ABOVE_CARD, f.DENY, (
             f"gpushard: the pod asks {asked_mib} MiB of GPU memory, more than the largest card holds "
             f"({model or 'a card'}, {mib} MiB); ask at most {mib}Mi") if mib else (
@@ -260,6 +265,13 @@ def choose_sized(view: View, ask: Ask, shares_for: Callable[[int], int], shares_
             return SizedChoice(k, mib, shares, node=view.node(pos).name, fits=True)
         if waiting is None:
             waiting = (mib, masks)
+    if new:
+        shares = shares_for(new)
+        ks = [k for k in _waiting_indexes(view, mask, new_cards) if k < new_cards] if mask else []
+        k = _waiting_index(view, ks or range(new_cards), shares, shares_per_card, rng)
+        return SizedChoice(k, new, shares, findings=(_warn(f.NO_ROOM if mask else f.NO_MATCHING_NODE, (
+            f"no card of {new} MiB has {shares} free shares now; card {k} chosen of the {new_cards} cards of a "
+            "node the autoscaler adds, the pod stays Pending until one joins or frees up")),))
     if waiting is None:
         mib = held[0]
         k = min(sizes[mib])

@@ -96,3 +96,6 @@ class Policy:
     # on one of those card indexes, chosen so that the waiting pods fit on as few new nodes as a packing needs;
     # it is also what a pod waits on while no shared node exists yet (docs/autoscaling.md).
     new_node_cards: int = 0
+    # The memory in MiB of each card of such a node, as its agent will publish it (label
+    # gpushard.io/card-<k>.memory-mib): what a memory ask is sized for when no card has room now (0: unknown).
+    new_node_card_memory_mib: int = 0

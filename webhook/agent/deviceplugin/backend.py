@@ -66,6 +66,10 @@ class DevicePluginBackend:
     def sockets(self) -> list[sockets.Server]:
         return [p.socket for p in self.plugins]
 
+    def advertised(self, cards: frozenset[int]) -> list[str]:
+        """The node-wide resource and those of ``cards``: what the Node's allocatable shows once registered."""
+        return [r.name for r in self.resources if r.card_index is None or r.card_index in cards]
+
     def unready(self) -> list[str]:
         waiting = self.keeper.unregistered() if self.plugins else []
         return [f"the kubelet has not registered {', '.join(waiting)} yet"] if waiting else []

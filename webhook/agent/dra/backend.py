@@ -126,6 +126,10 @@ class DraBackend:
     def sockets(self) -> list[sockets.Server]:
         return self.plugin.sockets()
 
+    def advertised(self, cards: frozenset[int]) -> list[str]:
+        """The count in the Node's status; the cards themselves are in the ResourceSlice, not the Node."""
+        return [self.count.resource] if self.count is not None else []
+
     def unready(self) -> list[str]:
         return self.plugin.unready()
 

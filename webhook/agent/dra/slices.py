@@ -17,6 +17,7 @@ from typing import cast
 import kubernetes
 
 from webhook.core import draobjects, names
+from webhook.kubeapi import connecting
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,8 @@ class SlicePublisher:
             log.error("%s", exc)
             return True  # sending it again would not change the answer
         except Exception as exc:  # the API server may be away for a while; the agent must keep serving
-            log.warning("gpushard: cannot publish ResourceSlice %r (will retry): %s", self.name, _short(exc))
+            log.warning("gpushard: cannot publish ResourceSlice %r (will retry): %s", self.name,
+                        connecting.failure_text(exc))
             return False
         self.published = obj["spec"]
         log.info("gpushard: published ResourceSlice %r with %d card(s), pool generation %d", self.name,
@@ -122,8 +124,3 @@ def _same_devices(current: dict, wanted: dict) -> bool:
     return (have.get("devices") or []) == want["devices"] and have.get("driver") == want["driver"] and \
         have.get("nodeName") == want["nodeName"] and (have.get("pool") or {}).get("name") == want["pool"]["name"]
 
-
-def _short(exc: Exception) -> str:
-    status = getattr(exc, "status", None)
-    reason = getattr(exc, "reason", None)
-    return f"HTTP {status} {reason}" if status else str(exc)

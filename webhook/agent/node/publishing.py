@@ -108,7 +108,7 @@ class Publisher:
             self.core.patch_node(self.node_name, patch, _content_type=MERGE_PATCH, _request_timeout=self.timeout)
         except Exception as exc:  # the API server may be away for a while; the agent must keep serving
             log.warning("gpushard: cannot publish the inventory on node %r (will retry): %s",
-                        self.node_name, _short(exc))
+                        self.node_name, connecting.failure_text(exc))
             return False
         self.published = patch
         log.info("gpushard: published %s cards on node %r", patch["metadata"]["labels"][names.CARDS_LABEL],
@@ -127,8 +127,3 @@ class Publisher:
                 self._dirty.set()
                 stop.wait(self.retry)
 
-
-def _short(exc: Exception) -> str:
-    status = getattr(exc, "status", None)
-    reason = getattr(exc, "reason", None)
-    return f"HTTP {status} {reason}" if status else str(exc)
