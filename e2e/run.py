@@ -8,7 +8,8 @@ Tiers: ``e2e`` (tests/e2e: the control plane, and a kubelet over Kubernetes' fak
 among them), ``install`` (tests/runtime_install:
 deploy/base as pods from gpushard's image, on Debian's containerd), ``install-dra`` (tests/runtime_install_dra:
 deploy/overlays/dra as pods, on the module's containerd 2.x, which applies CDI devices), ``autoscaling``
-(tests/autoscaling: fractional pods on a pool that real Karpenter scales, kwok playing its nodes' kubelets).
+(tests/autoscaling: fractional pods on a pool that real Karpenter scales, kwok playing its nodes' kubelets), ``kueue``
+(tests/kueue: Jobs and plain pods of fractional asks under a ClusterQueue's quota in shares, real Kueue).
 ``--matrix`` runs
 ``e2e`` on every pinned Kubernetes and the runtime tiers on the default one. The variables of the tiers
 (``KUBEBUILDER_ASSETS``, ``GPUSHARD_E2E_KUBELET``, ``GPUSHARD_E2E_CRI``, ``GPUSHARD_E2E_CONTAINERD``,
@@ -36,8 +37,8 @@ import build  # noqa: E402  (e2e/build.py, beside this file)
 
 ROOT = Path(__file__).resolve().parents[1]
 TIERS = {"e2e": "tests/e2e", "runtime": "tests/runtime", "install": "tests/runtime_install",
-         "install-dra": "tests/runtime_install_dra", "autoscaling": "tests/autoscaling"}
-TIMEOUTS = {"e2e": 600, "runtime": 900, "install": 900, "install-dra": 900, "autoscaling": 900}
+         "install-dra": "tests/runtime_install_dra", "autoscaling": "tests/autoscaling", "kueue": "tests/kueue"}
+TIMEOUTS = {"e2e": 600, "runtime": 900, "install": 900, "install-dra": 900, "autoscaling": 900, "kueue": 600}
 INSTALLS = ("install", "install-dra")
 # What the runtime tiers take from Debian (containerd 1.6, runc, the CNI plugins, busybox for the images).
 DEBIAN = {"containerd": "/usr/bin/containerd", "runc": "/usr/sbin/runc",
@@ -190,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="e2e/run.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--kubernetes", action="append", default=[], metavar="MINOR",
                         help="a pinned minor (default: KUBERNETES_DEFAULT of e2e/versions.env), or 'all'")
-    parser.add_argument("--tiers", default="e2e,autoscaling,runtime,install,install-dra",
-                        help="e2e, autoscaling, runtime, install, install-dra (comma-separated)")
+    parser.add_argument("--tiers", default="e2e,autoscaling,kueue,runtime,install,install-dra",
+                        help="e2e, autoscaling, kueue, runtime, install, install-dra (comma-separated)")
     parser.add_argument("--containerd", default="debian,module", help="debian, module: the runtime tiers' runtimes")
     parser.add_argument("--matrix", action="store_true", help="e2e on every pinned minor, runtime tiers on the default")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to every pytest run")
@@ -228,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
                 build.build_autoscaling(found)
             rows.append(run_tier(Row(version, f"Karpenter {found['KARPENTER']}, kwok {found['KWOK']}", "autoscaling"),
                                  env, args.pytest_args))
+        if "kueue" in tiers and minor in runtime_minors:
+            if not os.environ.get("GPUSHARD_E2E_KUEUE"):
+                build.build_kueue(found)
+            if not env.get("GPUSHARD_E2E_CRI") and not os.environ.get("GPUSHARD_E2E_FAKECRI"):
+                build.build_fakecri(found)
+            rows.append(run_tier(Row(version, f"Kueue {found['KUEUE']}, fake CRI", "kueue"), env, args.pytest_args))
         if minor not in runtime_minors or not {"runtime", *INSTALLS} & set(tiers):
             continue
         why = debian_packages()

@@ -97,8 +97,9 @@ def test_nvidias_modules_require_their_pins_and_build_their_commands(folder, mod
 
 @pytest.mark.parametrize(("folder", "module", "tool", "pin"), [
     ("karpenter", build.KARPENTER_MODULE, "sigs.k8s.io/karpenter/kwok", "KARPENTER"),
-    ("kwok", build.KWOK_MODULE, "sigs.k8s.io/kwok/cmd/kwok", "KWOK")])
-def test_the_autoscaling_modules_require_their_pins_and_build_their_commands(folder, module, tool, pin):
+    ("kwok", build.KWOK_MODULE, "sigs.k8s.io/kwok/cmd/kwok", "KWOK"),
+    ("kueue", build.KUEUE_MODULE, "sigs.k8s.io/kueue/cmd/kueue", "KUEUE")])
+def test_the_peer_modules_require_their_pins_and_build_their_commands(folder, module, tool, pin):
     go_mod = (ROOT / "e2e" / folder / "go.mod").read_text()
     assert requires(go_mod)[module] == PINS[pin]
     assert "-" not in PINS[pin], "a release, not a beta or rc"

@@ -3,6 +3,8 @@
 We test:
 - an unbound pod with gpushard's preferred term counts on that node however long it waits (far
   past the time to live of remembered choices), then where it binds, then nowhere once it ends;
+- a pod a queue holds with a scheduling gate (Kueue's) counts only through the choice remembered for it, until
+  that expires; once the gate is lifted it counts on its node, once, and where it binds;
 - an unbound pod without the term that took over a remembered choice keeps counting on its node
   past the time to live, until it binds; deleted unbound, it stops counting at once;
 - another replica's pod of the same card and size, chosen on another node, does not take this
@@ -101,3 +103,28 @@ def test_thousands_of_choices_expire_together_and_in_order(fake, start_view):
             o.used(view.snapshot(), "gpu-a", 1)) == (0, 0, 7)
     clock.now += 10
     assert o.used(view.snapshot(), "gpu-a", 1) == 0
+
+
+def test_a_gated_pod_counts_nowhere_until_its_gate_is_lifted(fake, start_view):
+    clock = Clock()
+    view = _start(fake, start_view, clock)
+    gate = {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}
+    view.remember("gpu-a", 1, 40)  # the admission's choice, before the queue's webhook gated it
+    fake.put("pods", o.pod("q1", 1, 40, extra={**preferred("gpu-a"), **gate}, phase="Pending"))
+    view.remember("gpu-b", 0, 30)
+    fake.put("pods", o.pod("q2", 0, 30, extra={**preferred("gpu-b"), **gate}, phase="Pending"))
+    _mark(fake, view, 1)
+    # Just gated: its remembered choice counts (a burst let through at once must not land on the same room).
+    assert (o.used(view.snapshot(), "gpu-a", 1), o.used(view.snapshot(), "gpu-b", 0)) == (40, 30)
+    fake.put("pods", o.pod("q2", 0, 30, extra=preferred("gpu-b"), phase="Pending"))  # let through at once
+    _mark(fake, view, 2)
+    assert o.used(view.snapshot(), "gpu-b", 0) == 30  # once: the pod took its choice over
+    clock.now += 31  # the queue holds q1 past the choice's time to live: q1 holds no room
+    _mark(fake, view, 3)
+    assert o.used(view.snapshot(), "gpu-a", 1) == 0
+    fake.put("pods", o.pod("q1", 1, 40, extra=preferred("gpu-a"), phase="Pending"))  # admitted: ungated
+    _mark(fake, view, 4)
+    assert o.used(view.snapshot(), "gpu-a", 1) == 40
+    fake.put("pods", o.pod("q1", 1, 40, "gpu-a", extra=preferred("gpu-a")))
+    _mark(fake, view, 5)
+    assert (o.used(view.snapshot(), "gpu-a", 1), o.used(view.snapshot(), "gpu-b", 0)) == (40, 30)

@@ -13,6 +13,9 @@
 - a card's Xid reaches the status of the pod on that card (allocatedResourcesStatus, Unhealthy) and of no
   other pod, every resource included (from 1.36, where the kubelet writes it); the card's shares leave the
   node's allocatable on every minor; after the agent restarts on the serviced card it is Healthy again;
+- on a full node, a fractional pod of a higher priority is pinned to the card held by pods of a lower priority,
+  not to the one held by pods of its own priority: the real scheduler preempts a pod there, and the pod binds
+  to that card;
 - `gpushard cordon` takes a card out of new placements on the real scheduler (its allocatable drops to 0, new
   pods land on the other card, a pod pinned to it waits with a warning, an Event says who and why, `status`
   shows it) while the pod already on it keeps it; `gpushard uncordon` gives it back and the waiting pod binds.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import kubernetes
 import pytest
@@ -183,7 +187,8 @@ def test_agent_lifts_its_startup_taint(agent, kubectl):
                             explain=agent.tail)
         assert "startup taint" in agent.log()
     finally:
-        kubectl.run("taint", "node", NODE, f"{other}-", f"{names.STARTUP_TAINT}-", check=False)
+        for key in (other, names.STARTUP_TAINT):  # one at a time: kubectl removes none if one is missing
+            kubectl.run("taint", "node", NODE, f"{key}-", check=False)
     assert keys() == set()
 
 
@@ -284,3 +289,46 @@ def test_cordoned_card_gets_no_new_pod(agent, kubectl, namespace, plane):
         gpushard_cli("uncordon", NODE, "0")
     agent.wait_allocatable({"gpushard.io/card-0": "100"})
     bound(kubectl, namespace, "pinned")
+
+
+def test_a_higher_priority_pod_waits_where_the_scheduler_may_preempt(agent, kubectl, namespace):
+    classes = {"gpushard-e2e-keeper": 1000, "gpushard-e2e-urgent": 500}
+    for name, value in classes.items():
+        kubectl.apply(json.dumps({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                  "metadata": {"name": name}, "value": value}))
+    try:
+        components.wait_for("both cards free (pods of earlier tests gone)",
+                            lambda: free_shares(kubectl, 0) == free_shares(kubectl, 1) == 100, timeout=90)
+        # Card 0 held by a pod of priority 1000, card 1 by one of priority 0: the node is full.
+        kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+            "keeper", objects.container(gpu="100", resource="gpushard.io/card-0"),
+            priorityClassName="gpushard-e2e-keeper"))
+        kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+            "victim", objects.container(gpu="100", resource="gpushard.io/card-1")))
+        for name in ("keeper", "victim"):
+            bound(kubectl, namespace, name)
+        started = time.monotonic()
+        kubectl.run("apply", "-n", namespace, "-f", "-", input=objects.pod(
+            "urgent", objects.container(gpu="0.5"), priorityClassName="gpushard-e2e-urgent"))
+        pod = kubectl.json("get", "pod", "urgent", "-n", namespace)
+        assert pod["metadata"]["annotations"]["gpushard.io/card"] == "1", pod["metadata"]["annotations"]
+        assert pod["spec"]["priority"] == 500
+        def pods() -> str:
+            return "\n".join(f"{p['metadata']['name']}: node {p['spec'].get('nodeName')}, nominated "
+                             f"{p['status'].get('nominatedNodeName')}, "
+                             f"deleting {p['metadata'].get('deletionTimestamp')}, "
+                             f"{p['status'].get('conditions')}"
+                             for p in kubectl.json("get", "pods", "-n", namespace)["items"])
+        placed = components.wait_for("the urgent pod bound", lambda: (lambda p: p if p["spec"].get("nodeName")
+                                     else None)(kubectl.json("get", "pod", "urgent", "-n", namespace)),
+                                     timeout=120, explain=pods)
+        seconds = time.monotonic() - started
+        assert placed["spec"]["nodeName"] == NODE
+        left = {p["metadata"]["name"] for p in kubectl.json("get", "pods", "-n", namespace)["items"]
+                if not p["metadata"].get("deletionTimestamp")}
+        assert left == {"keeper", "urgent"}, left
+        print(f"preemption: victim (priority 0, card 1) preempted; urgent (priority 500) bound to {NODE} card 1 "
+              f"{seconds:.1f} s after its create")
+    finally:
+        for name in classes:
+            kubectl.run("delete", "priorityclass", name, "--ignore-not-found", check=False)

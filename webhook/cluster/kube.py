@@ -88,6 +88,8 @@ class _Pod:
     shares: dict[int, int]  # card index -> shares held, counted as Kubernetes counts a pod
     active: bool
     preferred: str | None  # the node gpushard's preferred affinity term names, if any
+    priority: int = 0  # spec.priority, as the API server's Priority admission set it
+    gated: bool = False  # spec.schedulingGates not empty: a queue (Kueue) holds it back from the scheduler
 
 
 @dataclass(slots=True)
@@ -215,8 +217,11 @@ def read_pod(obj: dict, policy: Policy) -> _Pod | None:
     if not shares:
         return None
     phase = (obj.get("status") or {}).get("phase")
+    priority = spec.get("priority")
     return _Pod(spec.get("nodeName") or None, shares, phase not in objects.TERMINAL_PHASES,
-                placement.preferred_node(spec))
+                placement.preferred_node(spec),
+                priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+                bool(spec.get("schedulingGates")))
 
 
 def default_api_client() -> kubernetes.client.ApiClient | None:
@@ -273,6 +278,10 @@ class KubeView:
         self._track_waiting = policy.new_node_cards > 0 and not self._dra
         self._queue: dict[int, collections.Counter] = {}
         self._queue_view: dict[int, tuple[int, ...]] | None = {}  # None: _queue changed since it was made
+        # (node, card) -> Counter of the shares bound pods of each priority other than 0 hold there, so that a pod
+        # that fits nowhere can wait where the scheduler may preempt for it (View.priorities).
+        self._ranked: dict[tuple[str, int], collections.Counter] = {}
+        self._ranked_view: dict[tuple[str, int], tuple[tuple[int, int], ...]] | None = {}  # None: changed
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
@@ -453,8 +462,26 @@ class KubeView:
         self._current[name] = node
         self._publish(placement.replace_card(self._view, node, j))
 
+    def _rank(self, pod: _Pod, sign: int) -> None:
+        """Count (sign 1) or uncount (-1) a bound pod's shares by its priority, when that is not 0."""
+        if not pod.priority or not pod.node:
+            return
+        self._ranked_view = None
+        for k, shares in pod.shares.items():
+            held = self._ranked.setdefault((pod.node, k), collections.Counter())
+            held[pod.priority] += sign * shares
+            if held[pod.priority] <= 0:
+                del held[pod.priority]
+                if not held:
+                    del self._ranked[(pod.node, k)]
+
     def _publish(self, view: placement.View) -> None:
-        """``view`` as the current one, with the pods that stand on WAITING (none: as it is)."""
+        """``view`` as the current one, with the pods that stand on WAITING and the priorities of the pods bound
+        (none: as it is)."""
+        if self._ranked_view is None:
+            self._ranked_view = {key: tuple(sorted(held.items())) for key, held in self._ranked.items()}
+        if self._ranked_view or view.priorities:
+            view = view.with_priorities(self._ranked_view)
         if self._track_waiting:
             if self._queue_view is None:
                 self._queue_view = {k: tuple(sorted(sizes.elements(), reverse=True))
@@ -504,11 +531,13 @@ class KubeView:
 
         A bound pod counts where it runs. An unbound one counts on the node it stands for: the
         one its preferred term names, else the node of the remembered choice it took over, and
-        it keeps counting there until it binds or goes away.
+        it keeps counting there until it binds or goes away. While it has scheduling gates it counts nowhere
+        but through the choice remembered for it, until that expires.
         """
         touched: set[str] = set()
         old = self._pods.get(uid)
         if old is not None and old.active and old.node:
+            self._rank(old, -1)
             for k, shares in old.shares.items():
                 self._used[(old.node, k)] -= shares
                 if self._used[(old.node, k)] <= 0:
@@ -524,14 +553,20 @@ class KubeView:
             self._pods.pop(uid, None)
             return touched
         self._pods[uid] = pod
-        # A pod new to the view accounts for the choice made for it, bound or not.
-        entry = self._ledger.entry_for(pod.shares, pod.preferred, pod.node) if old is None else None
+        if pod.gated and not pod.node:
+            # A queue holds it (Kueue's admission gate) until its quota is there, which may take hours: it holds
+            # no room meanwhile. The choice remembered for it still counts until it expires, so that a burst the
+            # queue lets through at once is not placed on the same room.
+            return touched
+        # A pod new to the view (or just let through by its queue) accounts for the choice made for it.
+        entry = self._ledger.entry_for(pod.shares, pod.preferred, pod.node) if old is None or old.gated else None
         if entry is not None:
             self._drop_entry(entry)
             touched.add(entry.node)
         if pod.node:
             for k, held in pod.shares.items():
                 self._used[(pod.node, k)] += held
+            self._rank(pod, 1)
             touched.add(pod.node)
             return touched
         standing = pod.preferred or (entry.node if entry is not None else standing)

@@ -378,7 +378,7 @@ def decide(request: Request, policy: Policy, view: placement.View | None) -> Dec
     elif shares > 0:
         # Built directly: dataclasses.replace costs more than the rest of this branch.
         ask = placement.Ask(shares, pin, scheduling.node_name, scheduling.node_selector,
-                            scheduling.required_terms, scheduling.tolerations)
+                            scheduling.required_terms, scheduling.tolerations, scheduling.priority)
         choice = placement.choose(view, ask, policy.placement,
                                   draws.Draw(request.seed) if request.seed else None, request.share,
                                   policy.new_node_cards, policy.shares_per_card)

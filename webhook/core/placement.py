@@ -123,6 +123,38 @@ def _waiting_indexes(view: View, mask: int, new_cards: int) -> list[int]:
     return [k for k in common if k in open_] or common or view.open_indexes(mask) or view.card_indexes(mask)
 
 
+def _preempting_index(view: View, mask: int, ask: Ask) -> int | None:
+    """The card index where the scheduler may preempt for a pod that fits nowhere, or None.
+
+    Used only where some bound pods have a priority other than 0 (``View.priorities``); where every pod has
+    priority 0 no pod can preempt another, and the pod waits as any other. A card of one of ``mask``'s nodes
+    qualifies when its free shares and those of the pods of a lower priority than ``ask``'s hold the pod (the
+    scheduler preempts only such pods). Among them, the index of the card that needs the fewest shares
+    preempted, then the lower index. Cordoned cards do not qualify: the scheduler would preempt, and the pod
+    still would not fit.
+    """
+    priorities = view.priorities
+    if not priorities:
+        return None
+    best: tuple[int, int] | None = None
+    bits = mask
+    while bits:
+        pos = lowest_node(bits)
+        bits &= bits - 1
+        node = view.node(pos)
+        for card in node.cards:
+            if card.cordoned or card.capacity < ask.shares:
+                continue
+            ranked = priorities.get((node.name, card.index), ())
+            lower = sum(shares for priority, shares in ranked if priority < ask.priority)
+            if ask.priority > 0:  # the pods of priority 0: what the ranked pairs leave of the card's use
+                lower += card.used - sum(shares for _priority, shares in ranked)
+            need = ask.shares - card.free
+            if need <= lower and (best is None or (need, card.index) < best):
+                best = (need, card.index)
+    return best[1] if best is not None else None
+
+
 def _drawn_index(view: View, mask: int, rng: Rng) -> int:
     """The card index a pod that fits nowhere waits on, drawn uniformly among the indexes of the nodes
     it may run on: waiting pods then spread over the indexes, and room freed on any index finds a pod
@@ -146,7 +178,9 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: Rng | No
     run on gets a warning that says so. With ``new_cards`` (the cards of a node an autoscaler adds, of
     ``capacity`` shares each), a pod that no node it may run on has room for, or that no shared node matches
     yet, waits on the index that packs the waiting pods onto the fewest new nodes (``_waiting_index``);
-    without it, on an index drawn among the nodes' (``_drawn_index``). The draw uses only ``rng``, so a
+    without it, on an index drawn among the nodes' (``_drawn_index``). Before either, where bound pods have
+    priorities, a pod that fits nowhere waits where the scheduler may preempt pods of a lower priority for it
+    (``_preempting_index``). The draw uses only ``rng``, so a
     caller that seeds it per request (as admission does, with the request's uid) leaves no trace
     on later choices.
     """
@@ -188,6 +222,11 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: Rng | No
         most = view.most_free(mask, ask.pin)
         assert most is not None  # mask holds only nodes with the card (or any card): one is the most free
         _pos, k = most
+        preempting = _preempting_index(view, mask, ask) if ask.pin is None else None
+        if preempting is not None:
+            return Choice(preempting, findings=(_warn(
+                f.NO_ROOM, f"no card has {ask.shares} free shares now; card {preempting} chosen, where the "
+                "scheduler may preempt pods of a lower priority"),))
         if new_cards and ask.pin is None:
             k = _waiting_index(view, _waiting_indexes(view, mask, new_cards), ask.shares, capacity, rng)
         elif rng is not None and ask.pin is None:

@@ -102,6 +102,7 @@ class Ask:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     required_terms: tuple[dict, ...] = ()  # nodeSelectorTerms, ORed
     tolerations: tuple[dict, ...] = ()
+    priority: int = 0  # spec.priority: what the scheduler may preempt for it
 
 
 
@@ -146,7 +147,14 @@ def ask_from_spec(spec: dict, shares: int, pin: int | None) -> Ask:
         node_selector={str(k): str(v) for k, v in selector.items()},
         required_terms=terms,
         tolerations=_dicts(spec.get("tolerations"), "spec.tolerations"),
+        priority=_priority(spec.get("priority")),
     )
+
+
+def _priority(value: object) -> int:
+    """spec.priority as the API server's Priority admission set it (an int32); 0 when absent or of another type
+    (the API server refuses such a pod anyway)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def tolerates(tolerations: tuple[dict, ...], taint: Taint) -> bool:

@@ -101,6 +101,20 @@ class View:
         nowhere): what new nodes would take. The live view sets it (``with_waiting``); empty otherwise."""
         return {}
 
+    @functools.cached_property
+    def priorities(self) -> Mapping[tuple[str, int], tuple[tuple[int, int], ...]]:
+        """Per (node, card index), the shares that bound pods of each priority other than 0 hold, as (priority,
+        shares) pairs in priority order; the rest of a card's used shares are of priority 0. The live view sets
+        it (``with_priorities``); empty otherwise."""
+        return {}
+
+    def with_priorities(self, priorities: Mapping[tuple[str, int], tuple[tuple[int, int], ...]]) -> View:
+        """This view with ``priorities``, sharing its nodes and indexes."""
+        view = View._of_chunks(self._chunks, self.size)
+        view.__dict__.update(self.__dict__)
+        view.__dict__["priorities"] = priorities
+        return view
+
     def with_waiting(self, waiting: Mapping[int, tuple[int, ...]]) -> View:
         """This view with ``waiting``, sharing its nodes and indexes."""
         view = View._of_chunks(self._chunks, self.size)
