@@ -37,7 +37,10 @@ COPY --from=build /wheels /
 
 # --- final: a virtual environment with the wheels, nothing else ----------------------------
 FROM ${PYTHON_IMAGE}
+# The package's version (webhook/__init__.py), which make image passes; "dev" for a build by hand.
+ARG VERSION=dev
 LABEL org.opencontainers.image.title="gpushard" \
+      org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.description="Fractional GPUs on Kubernetes: one pod, one physical card" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV VIRTUAL_ENV=/opt/gpushard \

@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# The one source of the version: webhook/__init__.py, whose last word it is (setup.cfg, the chart and
+# deploy/base follow it; tests/deploy/test_image.py checks that make reads the same). Read by make itself:
+# make image runs where PATH may hold nothing but the engine.
+VERSION := $(subst ",,$(lastword $(file < webhook/__init__.py)))
 
-.PHONY: demo test e2e e2e-matrix e2e-ci e2e-components e2e-pin e2e-bench lint bench fuzz certs proto image kind clean gpu-check gpu-wheels chart chart-docs docs docs-serve docs-plots
+.PHONY: release workflow-lint demo test e2e e2e-matrix e2e-ci e2e-components e2e-pin e2e-bench lint bench fuzz certs proto image kind clean gpu-check gpu-wheels chart chart-docs docs docs-serve docs-plots
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -196,7 +200,8 @@ image:
 		echo "gpushard: WHEELHOUSE=$(WHEELHOUSE) holds no gpushard wheel; make it with: make wheelhouse WHEELHOUSE_DIR=$(WHEELHOUSE)" >&2; \
 		exit 1; \
 	fi
-	$(ENGINE) build $(IMAGE_BUILD_FLAGS) $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
+	$(ENGINE) build $(IMAGE_BUILD_FLAGS) --build-arg VERSION=$(VERSION) \
+		$(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) \
 		$(if $(WHEELHOUSE),--build-context wheels=$(WHEELHOUSE)) -t $(IMAGE) .
 
 # The image built and started for real, on a Debian machine as root (CI): installs podman,
@@ -219,6 +224,29 @@ image-archive: image-check
 	podman save --format oci-archive -o $(IMAGE_ARCHIVE) $(CHECK_IMAGE)
 	@echo "gpushard: $(CHECK_IMAGE) saved as $(IMAGE_ARCHIVE) (GPUSHARD_E2E_IMAGE=$(CURDIR)/$(IMAGE_ARCHIVE))"
 # --- end of the container image -------------------------------------------------------------
+
+# A release (docs/release.md): every artifact of the version in webhook/__init__.py, from a clean tree, into
+# dist/gpushard-<version>/ (.ci/release.sh says which). The tools it adds (build, cyclonedx-bom) are the
+# release extra of setup.cfg.
+RELEASE_STAMP := $(VENV)/.release-stamp
+
+$(RELEASE_STAMP): setup.cfg | $(STAMP)
+	$(PY) -m pip install -q -e '.[agent,test,release]'
+	touch $@
+
+release: $(RELEASE_STAMP) $(HELM)
+	PY=$(PY) HELM=$(HELM) bash .ci/release.sh
+
+# The release workflow (.github/workflows) checked by actionlint, built from its pinned module
+# (.ci/actionlint) with the machine's Go (GPUSHARD_GO, else /usr/local/go/bin/go).
+GO ?= $(or $(GPUSHARD_GO),/usr/local/go/bin/go)
+ACTIONLINT := $(VENV)/bin/actionlint
+
+$(ACTIONLINT): .ci/actionlint/go.mod .ci/actionlint/go.sum | $(STAMP)
+	cd .ci/actionlint && $(GO) build -o $(abspath $@) github.com/rhysd/actionlint/cmd/actionlint
+
+workflow-lint: $(ACTIONLINT)
+	$(ACTIONLINT) -no-color .github/workflows/*.yml
 
 # Every gpu-marked test, as one command on a machine with a GPU. With wheels in .whl/ (make gpu-wheels,
 # carried along) it installs offline into /tmp/gpushard-site; otherwise it uses the venv.

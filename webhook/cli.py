@@ -386,8 +386,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 300)")
     kubectlflags.add_cluster_flags(p)
     p.set_defaults(func=cmd_replace)
+
+    p = sub.add_parser("version", help="the version, and the Python and machine it runs on")
+    p.set_defaults(func=cmd_version)
     _own_usage(parser, sub)
     return parser
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    """`gpushard version`: what a bug report needs first (an image's label says the same version)."""
+    import platform
+
+    print(f"gpushard {__version__} (Python {platform.python_version()}, {platform.system().lower()} "
+          f"{platform.machine()})")
+    return 0
 
 
 def _run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:

@@ -42,7 +42,7 @@ import pytest
 
 import webhook
 from tests.deploy import rendering
-from webhook import cli
+from webhook import __version__, cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -393,7 +393,7 @@ def test_make_image_prefers_podman_to_a_docker_without_daemon(tmp_path):
     result = _make_image(tmp_path, {"docker": DOCKER_WITHOUT_DAEMON, "podman": 'echo "podman $*"\n'},
                          "IMAGE=x:1", "WHEELHOUSE=", "PYTHON_IMAGE=")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["podman", "build", "-t", "x:1", "."]
+    assert result.stdout.split() == ["podman", "build", "--build-arg", f"VERSION={__version__}", "-t", "x:1", "."]
 
 
 def test_make_image_offline_needs_a_wheelhouse_with_gpushard(tmp_path):
@@ -406,5 +406,14 @@ def test_make_image_offline_needs_a_wheelhouse_with_gpushard(tmp_path):
     result = _make_image(tmp_path / "again", {"podman": 'echo "podman $*"\n'}, f"WHEELHOUSE={empty}",
                          "PYTHON_IMAGE=base:1")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["podman", "build", "--build-arg", "PYTHON_IMAGE=base:1", "--build-context",
+    assert result.stdout.split() == ["podman", "build", "--build-arg", f"VERSION={__version__}", "--build-arg",
+                                     "PYTHON_IMAGE=base:1", "--build-context",
                                      f"wheels={empty}", "-t", "gpushard:dev", "."]
+
+
+def test_make_reads_the_package_s_version():
+    """The Makefile's VERSION (the image's label, make release's files) is webhook/__init__.py's __version__."""
+    done = subprocess.run([shutil.which("make"), "-s", "--no-print-directory", "-C", str(ROOT), "--eval",
+                           "print-version: ; @echo $(VERSION)", "print-version"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == __version__, done.stderr

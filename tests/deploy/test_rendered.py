@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from tests.deploy import devicepolicy, rendering
+from webhook import __version__
 from webhook.core import placement
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -372,7 +373,8 @@ def test_make_image_builds_with_the_engine_it_finds(tmp_path, engine):
     stand_in.chmod(stand_in.stat().st_mode | stat.S_IXUSR)
     done = _make_image(tmp_path, f"{bin_dir}:/usr/bin:/bin", "IMAGE=registry.example.com/gpushard:0.1.0")
     assert done.returncode == 0, done.stderr
-    assert record.read_text().splitlines() == ["build", "-t", "registry.example.com/gpushard:0.1.0", "."]
+    assert record.read_text().splitlines() == ["build", "--build-arg", f"VERSION={__version__}", "-t",
+                                                     "registry.example.com/gpushard:0.1.0", "."]
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")

@@ -12,6 +12,9 @@ cd "$(dirname "$0")/../.."
 : "${CHECK_BASE:=localhost/gpushard-base:bookworm}"
 : "${WHEELHOUSE:=build/wheelhouse}"
 : "${PY:=.venv/bin/python}"
+# The image's architecture (Debian's name: amd64, arm64). Another than this machine's runs under emulation
+# (qemu-user-static, registered with binfmt_misc), which this script sets up.
+: "${CHECK_ARCH:=$(dpkg --print-architecture)}"
 # What the Dockerfile's final stage needs of its base, named here rather than assumed: python3
 # with venv and ensurepip (python:3.11-slim has them; Debian splits them into python3-venv).
 # ca-certificates as the official image has them, for the agent's and the webhook's API client.
@@ -47,6 +50,27 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 [ "$(id -u)" = 0 ] || die "run as root: buildah runs the image's users (65532, 0) as they are on the host"
 
+# Another architecture: its programs run under qemu-user-static, registered with binfmt_misc (the F flag
+# opens the emulator now, so it works inside the image's chroot too).
+if [ "$CHECK_ARCH" != "$(dpkg --print-architecture)" ]; then
+  qemu=$(dpkg-architecture -a "$CHECK_ARCH" -q DEB_HOST_GNU_CPU 2>/dev/null || echo "$CHECK_ARCH")
+  [ "$qemu" = arm64 ] && qemu=aarch64
+  mkdir -p build
+  if [ ! -e "/usr/libexec/qemu-binfmt/$qemu-binfmt-P" ]; then
+    say "installing qemu-user-static with apt-get, to run $CHECK_ARCH programs"
+    DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 install --no-install-recommends \
+      qemu-user-static >build/image-check-apt.log 2>&1 || die "apt-get could not install qemu-user-static"
+  fi
+  [ -d /proc/sys/fs/binfmt_misc ] && [ -e /proc/sys/fs/binfmt_misc/register ] \
+    || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null \
+    || die "binfmt_misc is not mounted and cannot be; $CHECK_ARCH programs cannot run here"
+  if [ ! -e "/proc/sys/fs/binfmt_misc/qemu-$qemu" ]; then
+    grep -v '^#' "/usr/lib/binfmt.d/qemu-$qemu.conf" >/proc/sys/fs/binfmt_misc/register \
+      || die "cannot register qemu-$qemu with binfmt_misc"
+  fi
+  say "$CHECK_ARCH programs run under $(qemu-$qemu-static --version | head -1)"
+fi
+
 # Storage: podman's default driver (overlay) where the kernel allows it, else vfs (slower, works
 # everywhere, including inside another container).
 if ! podman info >/dev/null 2>&1; then
@@ -64,7 +88,7 @@ for c in $(buildah containers --format '{{.ContainerName}}' 2>/dev/null | grep '
 done
 
 # The base is reused while it was made from the same suite and packages (its label says which).
-BASE_LABEL="gpushard image-check base: Debian $BASE_SUITE minbase, $BASE_PACKAGES"
+BASE_LABEL="gpushard image-check base: Debian $BASE_SUITE minbase for $CHECK_ARCH, $BASE_PACKAGES"
 if podman image exists "$CHECK_BASE" \
    && [ "$(podman image inspect --format '{{index .Labels "org.opencontainers.image.description"}}' "$CHECK_BASE")" \
         != "$BASE_LABEL" ]; then
@@ -78,11 +102,12 @@ else
   step=$SECONDS
   work=$(mktemp -d /tmp/gpushard-base.XXXXXX)
   trap 'rm -rf "$work"' EXIT
-  mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" "$BASE_SUITE" "$work/base.tar" \
+  mmdebstrap --quiet --variant=minbase --architectures="$CHECK_ARCH" --include="$BASE_PACKAGES" "$BASE_SUITE" \
+    "$work/base.tar" \
     || die "mmdebstrap could not make the Debian $BASE_SUITE base (is the Debian mirror reachable?)"
   # An imported tarball has no image config: the PATH and LANG the official python images set,
   # given explicitly, as the Dockerfile's ENV PATH=/opt/gpushard/bin:$PATH extends the base's.
-  podman import --quiet \
+  podman import --quiet --arch "$CHECK_ARCH" \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' \
     --change "LABEL org.opencontainers.image.description=\"$BASE_LABEL\"" \
@@ -96,7 +121,7 @@ build_started=$SECONDS
 previous=$(podman image inspect --format '{{.Id}}' "$CHECK_IMAGE" 2>/dev/null || true)
 mkdir -p build
 if ! make --no-print-directory image ENGINE=podman IMAGE="$CHECK_IMAGE" PYTHON_IMAGE="$CHECK_BASE" \
-    WHEELHOUSE="$WHEELHOUSE" IMAGE_BUILD_FLAGS="--isolation chroot --no-cache --pull=never" \
+    WHEELHOUSE="$WHEELHOUSE" IMAGE_BUILD_FLAGS="--isolation chroot --no-cache --pull=never --platform linux/$CHECK_ARCH" \
     >build/image-check-build.log 2>&1; then
   tail -40 build/image-check-build.log >&2
   die "podman build failed (above; all of it in build/image-check-build.log)"

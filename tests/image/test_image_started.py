@@ -425,10 +425,16 @@ def test_the_image_facts_and_its_version_as_its_own_user(container):
     for entry in info.get("History", []):
         if not entry.get("empty_layer"):
             fact(f"layer {entry.get('created_by', '')[:90]!r}")
+    assert (config.get("Labels") or {}).get("org.opencontainers.image.version") == __version__
     c = container("version")
     version = sh(*c.command(image_user(), ["gpushard", "--version"], []))
     assert version.strip() == f"gpushard {__version__}"
     fact(f"`gpushard --version` as {':'.join(map(str, image_user()))}: {version.strip()}")
+    # Run on the image's own architecture (under emulation where it is not this machine's).
+    machine = sh(*c.command(image_user(), ["gpushard", "version"], []))
+    wanted = {"amd64": "x86_64", "arm64": "aarch64"}.get(info.get("Architecture"), info.get("Architecture"))
+    assert machine.strip().endswith(f"linux {wanted})"), (info.get("Architecture"), machine)
+    fact(f"`gpushard version`, image architecture {info.get('Architecture')}: {machine.strip()}")
 
 
 def test_nothing_in_the_image_that_the_final_stage_does_not_need(container):
