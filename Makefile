@@ -214,7 +214,7 @@ CHECK_BASE ?= localhost/gpushard-base:bookworm
 
 image-check: wheelhouse
 	CHECK_IMAGE=$(CHECK_IMAGE) CHECK_BASE=$(CHECK_BASE) WHEELHOUSE=$(WHEELHOUSE_DIR) PY=$(PY) \
-		bash tests/image/check.sh
+		$(if $(CHECK_ARCH),CHECK_ARCH=$(CHECK_ARCH)) bash tests/image/check.sh
 
 # The image make image-check built, as an OCI archive that a container runtime imports (the shipped-install
 # tier of make e2e takes it as GPUSHARD_E2E_IMAGE).

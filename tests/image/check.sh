@@ -56,10 +56,12 @@ if [ "$CHECK_ARCH" != "$(dpkg --print-architecture)" ]; then
   qemu=$(dpkg-architecture -a "$CHECK_ARCH" -q DEB_HOST_GNU_CPU 2>/dev/null || echo "$CHECK_ARCH")
   [ "$qemu" = arm64 ] && qemu=aarch64
   mkdir -p build
-  if [ ! -e "/usr/libexec/qemu-binfmt/$qemu-binfmt-P" ]; then
-    say "installing qemu-user-static with apt-get, to run $CHECK_ARCH programs"
+  # qemu-user-static runs them; mmdebstrap needs arch-test to make a base of another architecture.
+  if [ ! -e "/usr/libexec/qemu-binfmt/$qemu-binfmt-P" ] || ! command -v arch-test >/dev/null 2>&1; then
+    say "installing qemu-user-static and arch-test with apt-get, to run $CHECK_ARCH programs"
     DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=300 install --no-install-recommends \
-      qemu-user-static >build/image-check-apt.log 2>&1 || die "apt-get could not install qemu-user-static"
+      qemu-user-static arch-test >build/image-check-apt.log 2>&1 \
+      || die "apt-get could not install qemu-user-static and arch-test (build/image-check-apt.log)"
   fi
   [ -d /proc/sys/fs/binfmt_misc ] && [ -e /proc/sys/fs/binfmt_misc/register ] \
     || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null \
