@@ -45,6 +45,17 @@ def helm(plane: components.ControlPlane, *args: str, check: bool = True) -> subp
     return done
 
 
+def packaged_chart(folder: Path) -> Path:
+    """The chart as `helm package` makes it (what a release ships, and make release does), in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([chart_helm.binary(), "package", str(CHART), "--destination", str(folder)],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode:
+        raise AssertionError(f"helm package exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    found, = folder.glob("gpushard-*.tgz")
+    return found
+
+
 def release_objects(plane: components.ControlPlane) -> list[dict]:
     manifest = helm(plane, "get", "manifest", "gpushard").stdout
     return [d for d in yaml.safe_load_all(manifest) if d]

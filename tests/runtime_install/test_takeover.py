@@ -1,8 +1,8 @@
 """We test the chart on the install as shipped, its pods running on a real kubelet and containerd. This module runs
 last in the tier: it takes the running install over and ends by uninstalling the release.
 - the running Kustomize install taken over by Helm as docs/helm.md says (the objects marked, their fields
-  handed to Helm's field manager, then `helm install`): every object adopted, and neither the webhook's nor the
-  agent's pods restarted by it;
+  handed to Helm's field manager, then `helm install` of the chart packaged as a release ships it): every object
+  adopted, and neither the webhook's nor the agent's pods restarted by it;
 - `helm test`: the chart's test pod runs on the node, finds the webhook's Service by its DNS name (the tier's
   cluster DNS), reaches it through the Service's address (routed as kube-proxy does), posts a dry-run review over
   TLS verified with the webhook's CA, and passes; its log says what the webhook answered;
@@ -55,7 +55,7 @@ def release(installed, plane, work):
     rendered.write_text(kubectl.run("kustomize", str(ROOT / "deploy" / "base")).stdout)
     before = templates(kubectl), pods_of(kubectl, "webhook"), pods_of(kubectl, "agent")
     gpushard.mark_for_helm(kubectl, rendered)
-    done = gpushard.helm(plane, "install", "gpushard", str(gpushard.CHART))
+    done = gpushard.helm(plane, "install", "gpushard", str(gpushard.packaged_chart(work / "chart")))
     return done, rendered, before
 
 
@@ -127,9 +127,10 @@ def test_the_command_line_on_the_helm_install(release, installed, plane, namespa
     assert replace.returncode == 0 and "Traceback" not in replace.stderr, replace.stdout + replace.stderr
 
 
-def test_helm_upgrade_to_three_webhook_replicas(release, installed, plane):
+def test_helm_upgrade_to_three_webhook_replicas(release, installed, plane, work):
     kubectl = installed
-    gpushard.helm(plane, "upgrade", "gpushard", str(gpushard.CHART), "--reuse-values", "--set", "webhook.replicas=3")
+    gpushard.helm(plane, "upgrade", "gpushard", str(gpushard.packaged_chart(work / "chart")), "--reuse-values",
+                  "--set", "webhook.replicas=3")
     kubectl.run("rollout", "status", "deployment/gpushard-webhook", "-n", SYSTEM, "--timeout=180s", timeout=200)
     assert kubectl.json("get", "deployment", "gpushard-webhook", "-n", SYSTEM)["status"].get("readyReplicas") == 3
     helm_test(plane, kubectl)
