@@ -618,9 +618,17 @@ def test_agent_as_the_daemonset_runs_it(container, api, tmp_path):
             # port-forward arrives) it asks no token, as deploy/base's agent does.
             unverified = ssl.create_default_context()
             unverified.check_hostname, unverified.verify_mode = False, ssl.CERT_NONE
-            with urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/metrics", timeout=10,
-                                        context=unverified) as resp:
-                assert resp.status == 200 and b"gpushard_card_" in resp.read()
+
+            def scrape() -> bytes | None:
+                # The agent serves its metrics once its plugins registered: later under emulation (arm64).
+                try:
+                    with urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/metrics", timeout=10,
+                                                context=unverified) as resp:
+                        return resp.read() if resp.status == 200 else None
+                except OSError:
+                    return None
+            body = kubeobjects.wait_for(scrape, timeout=60, what=f"the agent's /metrics on :{metrics_port}")
+            assert b"gpushard_card_" in body
             fact(f"agent: /metrics answers over TLS on :{metrics_port}")
         finally:
             code = agent.stop()
