@@ -281,7 +281,10 @@ class KubeView:
         # (node, card) -> Counter of the shares bound pods of each priority other than 0 hold there, so that a pod
         # that fits nowhere can wait where the scheduler may preempt for it (View.priorities).
         self._ranked: dict[tuple[str, int], collections.Counter] = {}
-        self._ranked_view: dict[tuple[str, int], tuple[tuple[int, int], ...]] | None = {}  # None: changed
+        # The same as (priority, shares) pairs, for View.priorities: one dict, each key replaced as it changes (a
+        # cluster whose PriorityClass is a global default ranks every pod: no copy per change). Views share it:
+        # placement reads it with get() as a hint, never as a snapshot of the same moment as the cards.
+        self._ranked_view: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
@@ -466,21 +469,22 @@ class KubeView:
         """Count (sign 1) or uncount (-1) a bound pod's shares by its priority, when that is not 0."""
         if not pod.priority or not pod.node:
             return
-        self._ranked_view = None
         for k, shares in pod.shares.items():
-            held = self._ranked.setdefault((pod.node, k), collections.Counter())
+            key = (pod.node, k)
+            held = self._ranked.setdefault(key, collections.Counter())
             held[pod.priority] += sign * shares
             if held[pod.priority] <= 0:
                 del held[pod.priority]
-                if not held:
-                    del self._ranked[(pod.node, k)]
+            if held:
+                self._ranked_view[key] = tuple(sorted(held.items()))
+            else:
+                del self._ranked[key]
+                self._ranked_view.pop(key, None)
 
     def _publish(self, view: placement.View) -> None:
         """``view`` as the current one, with the pods that stand on WAITING and the priorities of the pods bound
         (none: as it is)."""
-        if self._ranked_view is None:
-            self._ranked_view = {key: tuple(sorted(held.items())) for key, held in self._ranked.items()}
-        if self._ranked_view or view.priorities:
+        if self._ranked_view and view.priorities is not self._ranked_view:
             view = view.with_priorities(self._ranked_view)
         if self._track_waiting:
             if self._queue_view is None:
