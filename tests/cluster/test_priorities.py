@@ -28,6 +28,7 @@ def test_the_live_view_keeps_the_priorities_of_bound_pods(live, fake):
     fake.put("pods", o.pod("pending", 0, 10, extra={"priority": 7}, phase="Pending"))
     o.wait_for(lambda: o.used(live.snapshot(), "gpu-a", 1) == 50, what="the pods counted")
     assert live.snapshot().priorities == {("gpu-a", 0): ((HIGH, 60),), ("gpu-a", 1): ((-3, 20),)}
+    assert live.snapshot().priority_floor == -3
     fake.put("pods", o.pod("high", 0, 60, "gpu-a", extra={"priority": HIGH}, phase="Succeeded"))
     fake.delete("pods", "low", "default")
     o.wait_for(lambda: o.used(live.snapshot(), "gpu-a", 1) == 30, what="the pods gone")

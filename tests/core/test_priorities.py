@@ -47,6 +47,13 @@ def test_a_high_priority_pod_waits_where_lower_priority_pods_hold_the_card():
     assert {choose(FULL, 50, HIGH, seed=f"v{s}").card for s in range(50)} == {1}
 
 
+def test_the_floor_is_the_lowest_priority_holding_shares():
+    assert FULL.priority_floor == 0  # card 1's pods have priority 0
+    every = placement.View((node("a", {0: 100}),)).with_priorities({("a", 0): ((HIGH, 100),)})
+    assert every.priority_floor == HIGH
+    assert every.with_priorities(every.priorities, 7).priority_floor == 7  # as the live view says it
+
+
 def test_the_card_needing_the_fewest_shares_preempted_wins():
     view = placement.View((node("a", {0: 90, 1: 70, 2: 100}),)).with_priorities({("a", 2): ((HIGH, 100),)})
     assert choose(view, 50, 10).card == 1  # 20 to preempt on card 1, 40 on card 0, card 2 not at all

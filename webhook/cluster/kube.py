@@ -285,6 +285,7 @@ class KubeView:
         # cluster whose PriorityClass is a global default ranks every pod: no copy per change). Views share it:
         # placement reads it with get() as a hint, never as a snapshot of the same moment as the cards.
         self._ranked_view: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
+        self._by_priority: collections.Counter = collections.Counter()  # priority -> shares bound pods hold
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
@@ -466,8 +467,14 @@ class KubeView:
         self._publish(placement.replace_card(self._view, node, j))
 
     def _rank(self, pod: _Pod, sign: int) -> None:
-        """Count (sign 1) or uncount (-1) a bound pod's shares by its priority, when that is not 0."""
-        if not pod.priority or not pod.node:
+        """Count (sign 1) or uncount (-1) a bound pod's shares by its priority: the total of each priority, and
+        per card those of a priority other than 0."""
+        if not pod.node:
+            return
+        self._by_priority[pod.priority] += sign * sum(pod.shares.values())
+        if self._by_priority[pod.priority] <= 0:
+            del self._by_priority[pod.priority]
+        if not pod.priority:
             return
         for k, shares in pod.shares.items():
             key = (pod.node, k)
@@ -484,8 +491,8 @@ class KubeView:
     def _publish(self, view: placement.View) -> None:
         """``view`` as the current one, with the pods that stand on WAITING and the priorities of the pods bound
         (none: as it is)."""
-        if self._ranked_view and view.priorities is not self._ranked_view:
-            view = view.with_priorities(self._ranked_view)
+        if self._ranked_view:
+            view = view.with_priorities(self._ranked_view, min(self._by_priority))
         if self._track_waiting:
             if self._queue_view is None:
                 self._queue_view = {k: tuple(sorted(sizes.elements(), reverse=True))

@@ -129,13 +129,20 @@ def _preempting_index(view: View, mask: int, ask: Ask) -> int | None:
     Used only where some bound pods have a priority other than 0 (``View.priorities``); where every pod has
     priority 0 no pod can preempt another, and the pod waits as any other. A card of one of ``mask``'s nodes
     qualifies when its free shares and those of the pods of a lower priority than ``ask``'s hold the pod (the
-    scheduler preempts only such pods). Among them, the index of the card that needs the fewest shares
-    preempted, then the lower index. Cordoned cards do not qualify: the scheduler would preempt, and the pod
-    still would not fit.
+    scheduler preempts only such pods). Among them, the index of the first card (in node order) that needs the
+    fewest shares preempted. Cordoned cards do not qualify: the scheduler would preempt, and the pod still would
+    not fit. Where no pod has a lower priority than the pod's (``View.priority_floor``: one PriorityClass for
+    every pod), it returns at once.
     """
     priorities = view.priorities
     if not priorities:
         return None
+    floor = view.priority_floor
+    if floor is None or ask.priority <= floor:
+        return None  # no pod of a lower priority anywhere: the common case of one default PriorityClass
+    most = view.most_free(mask, None)
+    assert most is not None  # the caller found none with room among these nodes, which have cards
+    fewest = ask.shares - next(c.free for c in view.node(most[0]).cards if c.index == most[1])
     best: tuple[int, int] | None = None
     bits = mask
     while bits:
@@ -150,7 +157,9 @@ def _preempting_index(view: View, mask: int, ask: Ask) -> int | None:
             if ask.priority > 0:  # the pods of priority 0: what the ranked pairs leave of the card's use
                 lower += card.used - sum(shares for _priority, shares in ranked)
             need = ask.shares - card.free
-            if need <= lower and (best is None or (need, card.index) < best):
+            if need <= lower and (best is None or need < best[0]):
+                if need <= fewest:
+                    return card.index  # no card needs fewer preempted: the first such one
                 best = (need, card.index)
     return best[1] if best is not None else None
 

@@ -108,11 +108,28 @@ class View:
         it (``with_priorities``); empty otherwise."""
         return {}
 
-    def with_priorities(self, priorities: Mapping[tuple[str, int], tuple[tuple[int, int], ...]]) -> View:
-        """This view with ``priorities``, sharing its nodes and indexes."""
+    @functools.cached_property
+    def priority_floor(self) -> int | None:
+        """The lowest priority of the pods that hold shares (0 where pods of priority 0 hold some), None with no
+        pod: no pod of this priority or below can have another preempted for it. The live view sets it with
+        ``with_priorities``; otherwise it is read from ``priorities`` and the cards."""
+        ranked = self.priorities
+        lowest = min((p for pairs in ranked.values() for p, _shares in pairs), default=None)
+        for node in self.nodes:
+            for card in node.cards:
+                if card.used > sum(s for _p, s in ranked.get((node.name, card.index), ())):
+                    return 0 if lowest is None else min(lowest, 0)
+        return lowest
+
+    def with_priorities(self, priorities: Mapping[tuple[str, int], tuple[tuple[int, int], ...]],
+                        floor: int | None = None) -> View:
+        """This view with ``priorities`` (and, when known, their ``floor``), sharing its nodes and indexes."""
         view = View._of_chunks(self._chunks, self.size)
         view.__dict__.update(self.__dict__)
         view.__dict__["priorities"] = priorities
+        view.__dict__.pop("priority_floor", None)
+        if floor is not None:
+            view.__dict__["priority_floor"] = floor
         return view
 
     def with_waiting(self, waiting: Mapping[int, tuple[int, ...]]) -> View:
