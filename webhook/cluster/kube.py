@@ -286,6 +286,7 @@ class KubeView:
         # placement reads it with get() as a hint, never as a snapshot of the same moment as the cards.
         self._ranked_view: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
         self._by_priority: collections.Counter = collections.Counter()  # priority -> shares bound pods hold
+        self._floor: int | None = None  # the lowest of them, as the current view says it
         self._inbox: collections.deque = collections.deque()  # remember() calls not applied yet
         self._current: dict[str, placement.Node] = {}  # the nodes of _view, by name
         self._built_from: dict[str, placement.Node] = {}  # the listed node each of _current was built from
@@ -491,8 +492,10 @@ class KubeView:
     def _publish(self, view: placement.View) -> None:
         """``view`` as the current one, with the pods that stand on WAITING and the priorities of the pods bound
         (none: as it is)."""
-        if self._ranked_view:
-            view = view.with_priorities(self._ranked_view, min(self._by_priority))
+        floor = min(self._by_priority) if self._by_priority else None
+        if view.priorities is not self._ranked_view or view.priority_floor != floor:
+            view = view.with_priorities(self._ranked_view, floor)
+        self._floor = floor
         if self._track_waiting:
             if self._queue_view is None:
                 self._queue_view = {k: tuple(sorted(sizes.elements(), reverse=True))
@@ -527,7 +530,9 @@ class KubeView:
                     self._current[name] = node
         if changes:
             self._publish(placement.replace_nodes(self._view, changes))
-        elif WAITING in touched:
+        elif WAITING in touched or self._floor != (min(self._by_priority) if self._by_priority else None):
+            # The shares on the nodes are as they were (a remembered choice became its pod), but what waits, or
+            # the lowest priority holding shares, changed.
             self._publish(self._view)
 
     def _set_node(self, name: str, node: placement.Node | None) -> set[str]:

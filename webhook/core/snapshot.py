@@ -122,13 +122,14 @@ class View:
         return lowest
 
     def with_priorities(self, priorities: Mapping[tuple[str, int], tuple[tuple[int, int], ...]],
-                        floor: int | None = None) -> View:
-        """This view with ``priorities`` (and, when known, their ``floor``), sharing its nodes and indexes."""
+                        floor: int | None | object = ...) -> View:
+        """This view with ``priorities`` and, when given, their ``floor`` (else read when first asked), sharing its
+        nodes and indexes."""
         view = View._of_chunks(self._chunks, self.size)
         view.__dict__.update(self.__dict__)
         view.__dict__["priorities"] = priorities
         view.__dict__.pop("priority_floor", None)
-        if floor is not None:
+        if floor is not ...:
             view.__dict__["priority_floor"] = floor
         return view
 
