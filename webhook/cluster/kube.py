@@ -489,10 +489,14 @@ class KubeView:
                 del self._ranked[key]
                 self._ranked_view.pop(key, None)
 
+    def _lowest_priority(self) -> int | None:
+        """The lowest priority of the bound pods that hold shares (View.priority_floor); None with none."""
+        return min(self._by_priority) if self._by_priority else None
+
     def _publish(self, view: placement.View) -> None:
         """``view`` as the current one, with the pods that stand on WAITING and the priorities of the pods bound
         (none: as it is)."""
-        floor = min(self._by_priority) if self._by_priority else None
+        floor = self._lowest_priority()
         if view.priorities is not self._ranked_view or view.priority_floor != floor:
             view = view.with_priorities(self._ranked_view, floor)
         self._floor = floor
@@ -530,7 +534,7 @@ class KubeView:
                     self._current[name] = node
         if changes:
             self._publish(placement.replace_nodes(self._view, changes))
-        elif WAITING in touched or self._floor != (min(self._by_priority) if self._by_priority else None):
+        elif WAITING in touched or self._floor != self._lowest_priority():
             # The shares on the nodes are as they were (a remembered choice became its pod), but what waits, or
             # the lowest priority holding shares, changed.
             self._publish(self._view)
