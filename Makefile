@@ -75,7 +75,7 @@ docs-plots: $(DOCS_STAMP)
 K8S ?=
 # The minor the one-version targets build when K8S names none (KUBERNETES_DEFAULT of e2e/versions.env).
 K8S_MINOR = $(or $(K8S),$(shell sed -n 's/^KUBERNETES_DEFAULT *= *//p' e2e/versions.env))
-E2E_TIERS ?= e2e,autoscaling,kueue,runtime,install,install-dra
+E2E_TIERS ?= e2e,autoscaling,kueue,runtime,install,install-dra,upgrade
 E2E_RUN = $(PY) e2e/run.py $(if $(K8S),--kubernetes $(K8S))
 
 e2e: $(STAMP) $(HELM)

@@ -37,9 +37,11 @@ import build  # noqa: E402  (e2e/build.py, beside this file)
 
 ROOT = Path(__file__).resolve().parents[1]
 TIERS = {"e2e": "tests/e2e", "runtime": "tests/runtime", "install": "tests/runtime_install",
-         "install-dra": "tests/runtime_install_dra", "autoscaling": "tests/autoscaling", "kueue": "tests/kueue"}
-TIMEOUTS = {"e2e": 600, "runtime": 900, "install": 900, "install-dra": 900, "autoscaling": 900, "kueue": 600}
-INSTALLS = ("install", "install-dra")
+         "install-dra": "tests/runtime_install_dra", "upgrade": "tests/runtime_upgrade",
+         "autoscaling": "tests/autoscaling", "kueue": "tests/kueue"}
+TIMEOUTS = {"e2e": 600, "runtime": 900, "install": 900, "install-dra": 900, "upgrade": 1200, "autoscaling": 900,
+            "kueue": 600}
+INSTALLS = ("install", "install-dra", "upgrade")
 # What the runtime tiers take from Debian (containerd 1.6, runc, the CNI plugins, busybox for the images).
 DEBIAN = {"containerd": "/usr/bin/containerd", "runc": "/usr/sbin/runc",
           "containernetworking-plugins": "/usr/lib/cni/bridge", "busybox-static": "/bin/busybox",
@@ -128,6 +130,37 @@ def image_archive() -> str:
     return ""
 
 
+def previous_version(found: dict[str, str]) -> str:
+    """The version before this one (GPUSHARD_PREVIOUS of versions.env, a commit), built as this one is: its tree
+    from git, its image by its own `make image-archive`, into the cache by commit; GPUSHARD_E2E_PREVIOUS names the
+    folder (its tree in tree/, its image as image.tar). Returns why not, or ''."""
+    if os.environ.get("GPUSHARD_E2E_PREVIOUS"):
+        return ""
+    commit = found["GPUSHARD_PREVIOUS"]
+    folder = build.cache_root() / f"previous-{commit[:12]}"
+    archive, tree = folder / "image.tar", folder / "tree"
+    if not archive.exists():
+        if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"],
+                          capture_output=True).returncode != 0:
+            return f"the version before, {commit[:12]} (GPUSHARD_PREVIOUS), is not in this clone's history"
+        say(f"building the version before, {commit[:12]}: its tree and its image (make image-archive, a few "
+            "minutes, once)")
+        started = time.monotonic()
+        shutil.rmtree(folder, ignore_errors=True)
+        tree.mkdir(parents=True)
+        packed = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit], capture_output=True,
+                                check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=packed, check=True)
+        made = subprocess.run(["make", "--no-print-directory", "image-archive", f"IMAGE_ARCHIVE={archive}.part",
+                               f"CHECK_IMAGE=localhost/gpushard:previous-{commit[:12]}"], cwd=tree)
+        if made.returncode != 0:
+            return f"make image-archive of the version before, {commit[:12]}, failed (above)"
+        Path(f"{archive}.part").rename(archive)
+        say(f"built the version before in {time.monotonic() - started:.0f} s")
+    os.environ["GPUSHARD_E2E_PREVIOUS"] = str(folder)
+    return ""
+
+
 def counts(report: Path, row: Row) -> None:
     if not report.exists():
         row.failed += 1
@@ -191,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="e2e/run.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--kubernetes", action="append", default=[], metavar="MINOR",
                         help="a pinned minor (default: KUBERNETES_DEFAULT of e2e/versions.env), or 'all'")
-    parser.add_argument("--tiers", default="e2e,autoscaling,kueue,runtime,install,install-dra",
-                        help="e2e, autoscaling, kueue, runtime, install, install-dra (comma-separated)")
+    parser.add_argument("--tiers", default="e2e,autoscaling,kueue,runtime,install,install-dra,upgrade",
+                        help="e2e, autoscaling, kueue, runtime, install, install-dra, upgrade (comma-separated)")
     parser.add_argument("--containerd", default="debian,module", help="debian, module: the runtime tiers' runtimes")
     parser.add_argument("--matrix", action="store_true", help="e2e on every pinned minor, runtime tiers on the default")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to every pytest run")
@@ -251,14 +284,17 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row if why else run_tier(row, dict(env, GPUSHARD_E2E_CONTAINERD=binary),
                                                      args.pytest_args))
         for tier in (t for t in INSTALLS if t in tiers and runtimes):
-            # deploy/base on the first containerd (Debian's 1.6 unless told); the DRA install where CDI is applied.
-            label, binary = runtimes[0] if tier == "install" else next(
+            # deploy/base (and the upgrade from the version before) on the first containerd (Debian's 1.6 unless
+            # told); the DRA install where CDI is applied.
+            label, binary = runtimes[0] if tier != "install-dra" else next(
                 ((lab, b) for lab, b in runtimes if containerd_major(b) >= 2), runtimes[-1])
             label = f"containerd {containerd_version(binary) or '?'}" if Path(binary).exists() else label
-            row = Row(version, label, tier, why=why or image_archive())
+            row = Row(version, label, tier, why=why or image_archive() or (
+                tier == "upgrade" and previous_version(found)) or "")
             rows.append(row if row.why else run_tier(
                 row, dict(env, GPUSHARD_E2E_CONTAINERD=binary,
-                          GPUSHARD_E2E_IMAGE=os.environ.get("GPUSHARD_E2E_IMAGE", "")), args.pytest_args))
+                          GPUSHARD_E2E_IMAGE=os.environ.get("GPUSHARD_E2E_IMAGE", ""),
+                          GPUSHARD_E2E_PREVIOUS=os.environ.get("GPUSHARD_E2E_PREVIOUS", "")), args.pytest_args))
     print_table(rows, time.monotonic() - started)
     return 1 if any(r.failed for r in rows) else 0
 

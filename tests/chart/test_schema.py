@@ -3,6 +3,9 @@
 We test:
 - every values file in values/good renders, and the config.yaml it renders is one webhook/settings.py
   accepts (the schema allows nothing the programs refuse at start);
+- the settings this version added (policy.newNodeCards, policy.newNodeCardMemoryMiB) are written into config.yaml
+  only when set, so that the version before, which refuses a key it does not know, reads the default ConfigMap
+  during an upgrade or a rollback (docs/upgrade.md);
 - every values file in values/bad makes `helm template` fail with the message its first line expects
   (helm's own text: the key's path and the allowed values), and one makes `helm lint --strict` fail too;
 - a devicePolicy entry that is no name (a space, a quote, a new line) is refused even with the schema
@@ -46,6 +49,19 @@ def test_good_values_render_a_config_gpushard_accepts(path):
     objects = helm.template(yaml.safe_load(path.read_text()))
     config = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpushard-config")
     settings.from_mapping(yaml.safe_load(config["data"]["config.yaml"]), source=path.name)
+
+
+def rendered_policy(values: dict) -> dict:
+    objects = helm.template(values)
+    config = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpushard-config")
+    return yaml.safe_load(config["data"]["config.yaml"])["policy"]
+
+
+def test_settings_this_version_added_are_written_only_when_set():
+    assert not {"newNodeCards", "newNodeCardMemoryMiB"} & set(rendered_policy({}))
+    assert rendered_policy({"config": {"policy": {"newNodeCards": 8}}})["newNodeCards"] == 8
+    both = rendered_policy({"config": {"policy": {"newNodeCards": 8, "newNodeCardMemoryMiB": 81920}}})
+    assert (both["newNodeCards"], both["newNodeCardMemoryMiB"]) == (8, 81920)
 
 
 @pytest.mark.parametrize("path", BAD, ids=lambda p: p.stem)

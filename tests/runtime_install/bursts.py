@@ -87,9 +87,11 @@ def pod(name: str, image: str) -> dict:
 
 
 def run(kubeconfig: Path, namespace: str, image: str, count: int = 150, clients: int = 3, rate: float = 30.0,
-        limit_s: float = 120.0, during=None, at: float = 0.3) -> Burst:
-    """``count`` creates from ``clients`` threads at about ``rate`` a second in all, stopping after ``limit_s``;
-    ``during()`` runs once the first ``at`` of them were sent."""
+        limit_s: float = 120.0, during=None, at: float = 0.3, stop: threading.Event | None = None,
+        make=pod) -> Burst:
+    """``count`` creates from ``clients`` threads at about ``rate`` a second in all, stopping after ``limit_s``, or
+    once ``stop`` is set; ``during()`` runs once the first ``at`` of them were sent. ``make(name, image)`` is the
+    pod each create sends."""
     burst = Burst()
     lock = threading.Lock()
     next_index = [0]
@@ -100,7 +102,7 @@ def run(kubeconfig: Path, namespace: str, image: str, count: int = 150, clients:
 
     def client() -> None:
         api = kubernetes.client.CoreV1Api(kubernetes.config.new_client_from_config(config_file=str(kubeconfig)))
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (stop and stop.is_set()):
             with lock:
                 index = next_index[0]
                 if index >= count:
@@ -112,7 +114,7 @@ def run(kubeconfig: Path, namespace: str, image: str, count: int = 150, clients:
             began = time.monotonic()
             error = ""
             try:
-                api.create_namespaced_pod(namespace, pod(f"burst-{index}", image), _request_timeout=60)
+                api.create_namespaced_pod(namespace, make(f"burst-{index}", image), _request_timeout=60)
             except Exception as exc:  # a refused create is what is counted
                 error = _short(exc)
             ended = time.monotonic()

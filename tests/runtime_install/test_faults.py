@@ -37,8 +37,8 @@ from webhook.core import names
 SYSTEM = gpushard.SYSTEM
 
 
-def cards_within_shares(kubectl, shares_per_card: int = 100) -> dict[str, int]:
-    """Shares bound pods hold per card resource on the node; each at or under a card's worth."""
+def held_shares(kubectl) -> dict[str, int]:
+    """Shares bound pods hold per card resource on the node."""
     held: dict[str, int] = {}
     for pod in kubectl.json("get", "pods", "-A", "--field-selector", f"spec.nodeName={components.NODE_NAME}")[
             "items"]:
@@ -48,6 +48,12 @@ def cards_within_shares(kubectl, shares_per_card: int = 100) -> dict[str, int]:
             for name, value in (c.get("resources", {}).get("requests") or {}).items():
                 if name.startswith("gpushard.io/card-"):
                     held[name] = held.get(name, 0) + int(value)
+    return held
+
+
+def cards_within_shares(kubectl, shares_per_card: int = 100) -> dict[str, int]:
+    """Shares bound pods hold per card resource on the node; each at or under a card's worth."""
+    held = held_shares(kubectl)
     assert all(v <= shares_per_card for v in held.values()), held
     return held
 
