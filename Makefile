@@ -68,8 +68,9 @@ docs-plots: $(DOCS_STAMP)
 # e2e/versions.env into ~/.cache/gpushard-e2e (GPUSHARD_E2E_CACHE), a second run builds nothing, then
 # runs tests/e2e (control plane, kubelet over Kubernetes' fake CRI), tests/runtime (containers on
 # Debian's containerd 1.6 and containerd 2.x), tests/runtime_install (deploy/base as pods) and
-# tests/runtime_install_dra (deploy/overlays/dra as pods, on containerd 2.x), and prints one table.
-# K8S=1.34 picks another pinned minor; E2E_TIERS=e2e,autoscaling,kueue,runtime,install,install-dra which tiers; E2E_ARGS
+# tests/runtime_install_dra (deploy/overlays/dra as pods, on containerd 2.x), tests/runtime_upgrade (from the
+# version before and back), and prints one table. K8S=1.34 picks another pinned minor;
+# E2E_TIERS=e2e,autoscaling,kueue,runtime,install,install-dra,upgrade which tiers; E2E_ARGS
 # goes to pytest. KUBEBUILDER_ASSETS, GPUSHARD_E2E_KUBELET, GPUSHARD_E2E_CRI, GPUSHARD_E2E_CONTAINERD and
 # GPUSHARD_E2E_IMAGE still hand it binaries of your own. Root only (the kubelet and containerd need it).
 K8S ?=

@@ -480,7 +480,7 @@ def render(scrapes: list[dict], out: Path = OUT) -> list[Path]:
             groups[-1][1].append(panel)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    plt.rcParams.update({"font.size": 8, "axes.edgecolor": "#444", "axes.labelcolor": "#ccc", "text.color": "#ddd",
+    plt.rcParams.update({"font.size": 9, "axes.edgecolor": "#444", "axes.labelcolor": "#ccc", "text.color": "#ddd",
                          "xtick.color": "#aaa", "ytick.color": "#aaa", "axes.facecolor": "#181b1f",
                          "figure.facecolor": "#111217", "grid.color": "#2c3035"})
     width, row_h, band = 14.0, 0.42, 0.45  # inches: figure width, one grid row, the title band
@@ -489,7 +489,9 @@ def render(scrapes: list[dict], out: Path = OUT) -> list[Path]:
         rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels) - top
         height = band + rows * row_h + 0.1
         fig = plt.figure(figsize=(width, height))
-        fig.text(0.01, 1 - 0.3 / height, f"gpushard: shared GPUs — {title}", fontsize=11, color="#eee")
+        fig.text(0.01, 1 - 0.3 / height, f"gpushard: shared GPUs — {title}", fontsize=12, color="#eee")
+        fig.text(0.99, 1 - 0.3 / height, "simulated: one node of two cards in a test run, not a real cluster",
+                 fontsize=10, color="#f2cc0c", ha="right")
         for panel in panels:
             pos = panel["gridPos"]
             # Room above each panel for its title, below for the time axis, left for the y axis.
@@ -497,7 +499,7 @@ def render(scrapes: list[dict], out: Path = OUT) -> list[Path]:
             upper = band + (pos["y"] - top) * row_h + 0.3
             lower = band + (pos["y"] - top + pos["h"]) * row_h - 0.4
             ax = fig.add_axes((left / width, 1 - lower / height, (right - left) / width, (lower - upper) / height))
-            ax.set_title(panel["title"], loc="left", fontsize=9, color="#eee")
+            ax.set_title(panel["title"], loc="left", fontsize=10, color="#eee")
             scale, unit = UNITS.get(panel["fieldConfig"]["defaults"].get("unit", "short"), (1, ""))
             if panel["type"] == "table":
                 target = panel["targets"][0]
@@ -539,7 +541,7 @@ def render(scrapes: list[dict], out: Path = OUT) -> list[Path]:
             ax.ticklabel_format(axis="y", useOffset=False, style="plain")
             ax.set_ylabel(unit)
             ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
-            ax.legend(loc="upper left", fontsize=6.5, frameon=False, labelcolor="#ccc",
+            ax.legend(loc="upper left", fontsize=8, frameon=False, labelcolor="#ddd",
                       ncol=2 if len(ax.get_lines()) > 4 else 1)
         path = out / f"dashboard-{title.lower()}.png"
         fig.savefig(path, dpi=110)

@@ -9,11 +9,12 @@ among them), ``install`` (tests/runtime_install:
 deploy/base as pods from gpushard's image, on Debian's containerd), ``install-dra`` (tests/runtime_install_dra:
 deploy/overlays/dra as pods, on the module's containerd 2.x, which applies CDI devices), ``autoscaling``
 (tests/autoscaling: fractional pods on a pool that real Karpenter scales, kwok playing its nodes' kubelets), ``kueue``
-(tests/kueue: Jobs and plain pods of fractional asks under a ClusterQueue's quota in shares, real Kueue).
+(tests/kueue: Jobs and plain pods of fractional asks under a ClusterQueue's quota in shares, real Kueue),
+``upgrade`` (tests/runtime_upgrade: the version before, GPUSHARD_PREVIOUS, upgraded to this one and back).
 ``--matrix`` runs
 ``e2e`` on every pinned Kubernetes and the runtime tiers on the default one. The variables of the tiers
 (``KUBEBUILDER_ASSETS``, ``GPUSHARD_E2E_KUBELET``, ``GPUSHARD_E2E_CRI``, ``GPUSHARD_E2E_CONTAINERD``,
-``GPUSHARD_E2E_IMAGE``, ``GPUSHARD_E2E_NVIDIA_PLUGIN``, ``GPUSHARD_E2E_NVIDIA_TOOLKIT``, ``GPUSHARD_E2E_KARPENTER``,
+``GPUSHARD_E2E_IMAGE``, ``GPUSHARD_E2E_PREVIOUS``, ``GPUSHARD_E2E_NVIDIA_PLUGIN``, ``GPUSHARD_E2E_NVIDIA_TOOLKIT``, ``GPUSHARD_E2E_KARPENTER``,
 ``GPUSHARD_E2E_KWOK``) still win: with them
 set, nothing of theirs is built.
 """
@@ -152,7 +153,9 @@ def previous_version(found: dict[str, str]) -> str:
                                 check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=packed, check=True)
         made = subprocess.run(["make", "--no-print-directory", "image-archive", f"IMAGE_ARCHIVE={archive}.part",
-                               f"CHECK_IMAGE=localhost/gpushard:previous-{commit[:12]}"], cwd=tree)
+                               f"CHECK_IMAGE=localhost/gpushard:previous-{commit[:12]}",
+                               # its own base: a base of other packages would be made again by each version
+                               f"CHECK_BASE=localhost/gpushard-base:previous-{commit[:12]}"], cwd=tree)
         if made.returncode != 0:
             return f"make image-archive of the version before, {commit[:12]}, failed (above)"
         Path(f"{archive}.part").rename(archive)

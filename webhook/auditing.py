@@ -847,8 +847,7 @@ def refused_lines(refused: list[dict]) -> str:
     lines = []
     for p in refused:
         again = (f"its controller {p['controller']} makes a new pod; delete this one once read" if p["controller"]
-                 else "a bare pod: nothing makes it again; create it from its own manifest (not from kubectl get "
-                      "-o yaml: that one is pinned to the old card and node), then delete this one")
+                 else refusals.BARE_POD_ADVICE)
         lines.append(f"refused: {p['namespace']}/{p['name']} on {p['node']} by the kubelet "
                      f"({refusals.KUBELET_REASON}: {p['message']}): {again}\n")
     return "".join(lines)

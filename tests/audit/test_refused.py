@@ -52,13 +52,13 @@ def test_status_names_the_refused_gpu_pods_and_what_brings_each_back(kubeconfig,
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("refused:")]
     assert lines == [
         f"refused: ml/bare on gpu-2x by the kubelet (UnexpectedAdmissionError: {MESSAGE}): a bare pod: nothing makes "
-        "it again; create it from its own manifest (not from kubectl get -o yaml: that one is pinned to the old "
-        "card and node), then delete this one",
+        "it again; delete this one, then create it again from its own manifest (not from kubectl get -o yaml: that "
+        "one is pinned to the old card and node)",
         f"refused: ml/train-7d9-x on gpu-2x by the kubelet (UnexpectedAdmissionError: {MESSAGE}): its controller "
         "ReplicaSet/train-7d9 makes a new pod; delete this one once read",
         f"refused: ml/elsewhere on gpu-8x by the kubelet (UnexpectedAdmissionError: {MESSAGE}): a bare pod: nothing "
-        "makes it again; create it from its own manifest (not from kubectl get -o yaml: that one is pinned to the "
-        "old card and node), then delete this one",
+        "makes it again; delete this one, then create it again from its own manifest (not from kubectl get -o yaml: "
+        "that one is pinned to the old card and node)",
     ]
     asked = [q for method, q, _ in fake.requests if method == "GET" and "fieldSelector=status.phase%3DFailed" in q]
     assert len(asked) == 1, asked

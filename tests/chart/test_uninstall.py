@@ -22,7 +22,7 @@ We test, for the chart with the values of every kustomization (tests/chart/kusto
   before its binding drops paramRef (a binding without one beside a policy that still reads params
   refuses everything the policy matches; `gpushard status` tells that state);
 - `kubectl delete -k` deletes in the order kustomize prints (the webhook configuration last), so
-  docs/install.md's Kustomize uninstall deletes the webhook configuration first, by hand, and needs no
+  docs/upgrade.md's Kustomize uninstall deletes the webhook configuration first, by hand, and needs no
   binding deleted by hand; docs/helm.md's Helm uninstall says what stays.
 """
 
@@ -57,7 +57,7 @@ UNINSTALL_ORDER = [
     "Namespace", "PriorityClass",
 ]
 KEEP = "helm.sh/resource-policy"
-PAGE = (helm.ROOT / "docs/install.md").read_text()
+PAGE = (helm.ROOT / "docs/upgrade.md").read_text()
 HELM_PAGE = (helm.ROOT / "docs/helm.md").read_text()
 
 
@@ -116,7 +116,7 @@ def test_each_policy_is_applied_before_its_binding(folder):
 
 
 def section(heading: str, page: str = PAGE) -> str:
-    """A page (docs/install.md unless told) from a heading to the next heading of its level or above."""
+    """A page (docs/upgrade.md unless told) from a heading to the next heading of its level or above."""
     level = heading.split(" ", 1)[0]
     text = page[page.index(f"\n{heading}\n") + 1:]
     ends = [m.start() for m in re.finditer(r"^(#+) ", text, flags=re.M) if len(m.group(1)) <= len(level)]
@@ -144,6 +144,5 @@ def test_kubectl_delete_k_goes_in_kustomizes_order_so_the_docs_go_first():
 def test_the_helm_uninstall_section_says_what_stays():
     assert any(c.startswith("helm uninstall gpushard") for c in commands("## Uninstall with Helm", HELM_PAGE))
     text = section("## Uninstall with Helm", HELM_PAGE)
-    for kept in ("gpushard-device-policy", "gpushard-tls", "pod-security.kubernetes.io", "gpushard.io/mode",
-                 "kind_sorter.go"):
+    for kept in ("gpushard-tls", "pod-security.kubernetes.io", "gpushard.io/mode", "kind_sorter.go"):
         assert kept in text, f"docs/helm.md, Uninstall with Helm: say what happens to {kept}"

@@ -10,8 +10,8 @@ We test:
 - walked in order, the README's, each install page's and docs/getting-started.md's steps never label or
   use a namespace before a step made it; every `rollout status` has a --timeout; node cleanup selects the
   shared nodes only, and removes the label it selects by last;
-- /readyz is described as it behaves (ready after the grace without a view) in docs/install.md and
-  docs/http.md, and the missing RuntimeClass and policy.runtimeClassName are explained.
+- /readyz is described as it behaves (ready after the grace without a view) in docs/troubleshooting.md and
+  docs/http.md, and the missing RuntimeClass and policy.runtimeClassName are explained there.
 """
 
 from __future__ import annotations
@@ -29,8 +29,22 @@ from webhook.core import names
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs/install.md").read_text()
 HELM_PAGE = (ROOT / "docs/helm.md").read_text()
-# What the paths and command-line checks read: both install pages.
-PAGES = {"docs/install.md": PAGE, "docs/helm.md": HELM_PAGE}
+UPGRADE_PAGE = (ROOT / "docs/upgrade.md").read_text()
+# What the paths and command-line checks read: the install pages and the upgrade page.
+PAGES = {"docs/install.md": PAGE, "docs/helm.md": HELM_PAGE, "docs/upgrade.md": UPGRADE_PAGE}
+
+
+def kustomization(page: str, target: str) -> Path:
+    """What `kubectl apply -k TARGET` applies: the repository's folder, or, for an overlay of the reader's own
+    that the page or docs/install.md shows (a YAML block headed `# TARGET/kustomization.yaml`), deploy/base, which
+    it must name."""
+    if (ROOT / target / "kustomization.yaml").is_file():
+        return ROOT / target
+    shown = re.search(rf"```yaml\n# {re.escape(target.rstrip('/'))}/kustomization.yaml\n(.*?)```", page + PAGE,
+                      flags=re.S)
+    assert shown, f"`kubectl apply -k {target}`: neither a folder of the repository nor an overlay the page shows"
+    assert "deploy/base" in yaml.safe_load(shown.group(1))["resources"][0], shown.group(1)
+    return ROOT / "deploy" / "base"
 
 
 @pytest.mark.parametrize("name", sorted(PAGES))
@@ -41,7 +55,7 @@ def test_named_paths_exist(name):
     for path in paths:
         assert (ROOT / path).exists(), f"{name}: {path}"
     for target in re.findall(r"kubectl (?:apply|delete) -k (\S+)", page):
-        assert (ROOT / target / "kustomization.yaml").is_file(), f"{name}: {target}"
+        assert (kustomization(page, target) / "kustomization.yaml").is_file(), f"{name}: {target}"
 
 
 def test_gpushard_command_lines_parse():
@@ -106,7 +120,7 @@ def _commands(text: str) -> list[list[str]]:
     return out
 
 
-def _namespaces_made(words: list[str], rendered: dict[str, Path]) -> set[str]:
+def _namespaces_made(words: list[str], rendered: dict[str, Path], page: str) -> set[str]:
     """Namespaces a command makes; ``rendered``: files an earlier `kubectl kustomize DIR > FILE` wrote, by name."""
     from tests.deploy import rendering
 
@@ -116,10 +130,12 @@ def _namespaces_made(words: list[str], rendered: dict[str, Path]) -> set[str]:
     if words[1:3] == ["create", "namespace"]:
         return {words[3]}
     if "apply" in words and "-k" in words:
-        target = ROOT / words[words.index("-k") + 1]
+        target = kustomization(page, words[words.index("-k") + 1])
         return {o["metadata"]["name"] for o in rendering.render(target) if o["kind"] == "Namespace"}
     if "apply" in words and "-f" in words:
         name = words[words.index("-f") + 1]
+        if name == "-":
+            return set()  # a manifest from the command's standard input (a RuntimeClass): no namespace
         if name in rendered:
             return {o["metadata"]["name"] for o in rendering.render(rendered[name]) if o["kind"] == "Namespace"}
         path = ROOT / name
@@ -130,6 +146,8 @@ def _namespaces_made(words: list[str], rendered: dict[str, Path]) -> set[str]:
 @pytest.mark.parametrize("name", sorted(DOCS))
 def test_namespaces_exist_before_they_are_labelled_or_used(name):
     known = {"default", "kube-system"}
+    if name == "docs/upgrade.md":
+        known.add("gpushard-system")  # the page starts from an install
     rendered: dict[str, Path] = {}
     for words in _commands(DOCS[name]):
         if words[1:3] == ["label", "namespace"] and not words[3].startswith("-"):
@@ -138,7 +156,7 @@ def test_namespaces_exist_before_they_are_labelled_or_used(name):
             if flag in words and words[1:3] != ["create", "namespace"]:
                 used = words[words.index(flag) + 1]
                 assert used in known, f"{name}: `{' '.join(words)}` uses a namespace nothing has made yet"
-        known |= _namespaces_made(words, rendered)
+        known |= _namespaces_made(words, rendered, DOCS[name])
 
 
 def test_rollout_status_always_has_a_timeout():
@@ -153,7 +171,7 @@ def test_rollout_status_always_has_a_timeout():
 
 
 def test_node_cleanup_touches_only_shared_nodes():
-    node_commands = [w for w in _commands(PAGE) if w[1:3] in (["label", "nodes"], ["annotate", "nodes"])]
+    node_commands = [w for w in _commands(UPGRADE_PAGE) if w[1:3] in (["label", "nodes"], ["annotate", "nodes"])]
     assert len(node_commands) == 2
     for words in node_commands:
         assert "--all" not in words and words[3:5] == ["-l", "gpushard.io/shared-node=true"], words
@@ -165,9 +183,10 @@ def test_readiness_and_the_runtime_class_are_described_as_they_behave():
     from webhook.admission import app
 
     grace = f"{app.SYNC_GRACE_S:g} s"
-    for name in ("docs/install.md", "docs/http.md"):
+    for name in ("docs/troubleshooting.md", "docs/http.md"):
         text = (ROOT / name).read_text()
         assert "never becomes ready" not in text, name
         around = text[text.index("/readyz"):text.index("/readyz") + 300]
         assert grace in around, f"{name}: /readyz turns ready after {grace} without a view; say so"
-    assert 'RuntimeClass "nvidia" not found' in PAGE and "policy.runtimeClassName" in PAGE
+    troubleshooting = (ROOT / "docs/troubleshooting.md").read_text()
+    assert 'RuntimeClass "nvidia" not found' in troubleshooting and "policy.runtimeClassName" in troubleshooting

@@ -128,9 +128,9 @@ def test_a_bare_refused_pod_gets_its_event_and_is_never_deleted(cluster, cleanup
     replacer.pass_once()
     replacer.pass_once()
     (event,) = events(cluster)
-    assert event["message"].endswith("a bare pod: nothing makes it again; create it again from its own manifest "
-                                     "(not from kubectl get -o yaml: that one is pinned to the old card and node), "
-                                     "then delete this one")
+    assert event["message"].endswith("a bare pod: nothing makes it again; delete this one, then create it again "
+                                     "from its own manifest (not from kubectl get -o yaml: that one is pinned to the "
+                                     "old card and node)")
     assert ("team", "notebook") in cluster.objects["pods"] and evictions(cluster) == []
 
 

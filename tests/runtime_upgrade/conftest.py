@@ -58,8 +58,18 @@ def pytest_collection_modifyitems(config, items):
     TIER.collect(config, items)
 
 
+# The steps' rows (tests/runtime_upgrade/test_upgrade.py), printed as docs/upgrade.md's table at the end.
+ROWS: list[tuple[str, ...]] = []
+COLUMNS = ("step", "creates sent", "refused", "cards over their shares", "running pods restarted", "seconds",
+           "longest create (ms)")
+
+
 def pytest_terminal_summary(terminalreporter):
     TIER.summary(terminalreporter)
+    if ROWS:
+        terminalreporter.write_line("gpushard upgrade table:")
+        for row in (COLUMNS, tuple("---" for _ in COLUMNS), *ROWS):
+            terminalreporter.write_line("| " + " | ".join(row) + " |")
 
 
 def pytest_report_header(config):

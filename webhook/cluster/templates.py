@@ -10,7 +10,7 @@ minute; after that the next such pod has a background pass make sure of it again
 deleted since, with its namespace made again, comes back within a few seconds), and that pod is
 answered at once: only the first pod of a namespace and share count waits for an API call, where a
 check on the admission path every minute and size made about one admission in fifty wait for one
-in a burst (docs/costs.md). When the API server does not take a new template in time, the pod is
+in a burst (docs/notes/costs.md). When the API server does not take a new template in time, the pod is
 still admitted with a warning, and the background pass keeps trying.
 """
 

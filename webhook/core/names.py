@@ -141,10 +141,6 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 # as still starting; Karpenter waits for a NodePool's startupTaints to go before it calls a node initialized.
 STARTUP_TAINT = "startup-taint.cluster-autoscaler.kubernetes.io/gpushard"
 
-# Audit annotation keys are the name part of a qualified name: the API server
-# prefixes them with the webhook's name, so they carry no "/" and stay short.
-AUDIT_ANNOTATION_PREFIX = "finding-"
-
 # Kinds whose pod template gpushard rewrites, with the path to the pod spec's parent.
 TEMPLATE_PATHS = {
     "Deployment": ("spec", "template"),

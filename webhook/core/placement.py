@@ -72,7 +72,7 @@ def _warn(rule: str, message: str) -> f.Finding:
 # free shares are within CHOICE_SLACK of the best one's. Choosers whose views lag each other
 # (webhook replicas, a burst of pods) then rarely pick the same card, where all of them would
 # pick the one best card, and the slack keeps packing where the best card alone would (the
-# figures behind these values are in docs/placement.md). 64 rather than 16: with the scheduler
+# figures behind these values are in docs/notes/placement.md). 64 rather than 16: with the scheduler
 # behind a burst (every pod admitted before one binds), two replicas 20 changes apart put 12 % of
 # the pods on a card the other had just filled with 16 candidates, 8.5 % with 64, at the same
 # packing (bench/stranding.py --behind).
@@ -168,7 +168,7 @@ def _drawn_index(view: View, mask: int, rng: Rng) -> int:
     """The card index a pod that fits nowhere waits on, drawn uniformly among the indexes of the nodes
     it may run on: waiting pods then spread over the indexes, and room freed on any index finds a pod
     waiting for it, where all of them waiting on the most free card's index leave room freed on the
-    others to pods that come later (the churn figures in docs/placement.md)."""
+    others to pods that come later (the churn figures in docs/notes/placement.md)."""
     ks = view.open_indexes(mask) or view.card_indexes(mask)  # not an index cordoned on all of them
     return ks[rng.randrange(len(ks))]
 

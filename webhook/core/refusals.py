@@ -61,13 +61,18 @@ def found(pods: Iterable[object], policy: policy_mod.Policy) -> list[Refused]:
     return sorted((r for r in refused if r is not None), key=lambda r: (r.node, r.namespace, r.name))
 
 
+# What brings a refused bare pod back. The failed pod goes first: a pod of the same name cannot be created
+# while it exists.
+BARE_POD_ADVICE = ("a bare pod: nothing makes it again; delete this one, then create it again from its own manifest "
+                   "(not from kubectl get -o yaml: that one is pinned to the old card and node)")
+
+
 def event_message(pod: Refused, deleted: bool = False) -> str:
     """What the replacer's Event on a refused pod says: where and why it was refused, and what brings it back."""
     told = (f"gpushard: the kubelet on node {pod.node} refused this pod at admission ({KUBELET_REASON}: "
             f"{pod.message}), as after a node reboot before gpushard's agent registered the node's cards; ")
     if pod.controller is None:
-        return told + ("a bare pod: nothing makes it again; create it again from its own manifest (not from kubectl "
-                       "get -o yaml: that one is pinned to the old card and node), then delete this one")
+        return told + BARE_POD_ADVICE
     if deleted:
         return told + (f"deleted (replacement.cleanupRefused: true), so that the new pod its controller "
                        f"{pod.controller} makes is the one that runs")

@@ -8,7 +8,7 @@ free cards can take together, oldest first, after the room that the other waitin
 anyway, and none whose card is about to have room when its terminating pods are gone. The
 adapter (``webhook.replacement``) lists, evicts and records; it decides nothing.
 
-How each owner counts an eviction (see docs/placement.md for the sources):
+How each owner counts an eviction (see docs/notes/placement.md for the sources):
 
 - ReplicaSet (and the Deployment above it): the pod is gone, the ReplicaSet makes a new one
   with a new name. Nothing is counted.
