@@ -27,6 +27,14 @@ MAX_NEW_NODE_CARDS = 64
 MAX_NEW_NODE_CARD_MIB = 1 << 20
 
 
+# The keys of each section of the file (docs/config.md); any other is refused by name.
+POLICY_KEYS = frozenset({"wholeCards", "multiCard", "placement", "nodeAffinity", "hideUnrequestedGpus", "exempt",
+                         "runtimeClassName", "memorySize", "newNodeCards", "newNodeCardMemoryMiB"})
+VIEW_KEYS = frozenset({"connectTimeout", "listTimeout", "watchTimeout"})
+AGENT_KEYS = frozenset({"requestTimeout", "metricsRequestTimeout", "runtimeCDI"})
+REPLACEMENT_KEYS = frozenset({"enabled", "pendingSeconds", "interval", "cleanupRefused"})
+
+
 class SettingsError(ValueError):
     """A config file gpushard cannot run with; the message names the key."""
 
@@ -74,7 +82,7 @@ class Settings:
     agent: Agent = field(default_factory=Agent)
 
 
-def _check_keys(where: str, data: dict, allowed: set[str]) -> None:
+def _check_keys(where: str, data: dict, allowed: set[str] | frozenset[str]) -> None:
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise SettingsError(f"{where}{unknown[0]}: unknown key (expected one of {', '.join(sorted(allowed))})")
@@ -178,9 +186,7 @@ def from_mapping(data: Any, source: str = "<mapping>") -> Settings:
         raise SettingsError(f"resources.memory: {memory!r} must differ from fraction, shares and cardPrefix")
 
     pol = _mapping("policy", data.get("policy"))
-    _check_keys("policy.", pol, {"wholeCards", "multiCard", "placement", "nodeAffinity", "hideUnrequestedGpus",
-                                 "exempt", "runtimeClassName", "memorySize", "newNodeCards",
-                                 "newNodeCardMemoryMiB"})
+    _check_keys("policy.", pol, POLICY_KEYS)
     hide = pol.get("hideUnrequestedGpus", True)
     if not isinstance(hide, bool):
         raise SettingsError(f"policy.hideUnrequestedGpus: must be true or false, got {hide!r}")
@@ -234,7 +240,7 @@ def _seconds(key: str, value: Any, integer: bool = False) -> float:
 
 def _view(value: Any) -> View:
     data = _mapping("view", value)
-    _check_keys("view.", data, {"connectTimeout", "listTimeout", "watchTimeout"})
+    _check_keys("view.", data, VIEW_KEYS)
     defaults = View()
     return View(connect_timeout=_seconds("view.connectTimeout", data.get("connectTimeout", defaults.connect_timeout)),
                 list_timeout=_seconds("view.listTimeout", data.get("listTimeout", defaults.list_timeout)),
@@ -244,7 +250,7 @@ def _view(value: Any) -> View:
 
 def _agent(value: Any) -> Agent:
     data = _mapping("agent", value)
-    _check_keys("agent.", data, {"requestTimeout", "metricsRequestTimeout", "runtimeCDI"})
+    _check_keys("agent.", data, AGENT_KEYS)
     defaults = Agent()
     runtime_cdi = data.get("runtimeCDI", defaults.runtime_cdi)
     # YAML reads true and false as booleans; "auto" stays a string.
@@ -260,7 +266,7 @@ def _agent(value: Any) -> Agent:
 
 def _replacement(value: Any) -> Replacement:
     data = _mapping("replacement", value)
-    _check_keys("replacement.", data, {"enabled", "pendingSeconds", "interval", "cleanupRefused"})
+    _check_keys("replacement.", data, REPLACEMENT_KEYS)
     defaults = Replacement()
     switches = {}
     for key, default in (("enabled", defaults.enabled), ("cleanupRefused", defaults.cleanup_refused)):

@@ -74,7 +74,7 @@ def _warn(rule: str, message: str) -> f.Finding:
 # pick the one best card, and the slack keeps packing where the best card alone would (the
 # figures behind these values are in docs/notes/placement.md). 64 rather than 16: with the scheduler
 # behind a burst (every pod admitted before one binds), two replicas 20 changes apart put 12 % of
-# the pods on a card the other had just filled with 16 candidates, 8.5 % with 64, at the same
+# the pods on a card the other had just filled with 16 candidates, 8.9 % with 64, at the same
 # packing (bench/stranding.py --behind).
 CHOICE_CANDIDATES = 64
 CHOICE_SLACK = 5
@@ -182,7 +182,7 @@ def choose(view: View | None, ask: Ask, strategy: str = "binpack", rng: Rng | No
     earlier node); with it, one of
     the best few (CHOICE_CANDIDATES, CHOICE_SLACK), drawn uniformly. When nothing fits, without
     ``rng`` the most free card's index; with it, an index drawn among those of the nodes the pod may
-    run on (``_waiting_index``), one not cordoned on all of them. A card an operator cordoned has no
+    run on (``_drawn_index``), one not cordoned on all of them. A card an operator cordoned has no
     room (``Card.free``), so it is never chosen; a pod pinned to a card cordoned on every node it may
     run on gets a warning that says so. With ``new_cards`` (the cards of a node an autoscaler adds, of
     ``capacity`` shares each), a pod that no node it may run on has room for, or that no shared node matches
