@@ -116,6 +116,16 @@ def kubectl(plane) -> components.Kubectl:
     return plane.kubectl
 
 
+def import_as(containerd: node.Containerd, archive: Path, name: str) -> None:
+    """An OCI archive imported into containerd and tagged ``name``, as a registry would serve it."""
+    before = containerd.images()
+    containerd.import_image(archive)
+    imported = sorted(i for i in containerd.images() - before if not i.startswith("sha256:"))
+    assert imported, f"ctr images import {archive} named no image"
+    done = containerd.ctr_run("images", "tag", "--force", imported[0], name)
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.fixture(scope="session")
 def runtime(work, plane):
     cards = node.Cards(work / "cards").make()
@@ -124,12 +134,7 @@ def runtime(work, plane):
     def start():
         containerd.start()
         images.load_tier_images(containerd, work)
-        before = containerd.images()
-        containerd.import_image(Path(IMAGE))
-        imported = sorted(i for i in containerd.images() - before if not i.startswith("sha256:"))
-        assert imported, f"ctr images import {IMAGE} named no image"
-        done = containerd.ctr_run("images", "tag", "--force", imported[0], SHIPPED_IMAGE)
-        assert done.returncode == 0, done.stderr
+        import_as(containerd, Path(IMAGE), SHIPPED_IMAGE)
     TIER.started("containerd", containerd, start)
     yield containerd
     containerd.stop()

@@ -89,12 +89,7 @@ TIER.extra.append(shipped._cluster)
 @pytest.fixture(scope="session")
 def previous_image(runtime) -> str:  # noqa: F811 (the shipped tier's fixture)
     """The version before's image, imported and tagged as a user's registry would serve it."""
-    before = runtime.images()
-    runtime.import_image(PREVIOUS / "image.tar")
-    imported = sorted(i for i in runtime.images() - before if not i.startswith("sha256:"))
-    assert imported, f"ctr images import {PREVIOUS / 'image.tar'} named no image"
-    done = runtime.ctr_run("images", "tag", "--force", imported[0], PREVIOUS_IMAGE)
-    assert done.returncode == 0, done.stderr
+    shipped.import_as(runtime, PREVIOUS / "image.tar", PREVIOUS_IMAGE)
     return PREVIOUS_IMAGE
 
 
