@@ -69,7 +69,9 @@ def start_agent(kube, plugin_dir):
 
 
 def inventory(kube) -> list[dict]:
-    return json.loads(kube.get("nodes", NODE)["metadata"]["annotations"][names.INVENTORY_ANNOTATION])
+    """The Node's inventory, or [] until the agent's publisher has written it (its first patch is its own thread's)."""
+    written = (kube.get("nodes", NODE)["metadata"].get("annotations") or {}).get(names.INVENTORY_ANNOTATION)
+    return json.loads(written) if written else []
 
 
 def metrics(agent) -> dict[tuple, float]:
