@@ -11,12 +11,10 @@ deploy/overlays/dra as pods, on the module's containerd 2.x, which applies CDI d
 (tests/autoscaling: fractional pods on a pool that real Karpenter scales, kwok playing its nodes' kubelets), ``kueue``
 (tests/kueue: Jobs and plain pods of fractional asks under a ClusterQueue's quota in shares, real Kueue),
 ``upgrade`` (tests/runtime_upgrade: the version before, GPUSHARD_PREVIOUS, upgraded to this one and back).
-``--matrix`` runs
-``e2e`` on every pinned Kubernetes and the runtime tiers on the default one. The variables of the tiers
-(``KUBEBUILDER_ASSETS``, ``GPUSHARD_E2E_KUBELET``, ``GPUSHARD_E2E_CRI``, ``GPUSHARD_E2E_CONTAINERD``,
-``GPUSHARD_E2E_IMAGE``, ``GPUSHARD_E2E_PREVIOUS``, ``GPUSHARD_E2E_NVIDIA_PLUGIN``, ``GPUSHARD_E2E_NVIDIA_TOOLKIT``, ``GPUSHARD_E2E_KARPENTER``,
-``GPUSHARD_E2E_KWOK``) still win: with them
-set, nothing of theirs is built.
+``--matrix`` runs ``e2e`` on every pinned Kubernetes and the runtime tiers on the default one. The variables of
+the tiers (``KUBEBUILDER_ASSETS``, ``GPUSHARD_E2E_KUBELET``, ``GPUSHARD_E2E_CRI``, ``GPUSHARD_E2E_CONTAINERD``,
+``GPUSHARD_E2E_IMAGE``, ``GPUSHARD_E2E_PREVIOUS``, ``GPUSHARD_E2E_NVIDIA_PLUGIN``, ``GPUSHARD_E2E_NVIDIA_TOOLKIT``,
+``GPUSHARD_E2E_KARPENTER``, ``GPUSHARD_E2E_KWOK``) still win: with them set, nothing of theirs is built.
 """
 
 from __future__ import annotations
