@@ -30,7 +30,7 @@ fi
 grep -q "^## \[$version\]" CHANGELOG.md || die "CHANGELOG.md has no section ## [$version]; write it first"
 out="dist/gpushard-$version"
 rm -rf "$out"
-mkdir -p "$out"
+mkdir -p "$out" build   # build/: the logs of the steps below (a fresh clone has none)
 say "gpushard $version from commit $(git rev-parse --short HEAD) into $out"
 
 # The wheel and the sdist.
